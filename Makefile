@@ -1,0 +1,63 @@
+# dipaco — make targets people guess. Each pipeline stage is a thin call of the `dipaco` CLI and takes
+# CONFIG=configs/<name>.yaml and RUN=runs/<name>; extra `section.key=value` overrides go in ARGS.
+PYTHON ?= python3
+CONFIG ?= configs/demo.yaml
+RUN ?= runs/$(basename $(notdir $(CONFIG)))
+PATH_ID ?= 0
+ARGS ?=
+TORCH_CPU ?= torch==2.13.0
+DIPACO = $(PYTHON) -m dipaco
+OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+.PHONY: install demo run route shard train island baselines eval test test-slow lint corpus clean help
+
+help:
+	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | test | test-slow | lint | corpus"
+	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
+
+install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+		echo "keeping the installed torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
+	else \
+		$(PYTHON) -m pip install "$(TORCH_CPU)"; \
+	fi
+	$(PYTHON) -m pip install -e ".[test]"
+
+demo:  ## the whole pipeline on the bundled corpus
+	$(OFFLINE) $(DIPACO) run --config configs/demo.yaml --run runs/demo $(ARGS)
+
+run:
+	$(DIPACO) run --config $(CONFIG) --run $(RUN) $(ARGS)
+
+route:
+	$(DIPACO) route --config $(CONFIG) --run $(RUN) $(ARGS)
+
+shard:
+	$(DIPACO) shard --config $(CONFIG) --run $(RUN) $(ARGS)
+
+train:
+	$(DIPACO) train --config $(CONFIG) --run $(RUN) $(ARGS)
+
+island:  ## train one path of the next round on its own, as an island would
+	$(DIPACO) island --config $(CONFIG) --run $(RUN) --path $(PATH_ID) $(ARGS)
+
+baselines:
+	$(DIPACO) baselines --config $(CONFIG) --run $(RUN) $(ARGS)
+
+eval:
+	$(DIPACO) eval --config $(CONFIG) --run $(RUN) $(ARGS)
+
+test:  ## the test suite without the slow tests
+	$(OFFLINE) $(PYTHON) -m pytest -q
+
+test-slow:
+	$(OFFLINE) $(PYTHON) -m pytest -q -m slow
+
+lint:
+	$(PYTHON) -m ruff check dipaco routing sharding tests scripts
+
+corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc and perl-doc
+	$(PYTHON) scripts/build_corpus.py
+
+clean:
+	rm -rf runs/ .pytest_cache .ruff_cache

@@ -1,0 +1,311 @@
+"""Typed configuration: one dataclass per component, loaded from YAML with `section.key=value` overrides.
+
+    from dipaco.config import load_config
+    cfg = load_config("configs/tiny.yaml", ["inner.steps=10", "topology.levels=[4,4]"])
+
+Every field has a default and a one-line doc; each dataclass checks its values in `__post_init__`
+and names the bad value. An unknown key or a value of the wrong type is an error that names the key
+and the file it came from. The corpus, routing and sharding sections live in their own packages
+(`routing.config`, `sharding.config`) because those stages run without `dipaco`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from routing.config import CorpusConfig, RoutingConfig
+from sharding.config import ShardingConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The architecture of one path: a Llama-style decoder built by `transformers`."""
+
+    hidden_size: int = 128  # width of the residual stream
+    n_layers: int = 4  # transformer blocks per path (split into levels by the topology)
+    n_heads: int = 4  # attention heads; hidden_size must be divisible by it
+    intermediate_size: int = 0  # MLP width; 0 = 8/3 * hidden_size rounded up to a multiple of 32
+    tie_embeddings: bool = True  # share the input embedding and the output head
+    rope_theta: float = 10000.0  # rotary position embedding base
+    init_std: float = 0.02  # std of the normal initialisation
+    dropout: float = 0.0  # attention dropout
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "n_layers", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.n_heads:
+            raise ValueError(
+                f"model.hidden_size {self.hidden_size} is not divisible by model.n_heads {self.n_heads}"
+            )
+        if (self.hidden_size // self.n_heads) % 2:
+            raise ValueError(f"head dim {self.hidden_size // self.n_heads} must be even for rotary embeddings")
+        if self.intermediate_size < 0:
+            raise ValueError(f"model.intermediate_size must be >= 0, got {self.intermediate_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def mlp_size(self) -> int:
+        if self.intermediate_size:
+            return self.intermediate_size
+        return -(-(8 * self.hidden_size // 3) // 32) * 32
+
+
+@dataclass(kw_only=True)
+class TopologyConfig:
+    """How a path's blocks are grouped into levels of alternative modules."""
+
+    levels: list[int] = field(default_factory=lambda: [2, 2])  # modules per level; paths = product
+    blocks_per_level: list[int] = field(default_factory=list)  # [] = split model.n_layers evenly
+    private_blocks: list[int] = field(default_factory=list)  # block indices owned by each path alone
+    private_embeddings: bool = False  # embedding, final norm and head private to each path
+
+    def __post_init__(self) -> None:
+        if not self.levels or any(k < 1 for k in self.levels):
+            raise ValueError(f"topology.levels must be a non-empty list of ints >= 1, got {self.levels}")
+        if any(b < 1 for b in self.blocks_per_level):
+            raise ValueError(f"topology.blocks_per_level must be ints >= 1, got {self.blocks_per_level}")
+        if self.blocks_per_level and len(self.blocks_per_level) != len(self.levels):
+            raise ValueError(
+                f"topology.blocks_per_level {self.blocks_per_level} has {len(self.blocks_per_level)} entries "
+                f"but topology.levels {self.levels} has {len(self.levels)}"
+            )
+
+
+@dataclass(kw_only=True)
+class InnerConfig:
+    """The inner optimiser every island runs: AdamW with warmup and cosine decay (DiLoCo)."""
+
+    steps: int = 25  # inner steps per round (H, the paper's tau)
+    batch_size: int = 8  # sequences per inner step
+    lr: float = 2e-3  # peak learning rate
+    warmup_steps: int = 20  # linear warmup, counted over the whole run
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step of the run
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    val_batches: int = 4  # validation batches each island scores at the start of a task
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"inner.steps and inner.batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if self.lr <= 0:
+            raise ValueError(f"inner.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(
+                f"inner.warmup_steps must be >= 0 and inner.min_lr_ratio in [0, 1], "
+                f"got {self.warmup_steps}, {self.min_lr_ratio}"
+            )
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.val_batches < 0:
+            raise ValueError(
+                f"inner.grad_clip, weight_decay and val_batches must be >= 0, "
+                f"got {self.grad_clip}, {self.weight_decay}, {self.val_batches}"
+            )
+
+
+@dataclass(kw_only=True)
+class OuterConfig:
+    """The outer step: per module, a weighted average of pseudo-gradients, then Nesterov SGD."""
+
+    lr: float = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)
+    momentum: float = 0.9  # outer momentum (0.9)
+    nesterov: bool = True  # Nesterov momentum
+    weighting: str = "tokens"  # weight each path's pseudo-gradient by its "tokens" or "uniform"
+    rescale_by_paths: bool = True  # multiply a shared module's average by sqrt(paths through it) (DiPaCo)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or not 0 <= self.momentum < 1:
+            raise ValueError(f"outer.lr must be > 0 and outer.momentum in [0, 1), got {self.lr}, {self.momentum}")
+        if self.weighting not in ("tokens", "uniform"):
+            raise ValueError(f"outer.weighting must be 'tokens' or 'uniform', got {self.weighting!r}")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The round loop and how local islands are run."""
+
+    rounds: int = 8  # outer rounds; every path runs inner.steps steps per round
+    islands: int = 0  # island processes run at once on this machine; 0 = min(paths, CPU cores)
+    threads_per_island: int = 0  # torch threads per island process; 0 = cores // islands
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "bf16"  # fp32 | bf16 (autocast)
+    keep_rounds: int = 2  # module versions kept in the store (older ones are deleted); 0 = keep all
+    store_url: str = ""  # fsspec URL of the module store; "" = <run>/store (s3://, gs://, NFS for clusters)
+    seed: int = 0  # model initialisation and data order
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"train.rounds must be >= 1, got {self.rounds}")
+        if self.islands < 0 or self.threads_per_island < 0 or self.keep_rounds < 0:
+            raise ValueError(
+                f"train.islands, threads_per_island and keep_rounds must be >= 0, "
+                f"got {self.islands}, {self.threads_per_island}, {self.keep_rounds}"
+            )
+        check_device_precision("train", self.device, self.precision)
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Routed evaluation and the dense baselines it is compared with."""
+
+    batch_size: int = 16  # sequences per evaluation forward pass
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        check_device_precision("eval", self.device, self.precision)
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole run: one section per component."""
+
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        blocks = self.topology.blocks_per_level
+        if blocks and sum(blocks) != self.model.n_layers:
+            raise ValueError(
+                f"topology.blocks_per_level {blocks} sums to {sum(blocks)}, "
+                f"but model.n_layers is {self.model.n_layers}"
+            )
+        if not blocks and self.model.n_layers < len(self.topology.levels):
+            raise ValueError(
+                f"model.n_layers {self.model.n_layers} is fewer than the "
+                f"{len(self.topology.levels)} levels of topology.levels {self.topology.levels}"
+            )
+        bad = [b for b in self.topology.private_blocks if not 0 <= b < self.model.n_layers]
+        if bad:
+            raise ValueError(
+                f"topology.private_blocks {bad} are outside the model's blocks 0..{self.model.n_layers - 1}"
+            )
+        if self.routing.prefix_tokens >= self.sharding.seq_len:
+            raise ValueError(
+                f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "
+                f"sequences of sharding.seq_len {self.sharding.seq_len}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_device_precision(section: str, device: str, precision: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"{section}.device must be one of {DEVICES}, got {device!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{section}.precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a Config from a YAML file (or the defaults) and `section.key=value` overrides."""
+    source = str(path) if path else "<defaults>"
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as err:
+            raise ValueError(f"config file {path} is not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"config file {path} must hold a mapping of sections, got {type(raw).__name__}")
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        parts = key.split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ValueError(f"override {item!r} must look like section.key=value")
+        section, name = parts
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ValueError(f"section {section!r} in {source} must be a mapping")
+        raw[section][name] = yaml.safe_load(value) if value != "" else ""
+    return _build(Config, raw, source=source, prefix="")
+
+
+def save_config(config: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (atomically), so islands and later stages read the same values."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def _build(cls: type, raw: dict[str, Any], *, source: str, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ValueError(f"unknown key {prefix}{unknown[0]} in {source}; known keys: {sorted(fields)}")
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ValueError(f"{key} in {source} must be a mapping, got {value!r}")
+            kwargs[name] = _build(hint, value, source=source, prefix=f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, hint, key=key, source=source)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        raise ValueError(f"{err} (in {source})") from None
+
+
+def _coerce(value: Any, hint: Any, *, key: str, source: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key=key, source=source)
+            except ValueError:
+                pass
+    elif origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool) and item is not str:
+            value = [value]
+        if isinstance(value, list):
+            return [_coerce(v, item, key=key, source=source) for v in value]
+    elif hint is bool and isinstance(value, bool):
+        return value
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{key} in {source} must be {_type_name(hint)}, got {value!r}")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

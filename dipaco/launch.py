@@ -1,0 +1,95 @@
+"""Run worker processes (islands, baselines) on this machine, a bounded number at a time.
+
+Each process gets its share of the cores for torch's threads (oversubscribed threads slow a small
+machine many-fold), writes its own log file, and a failure stops the batch with an error that names
+the log and shows its last lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+THREADS_ENV = "DIPACO_THREADS"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # shown in progress and errors, e.g. "round 3 path 2"
+    args: list[str]  # arguments of `python -m dipaco`
+    log: Path  # where the process's output goes
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def plan_parallelism(n_tasks: int, *, processes: int = 0, threads: int = 0) -> tuple[int, int]:
+    """(processes at once, torch threads each): by default one process per core, up to the task count."""
+    cores = available_cores()
+    processes = processes or max(1, min(n_tasks, cores))
+    threads = threads or max(1, cores // processes)
+    return processes, threads
+
+
+def set_threads_from_env() -> None:
+    """Called first thing in a worker process: use the thread count its launcher gave it."""
+    threads = os.environ.get(THREADS_ENV)
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> None:
+    """Run `python -m dipaco <args>` for every task, `processes` at a time; raise on the first failure."""
+    env = {**os.environ, THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    pending = list(tasks)
+    running: list[tuple[Task, subprocess.Popen, object]] = []
+    with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, dynamic_ncols=True) as bar:
+        try:
+            while pending or running:
+                while pending and len(running) < processes:
+                    task = pending.pop(0)
+                    task.log.parent.mkdir(parents=True, exist_ok=True)
+                    out = open(task.log, "w")  # noqa: SIM115 - closed when the process ends
+                    proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out,
+                                            stderr=subprocess.STDOUT, env=env)
+                    running.append((task, proc, out))
+                for item in list(running):
+                    task, proc, out = item
+                    if proc.poll() is None:
+                        continue
+                    out.close()
+                    running.remove(item)
+                    if proc.returncode != 0:
+                        raise RuntimeError(
+                            f"{task.name} failed with exit code {proc.returncode}; its log {task.log} ends with:\n"
+                            + _tail(task.log)
+                        )
+                    bar.update(1)
+                time.sleep(0.1)
+        finally:
+            for _, proc, out in running:
+                proc.terminate()
+                proc.wait()
+                out.close()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,65 @@
+"""Config loading: YAML sections, `section.key=value` overrides, and errors that name key and file."""
+
+from pathlib import Path
+
+import pytest
+
+from dipaco.config import Config, load_config
+
+CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+
+
+def test_defaults_are_valid():
+    assert isinstance(load_config(), Config)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(path)
+
+
+def test_overrides_are_coerced_to_the_field_type(tmp_path):
+    cfg = load_config(None, ["inner.steps=7", "outer.lr=1", "topology.levels=[4,4]", "train.precision=fp32",
+                             "topology.private_embeddings=true", "model.n_layers=8"])
+    assert cfg.inner.steps == 7
+    assert cfg.outer.lr == 1.0 and isinstance(cfg.outer.lr, float)
+    assert cfg.topology.levels == [4, 4]
+    assert cfg.topology.private_embeddings is True
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("inner:\n  stepz: 3\n")
+    with pytest.raises(ValueError, match=r"inner\.stepz.*bad\.yaml"):
+        load_config(path)
+
+
+def test_unknown_section_names_it(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("innr:\n  steps: 3\n")
+    with pytest.raises(ValueError, match="innr"):
+        load_config(path)
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("inner:\n  steps: many\n")
+    with pytest.raises(ValueError, match=r"inner\.steps.*bad\.yaml.*'many'"):
+        load_config(path)
+
+
+def test_bad_value_is_reported_with_the_value():
+    with pytest.raises(ValueError, match="0.0"):
+        load_config(None, ["outer.lr=0"])
+    with pytest.raises(ValueError, match="tpu"):
+        load_config(None, ["train.device=tpu"])
+
+
+def test_cross_section_check_names_both_values():
+    with pytest.raises(ValueError, match=r"\[1, 1\].*n_layers is 4"):
+        load_config(None, ["topology.blocks_per_level=[1,1]", "model.n_layers=4"])
+
+
+def test_malformed_override():
+    with pytest.raises(ValueError, match="section.key=value"):
+        load_config(None, ["steps=3"])

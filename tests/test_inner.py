@@ -1,0 +1,57 @@
+"""The inner loop: the schedule, and AdamW state that survives a trip through the store."""
+
+import numpy as np
+import pytest
+import torch
+
+from dipaco.config import InnerConfig, ModelConfig
+from dipaco.inner import load_optimizer_state, lr_at, make_optimizer, optimizer_state, resolve_device, train_steps
+from dipaco.model import build_path_model, path_parameters
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    cfg = InnerConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [lr_at(s, config=cfg, total_steps=100) for s in range(100)]
+    assert lrs[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lr_at(100, config=cfg, total_steps=100) == pytest.approx(0.1)
+
+
+def _batches(seed):
+    rng = np.random.default_rng(seed)
+    while True:
+        yield rng.integers(0, 30, size=(2, 12))
+
+
+def test_optimizer_state_round_trip_continues_training_exactly():
+    cfg = InnerConfig(steps=4, batch_size=2, warmup_steps=1)
+    kwargs = dict(total_steps=4, config=cfg, device=torch.device("cpu"), precision="fp32")
+    mcfg = ModelConfig(hidden_size=16, n_layers=1, n_heads=2)
+
+    straight = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    train_steps(straight, make_optimizer(straight, cfg), _batches(1), start_step=0, steps=4, **kwargs)
+
+    first = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    opt = make_optimizer(first, cfg)
+    data = _batches(1)
+    train_steps(first, opt, data, start_step=0, steps=2, **kwargs)
+    names = {p: n for n, p in path_parameters(first).items()}
+    tensors, meta = optimizer_state(opt, names)
+
+    second = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=5)
+    second.load_state_dict(first.state_dict())
+    opt2 = make_optimizer(second, cfg)
+    load_optimizer_state(opt2, path_parameters(second), tensors, meta)
+    stats = train_steps(second, opt2, data, start_step=2, steps=2, **kwargs)
+    assert stats["tokens"] == 2 * 2 * 12
+    for name, param in path_parameters(second).items():
+        torch.testing.assert_close(param, path_parameters(straight)[name])
+
+
+def test_device_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type == "cpu"
+        with pytest.raises(ValueError, match="cuda"):
+            resolve_device("cuda")
