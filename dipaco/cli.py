@@ -47,9 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in commands.items():
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
         _common(parsers[name])
-    parsers["island"].add_argument("--path", type=int, required=True, help="the path this island trains")
+    parsers["island"].add_argument("--path", type=int, action="append", required=True,
+                                   help="a path this island trains (repeat for several)")
     parsers["island"].add_argument("--round", type=int, default=None,
                                    help="the round to train (default: the next one the store needs)")
+    parsers["island"].add_argument("--follow", action="store_true",
+                                   help="keep training these paths every round until the run ends")
     parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps or dense-equal-compute")
     return parser
 
@@ -95,14 +98,20 @@ def cmd_train(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_island(config: Config, run: RunDir, args) -> None:
-    from dipaco.island import run_island_task
+    from dipaco.island import follow_rounds, run_island_task
     from dipaco.paths import PathFactory
 
-    round = args.round if args.round is not None else PathFactory(config, run).store.current_round() + 1
+    factory = PathFactory(config, run)
+    if args.follow:
+        tasks = follow_rounds(factory, paths=args.path)
+        print(f"island for paths {args.path}: {tasks} tasks; the run has finished round {config.train.rounds}")
+        return
+    round = args.round if args.round is not None else factory.store.current_round() + 1
     if round > config.train.rounds:
         raise ValueError(f"the run has completed all {config.train.rounds} rounds (train.rounds); nothing to train")
-    meta = run_island_task(config, run, path=args.path, round=round)
-    print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
+    for path in args.path:
+        meta = run_island_task(factory, path=path, round=round)
+        print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
 
 
 def cmd_baselines(config: Config, run: RunDir, args) -> None:

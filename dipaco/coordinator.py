@@ -2,10 +2,10 @@
 
     dipaco train --config configs/tiny.yaml --run runs/tiny
 
-Round t: every path trains from module version t − 1 on its own island process (at most
-`train.islands` at once on this machine); once all have reported, every module is updated from the
-pseudo-gradients of the paths that contain it (`dipaco.outer`) and version t is written, then
-`state.json` commits the round. A killed run resumes with the same command: finished rounds are
+Round t: every path trains from module version t − 1 on an island (`train.islands` long-running
+island processes on this machine, each owning some of the paths, talking only to the store); once
+all have reported, every module is updated from the pseudo-gradients of the paths that contain it
+(`dipaco.outer`) and version t is written, then `state.json` commits the round. A killed run resumes with the same command: finished rounds are
 kept, and so are the results of islands that finished in the interrupted round.
 """
 
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from dipaco.config import Config, save_config
 from dipaco.island import unflatten_pseudo_gradient
-from dipaco.launch import Task, plan_parallelism, run_tasks
+from dipaco.launch import Task, WorkerPool, plan_parallelism
 from dipaco.model import split_into_modules
 from dipaco.outer import combine_pseudo_gradients, outer_update
 from dipaco.paths import PathFactory
@@ -103,26 +103,26 @@ def train(config: Config, run: RunDir) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
-                  total=config.train.rounds, dynamic_ncols=True)
-    for round in rounds:
-        tasks = [
-            Task(name=f"round {round} path {p}",
-                 args=["island", "--config", str(run.config), "--run", str(run.root), "--path", str(p),
-                       "--round", str(round)],
-                 log=run.logs / f"round-{round:04d}-path-{p:04d}.log")
-            for p in range(topology.n_paths) if not factory.store.has_result(round, p)
-        ]
-        round_started = time.perf_counter()
-        run_tasks(tasks, processes=processes, threads=threads, desc=f"round {round} islands")
-        stats = apply_outer_step(factory, round)
-        stats["seconds"] = time.perf_counter() - round_started
-        summary["rounds"].append(stats)
-        _write_json(run.train_summary, summary)
-        mean_train = sum(stats["train_loss"].values()) / len(stats["train_loss"])
-        rounds.set_postfix(train_loss=f"{mean_train:.3f}")
-        log.info("round %d: mean train loss %.3f, %d tokens, %.1f MB pseudo-gradients, %.1fs", round,
-                 mean_train, stats["tokens"], stats["bytes_up"] / 1e6, stats["seconds"])
+    islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < config.train.rounds else None
+    try:
+        rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
+                      total=config.train.rounds, dynamic_ncols=True)
+        for round in rounds:
+            round_started = time.perf_counter()
+            wait_for_results(factory, round, islands)
+            stats = apply_outer_step(factory, round)
+            stats["seconds"] = time.perf_counter() - round_started
+            summary["rounds"].append(stats)
+            _write_json(run.train_summary, summary)
+            mean_train = sum(stats["train_loss"].values()) / len(stats["train_loss"])
+            rounds.set_postfix(train_loss=f"{mean_train:.3f}")
+            log.info("round %d: mean train loss %.3f, %d tokens, %.1f MB pseudo-gradients, %.1fs", round,
+                     mean_train, stats["tokens"], stats["bytes_up"] / 1e6, stats["seconds"])
+        if islands:
+            islands.stop()
+    finally:
+        if islands:
+            islands.terminate()
     summary.update(
         n_paths=topology.n_paths,
         rounds_completed=factory.store.current_round(),
@@ -133,6 +133,32 @@ def train(config: Config, run: RunDir) -> dict:
     )
     _write_json(run.train_summary, summary)
     return summary
+
+
+def island_tasks(run: RunDir, n_paths: int, processes: int) -> list[Task]:
+    """One long-running island per process, each owning every `processes`-th path."""
+    tasks = []
+    for worker in range(processes):
+        paths = list(range(worker, n_paths, processes))
+        args = ["island", "--config", str(run.config), "--run", str(run.root), "--follow"]
+        for p in paths:
+            args += ["--path", str(p)]
+        tasks.append(Task(name=f"island {worker} (paths {paths})", args=args, log=run.logs / f"island-{worker}.log"))
+    return tasks
+
+
+def wait_for_results(factory: PathFactory, round: int, islands: WorkerPool | None, poll_seconds: float = 0.2) -> None:
+    """Block until every path has reported for `round`, failing fast if an island process died."""
+    n_paths = factory.topology.n_paths
+    with tqdm(total=n_paths, desc=f"round {round} islands", unit="path", leave=False, dynamic_ncols=True) as bar:
+        while True:
+            reported = sum(factory.store.has_result(round, p) for p in range(n_paths))
+            bar.update(reported - bar.n)
+            if reported == n_paths:
+                return
+            if islands:
+                islands.check()
+            time.sleep(poll_seconds)
 
 
 def _tokenizer_fingerprint(factory: PathFactory) -> str:

@@ -1,7 +1,12 @@
 """An island: trains one path for one round and pushes its pseudo-gradient to the store.
 
-    dipaco island --config configs/tiny.yaml --run runs/tiny --path 3            # next round
+    dipaco island --config configs/tiny.yaml --run runs/tiny --path 3            # the next round
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3 --round 2
+    dipaco island --config configs/tiny.yaml --run runs/tiny --path 1 --path 3 --follow
+
+With `--follow` the island is a long-running worker: it trains its paths for every round as soon as
+the store commits the previous one, until the run's last round (what `dipaco train` starts, so the
+cost of starting Python and loading the tokenizer and shards is paid once).
 
 The island pulls its path's modules at the version the round starts from, restores its inner AdamW
 state, runs `inner.steps` steps on its path's shard, and writes Δ = θ_start − θ_end per module plus
@@ -27,7 +32,6 @@ from dipaco.inner import (
 )
 from dipaco.model import load_modules, path_parameters, split_into_modules
 from dipaco.paths import PathFactory
-from dipaco.run import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,9 @@ def data_seed(config: Config, *, path: int) -> int:
     return config.train.seed * 1_000_003 + path * 7919 + 17
 
 
-def run_island_task(config: Config, run: RunDir, *, path: int, round: int) -> dict:
+def run_island_task(factory: PathFactory, *, path: int, round: int) -> dict:
     """Train `path` for round `round` (from module version round − 1); returns the result metadata."""
-    factory = PathFactory(config, run)
-    store, topology = factory.store, factory.topology
+    config, store, topology = factory.config, factory.store, factory.topology
     committed = store.current_round()
     if round != committed + 1:
         raise ValueError(f"round {round} cannot start: the store {store.url} has completed round {committed}")
@@ -92,6 +95,21 @@ def run_island_task(config: Config, run: RunDir, *, path: int, round: int) -> di
     log.info("round %d path %d: %d tokens in %.1fs, train loss %.3f, val loss at start %.3f",
              round, path, stats["tokens"], stats["seconds"], meta["train_loss"], val_loss)
     return meta
+
+
+def follow_rounds(factory: PathFactory, *, paths: list[int], poll_seconds: float = 0.2) -> int:
+    """Train `paths` in every round the store opens until the run's last round; returns tasks run."""
+    store, last = factory.store, factory.config.train.rounds
+    done = 0
+    while (committed := store.current_round()) < last:
+        todo = [p for p in paths if not store.has_result(committed + 1, p)]
+        if not todo:
+            time.sleep(poll_seconds)  # waiting for the other islands and the outer step
+            continue
+        for path in todo:
+            run_island_task(factory, path=path, round=committed + 1)
+            done += 1
+    return done
 
 
 def _take(iterator, n: int) -> list:

@@ -53,9 +53,56 @@ def set_threads_from_env() -> None:
         torch.set_num_threads(int(threads))
 
 
+def _env(threads: int) -> dict[str, str]:
+    return {**os.environ, THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _start(task: Task, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
+    task.log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(task.log, "a")  # noqa: SIM115 - closed when the process ends
+    proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    return proc, out
+
+
+def _failure(task: Task, code: int) -> RuntimeError:
+    return RuntimeError(f"{task.name} failed with exit code {code}; its log {task.log} ends with:\n" + _tail(task.log))
+
+
+class WorkerPool:
+    """Long-running worker processes (islands with --follow); `check()` raises if one has failed."""
+
+    def __init__(self, tasks: list[Task], *, threads: int):
+        env = _env(threads)
+        self.running = [(task, *_start(task, env)) for task in tasks]
+
+    def check(self) -> None:
+        for task, proc, _ in self.running:
+            code = proc.poll()
+            if code not in (None, 0):
+                raise _failure(task, code)
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Wait for workers to finish (they stop after the last round), killing any that hang."""
+        for task, proc, out in self.running:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0fs; terminating it", task.name, timeout)
+                proc.terminate()
+                proc.wait()
+            out.close()
+
+    def terminate(self) -> None:
+        for _, proc, out in self.running:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+            out.close()
+
+
 def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> None:
     """Run `python -m dipaco <args>` for every task, `processes` at a time; raise on the first failure."""
-    env = {**os.environ, THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = _env(threads)
     pending = list(tasks)
     running: list[tuple[Task, subprocess.Popen, object]] = []
     with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, dynamic_ncols=True) as bar:
@@ -63,11 +110,7 @@ def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> 
             while pending or running:
                 while pending and len(running) < processes:
                     task = pending.pop(0)
-                    task.log.parent.mkdir(parents=True, exist_ok=True)
-                    out = open(task.log, "w")  # noqa: SIM115 - closed when the process ends
-                    proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out,
-                                            stderr=subprocess.STDOUT, env=env)
-                    running.append((task, proc, out))
+                    running.append((task, *_start(task, env)))
                 for item in list(running):
                     task, proc, out = item
                     if proc.poll() is None:
@@ -75,10 +118,7 @@ def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> 
                     out.close()
                     running.remove(item)
                     if proc.returncode != 0:
-                        raise RuntimeError(
-                            f"{task.name} failed with exit code {proc.returncode}; its log {task.log} ends with:\n"
-                            + _tail(task.log)
-                        )
+                        raise _failure(task, proc.returncode)
                     bar.update(1)
                 time.sleep(0.1)
         finally:

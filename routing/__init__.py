@@ -11,22 +11,28 @@ Standalone CLI (CPU, seconds on a small corpus):
     python -m routing --corpus docs.jsonl.zst --levels 2 2 --out runs/route
 """
 
-from .config import CorpusConfig, RoutingConfig
-from .corpus import TEST, TRAIN, assign_splits, load_corpus
-from .kmeans import assign_nearest, kmeans, product_assign, product_kmeans
-from .router import Assignments, Router
+import importlib
 
-__all__ = [
-    "CorpusConfig",
-    "RoutingConfig",
-    "load_corpus",
-    "assign_splits",
-    "TRAIN",
-    "TEST",
-    "Router",
-    "Assignments",
-    "kmeans",
-    "product_kmeans",
-    "product_assign",
-    "assign_nearest",
-]
+# Submodules are imported on first use, so `import routing.config` (as every island does) does not
+# pay for faiss, scikit-learn and datasets.
+_EXPORTS = {
+    "CorpusConfig": "config",
+    "RoutingConfig": "config",
+    "load_corpus": "corpus",
+    "assign_splits": "corpus",
+    "TRAIN": "corpus",
+    "TEST": "corpus",
+    "Router": "router",
+    "Assignments": "router",
+    "kmeans": "kmeans",
+    "product_kmeans": "kmeans",
+    "product_assign": "kmeans",
+    "assign_nearest": "kmeans",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'routing' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"routing.{_EXPORTS[name]}"), name)

@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from dipaco.config import InnerConfig, ModelConfig
-from dipaco.inner import load_optimizer_state, lr_at, make_optimizer, optimizer_state, resolve_device, train_steps
+from dipaco.inner import (
+    load_optimizer_state,
+    lr_at,
+    make_optimizer,
+    optimizer_state,
+    resolve_device,
+    train_steps,
+)
 from dipaco.model import build_path_model, path_parameters
 
 
