@@ -153,7 +153,8 @@ def wait_for_results(factory: PathFactory, round: int, islands: WorkerPool | Non
     with tqdm(total=n_paths, desc=f"round {round} islands", unit="path", leave=False, dynamic_ncols=True) as bar:
         while True:
             reported = sum(factory.store.has_result(round, p) for p in range(n_paths))
-            bar.update(reported - bar.n)
+            if reported > bar.n:
+                bar.update(reported - bar.n)
             if reported == n_paths:
                 return
             if islands:
