@@ -19,18 +19,12 @@ MIN_BPE_VOCAB = 256 + 2
 class ShardingConfig:
     """How documents become token shards."""
 
-    tokenizer: str = ""
-    """"" = train a byte-level BPE on the corpus; else a local Hugging Face tokenizer directory."""
-    vocab_size: int = 4096
-    """Vocabulary size of the trained BPE (ignored when ``tokenizer`` is given)."""
-    seq_len: int = 256
-    """Tokens per training block, and the most tokens kept of a test document."""
-    val_fraction: float = 0.05
-    """Share of each path's blocks held out for validation (at least one block per path)."""
-    tokens_per_shard: int = 1 << 24
-    """Tokens per shard file before a new one is started (rounded down to whole blocks)."""
-    seed: int = 0
-    """Seed of the validation hold-out choice."""
+    tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else a local Hugging Face tokenizer directory
+    vocab_size: int = 4096  # vocabulary of the trained BPE (ignored when tokenizer is given)
+    seq_len: int = 256  # tokens per training block, and the most tokens kept of a test document
+    val_fraction: float = 0.05  # share of each path's blocks held out for validation (at least one)
+    tokens_per_shard: int = 1 << 24  # tokens per shard file before a new one is started (whole blocks)
+    seed: int = 0  # seed of the validation hold-out choice
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str):
