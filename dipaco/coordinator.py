@@ -106,7 +106,7 @@ def train(config: Config, run: RunDir) -> dict:
     islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < config.train.rounds else None
     try:
         rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
-                      total=config.train.rounds, dynamic_ncols=True)
+                      total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in rounds:
             round_started = time.perf_counter()
             wait_for_results(factory, round, islands)
@@ -150,7 +150,8 @@ def island_tasks(run: RunDir, n_paths: int, processes: int) -> list[Task]:
 def wait_for_results(factory: PathFactory, round: int, islands: WorkerPool | None, poll_seconds: float = 0.2) -> None:
     """Block until every path has reported for `round`, failing fast if an island process died."""
     n_paths = factory.topology.n_paths
-    with tqdm(total=n_paths, desc=f"round {round} islands", unit="path", leave=False, dynamic_ncols=True) as bar:
+    with tqdm(total=n_paths, desc=f"round {round} islands", unit="path", leave=False, dynamic_ncols=True,
+              disable=None) as bar:
         while True:
             reported = sum(factory.store.has_result(round, p) for p in range(n_paths))
             if reported > bar.n:

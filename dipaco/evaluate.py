@@ -89,7 +89,7 @@ def evaluate(config: Config, run: RunDir) -> dict:
     nll = np.zeros(len(docs))
     counts = np.zeros(len(docs), dtype=np.int64)
     per_path = []
-    for path in tqdm(range(topology.n_paths), desc="routed eval", unit="path", leave=False):
+    for path in tqdm(range(topology.n_paths), desc="routed eval", unit="path", leave=False, disable=None):
         index = np.flatnonzero(paths == path)
         if len(index) == 0:
             per_path.append({"path": path, "documents": 0, "tokens": 0, "perplexity": None})

@@ -105,7 +105,7 @@ def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> 
     env = _env(threads)
     pending = list(tasks)
     running: list[tuple[Task, subprocess.Popen, object]] = []
-    with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, dynamic_ncols=True) as bar:
+    with tqdm(total=len(tasks), desc=desc, unit="task", leave=False, dynamic_ncols=True, disable=None) as bar:
         try:
             while pending or running:
                 while pending and len(running) < processes:
