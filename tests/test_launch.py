@@ -3,7 +3,6 @@
 
 import pytest
 
-
 from dipaco import launch
 from dipaco.launch import Task, plan_parallelism, run_tasks
 
