@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island baselines eval test test-slow lint corpus clean help
+.PHONY: install demo run route shard train island baselines eval test test-slow lint bench corpus clean help
 
 help:
-	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | test | test-slow | lint | corpus"
+	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | test | test-slow | lint | bench | corpus"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -52,6 +52,9 @@ test:  ## the test suite without the slow tests
 
 test-slow:
 	$(OFFLINE) $(PYTHON) -m pytest -q -m slow
+
+bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)
+	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done
 
 lint:
 	$(PYTHON) -m ruff check dipaco routing sharding tests scripts
