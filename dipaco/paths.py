@@ -42,7 +42,14 @@ class PathFactory:
 
     @cached_property
     def reader(self) -> ShardReader:
-        return ShardReader(self.run.require(self.run.shards / "index.json", "shard").parent)
+        reader = ShardReader(self.run.require(self.run.shards / "index.json", "shard").parent)
+        if reader.n_paths != self.topology.n_paths:
+            raise ValueError(
+                f"{self.run.shards / 'index.json'} holds {reader.n_paths} paths, but topology.levels "
+                f"{list(self.topology.levels)} gives {self.topology.n_paths}: run `dipaco route` and "
+                f"`dipaco shard` again for this grid, or use another --run"
+            )
+        return reader
 
     def new_model(self, *, seed: int | None = None) -> LlamaForCausalLM:
         """A path-shaped model (random weights, seeded when `seed` is given)."""

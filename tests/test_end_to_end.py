@@ -112,3 +112,12 @@ def test_help_explains_every_stage():
         out = subprocess.run([sys.executable, "-m", "dipaco", stage, "--help"], cwd=ROOT, env=ENV,
                              capture_output=True, text=True)
         assert out.returncode == 0 and "--config" in out.stdout and "--run" in out.stdout
+
+
+def test_a_grid_that_does_not_match_the_shards_is_refused(tiny_run, tmp_path):
+    run = RunDir(tmp_path / "other")
+    shutil.copytree(tiny_run.shards, run.shards)
+    shutil.copytree(tiny_run.tokenizer, run.tokenizer)
+    result = subprocess.run([sys.executable, "-m", "dipaco", "train", "--config", str(TINY), "--run", str(run.root),
+                             "topology.levels=[3]"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 1 and "holds 4 paths" in result.stderr and "gives 3" in result.stderr
