@@ -14,7 +14,8 @@ Standalone CLI (CPU, seconds on a small corpus):
 import importlib
 
 # Submodules are imported on first use, so `import routing.config` (as every island does) does not
-# pay for faiss, scikit-learn and datasets.
+# pay for faiss, scikit-learn and datasets. The k-means function is `routing.kmeans.kmeans`: the
+# name `routing.kmeans` is its module.
 _EXPORTS = {
     "CorpusConfig": "config",
     "RoutingConfig": "config",
@@ -24,7 +25,6 @@ _EXPORTS = {
     "TEST": "corpus",
     "Router": "router",
     "Assignments": "router",
-    "kmeans": "kmeans",
     "product_kmeans": "kmeans",
     "product_assign": "kmeans",
     "assign_nearest": "kmeans",

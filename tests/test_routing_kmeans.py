@@ -8,7 +8,7 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.datasets import make_blobs
 
-from routing import assign_nearest, kmeans, product_kmeans
+from routing.kmeans import assign_nearest, kmeans, product_kmeans
 from routing.kmeans import product_assign
 
 
