@@ -7,8 +7,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,19 +78,28 @@ def test_evaluation_json_compares_routed_paths_with_both_baselines(tiny_run):
 
 
 def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_run, tmp_path):
-    """Stop after round 1, let one island finish round 2, then `dipaco train` finishes the run:
-    the finished island's result is reused and the modules equal the uninterrupted run's."""
+    """Kill `dipaco train` (coordinator and islands) right after round 1 commits, then run it again:
+    round-2 results that islands had finished are reused, and the modules equal the uninterrupted run's."""
     run = RunDir(tmp_path / "resumed")
     for part in ("tokenizer", "routing", "shards"):
         shutil.copytree(tiny_run.root / part, run.root / part)
     common = ["--config", str(TINY), "--run", str(run.root)]
-    dipaco("train", *common, "train.rounds=1")
-    dipaco("island", *common, "--path", "2")  # the next round (2) for path 2, as an island would
-    result = run.store / "results" / "round-000002" / "path-0002.safetensors"
-    before = result.stat().st_mtime_ns
-    dipaco("train", *common)
-    assert result.stat().st_mtime_ns == before, "the finished island's work was redone"
+    proc = subprocess.Popen([sys.executable, "-m", "dipaco", "train", *common], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state = run.store / "state.json"
+    deadline = time.monotonic() + 120
+    while not (state.exists() and json.loads(state.read_text())["round"] >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, "training ended before round 1 committed"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads(state.read_text())["round"] == 1, "killed too late to test resuming"
+    dipaco("island", *common, "--path", "2")  # one island finishes round 2 on its own (a no-op if it had)
+    finished = {p: p.stat().st_mtime_ns for p in (run.store / "results" / "round-000002").glob("*.safetensors")}
 
+    dipaco("train", *common)
+    for path, mtime in finished.items():
+        assert path.stat().st_mtime_ns == mtime, f"{path.name} was finished before the kill but trained again"
     config = load_config(TINY)
     resumed, straight = PathFactory(config, run).store, PathFactory(config, tiny_run).store
     assert resumed.current_round() == straight.current_round() == 2
@@ -104,7 +115,7 @@ def test_cli_errors_name_the_problem(tmp_path):
     assert result.returncode == 1 and "inner.stepz" in result.stderr
     result = subprocess.run([sys.executable, "-m", "dipaco", "eval", "--config", str(TINY), "--run", str(tmp_path)],
                             cwd=ROOT, env=ENV, capture_output=True, text=True)
-    assert result.returncode == 1 and "dipaco route" in result.stderr
+    assert result.returncode == 1 and "run `dipaco " in result.stderr
 
 
 def test_help_explains_every_stage():
