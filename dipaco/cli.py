@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="the round to train (default: the next one the store needs)")
     parsers["island"].add_argument("--follow", action="store_true",
                                    help="keep training these paths every round until the run ends")
+    parsers["eval"].add_argument("--mode", action="append", default=None,
+                                 help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
+    parsers["eval"].add_argument("--best", action="store_true", default=None,
+                                 help="also evaluate each path at its round with the lowest validation loss")
     parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps or dense-equal-compute")
     return parser
 
@@ -130,7 +134,7 @@ def cmd_baseline(config: Config, run: RunDir, args) -> None:
 def cmd_eval(config: Config, run: RunDir, args) -> None:
     from dipaco.evaluate import evaluate, format_results
 
-    results = evaluate(config, run)
+    results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
     print(format_results(results))
     print(f"\nresults in {run.eval_results}")
 

@@ -165,11 +165,17 @@ class EvalConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval_modes)
+    best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
         check_device_precision("eval", self.device, self.precision)
+        from dipaco.eval_modes import parse_mode
+
+        for mode in self.modes:
+            parse_mode(mode)
 
 
 @dataclass(kw_only=True)
