@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
     parsers["eval"].add_argument("--best", action="store_true", default=None,
                                  help="also evaluate each path at its round with the lowest validation loss")
-    parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps or dense-equal-compute")
+    parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
 
 

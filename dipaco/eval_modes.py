@@ -158,13 +158,14 @@ def routed_scores(table: LossTable, routes: list[list[tuple[int, int, int]]], ro
 def oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> dict:
     """Every path on every document; each document takes the path with its lowest total loss.
     Same keys as `routed_scores`, plus `"choice"` (D,) — the best path of each document."""
-    n_paths = len(rounds)
-    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in range(n_paths)})
+    paths = sorted(rounds)
+    n_paths = max(paths) + 1
+    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in paths})
     totals = np.array([[float(table.get(p, rounds[p], d)[prefix:].sum()) for d in range(n_docs)]
-                       for p in range(n_paths)]).reshape(n_paths, n_docs)  # (P, D)
-    choice = totals.argmin(axis=0) if n_docs else np.zeros(0, dtype=np.int64)
+                       for p in paths]).reshape(len(paths), n_docs)  # (P, D)
+    choice = np.asarray(paths)[totals.argmin(axis=0)] if n_docs else np.zeros(0, dtype=np.int64)
     tokens = np.array([max(0, len(table.docs[d]) - prefix) for d in range(n_docs)], dtype=np.int64)
-    nll = totals[choice, np.arange(n_docs)] if n_docs else np.zeros(0)
+    nll = totals.min(axis=0) if n_docs else np.zeros(0)
     return {
         "nll": nll, "tokens": tokens, "choice": choice,
         "path_nll": np.bincount(choice, weights=nll, minlength=n_paths),
@@ -174,18 +175,18 @@ def oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, pref
 
 
 def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
-    """Perplexity (P, P): row p = path p's model, column q = the documents routed to path q
-    (NaN where no document was routed to q)."""
-    n_paths = len(rounds)
-    table.ensure({(p, rounds[p]): set(range(len(routed))) for p in range(n_paths)})
-    out = np.full((n_paths, n_paths), np.nan)
-    for q in range(n_paths):
+    """Perplexity (P, P) over the paths in `rounds` (sorted): row i = the i-th path's model, column j =
+    the documents routed to the j-th path (NaN where no document was routed there)."""
+    paths = sorted(rounds)
+    table.ensure({(p, rounds[p]): set(range(len(routed))) for p in paths})
+    out = np.full((len(paths), len(paths)), np.nan)
+    for j, q in enumerate(paths):
         docs = np.flatnonzero(routed == q)
         count = sum(max(0, len(table.docs[d]) - prefix) for d in docs)
         if not count:
             continue
-        for p in range(n_paths):
-            out[p, q] = np.exp(sum(float(table.get(p, rounds[p], d)[prefix:].sum()) for d in docs) / count)
+        for i, p in enumerate(paths):
+            out[i, j] = np.exp(sum(float(table.get(p, rounds[p], d)[prefix:].sum()) for d in docs) / count)
     return out
 
 
@@ -209,13 +210,14 @@ def evaluate_modes(factory, *, router, docs: list[np.ndarray], modes: list[str],
     )
 
     def route(batch: list[np.ndarray], n_tokens: list[int]) -> np.ndarray:
-        return router.route([decode_prefix(tokenizer, d, n) for d, n in zip(batch, n_tokens, strict=True)])
+        return topology.representative(router.route([decode_prefix(tokenizer, d, n) for d, n in zip(batch, n_tokens, strict=True)]))
 
     longest = max((len(d) for d in docs), default=1)
     n_paths = topology.n_paths
-    settings = [("last", {p: final for p in range(n_paths)})]
+    evaluated = [topology.representative(q) for q in range(topology.n_routed)]  # replicas are one model
+    settings = [("last", {p: final for p in evaluated})]
     if best is not None:
-        settings.append(("best", {p: int(best[p]) for p in range(n_paths)}))
+        settings.append(("best", {p: int(best[p]) for p in evaluated}))
     rows, all_paths = [], None
     prefix_routes = route_chunks(route, docs, prefix=prefix, window=longest)
     for checkpoints, rounds in settings:
@@ -240,7 +242,7 @@ def _mode_row(mode: str, checkpoints: str, scores: dict, rounds: dict[int, int])
     per_path = [{"path": p, "round": rounds[p], "documents": int(scores["path_documents"][p]),
                  "tokens": int(scores["path_tokens"][p]),
                  "perplexity": float(np.exp(scores["path_nll"][p] / scores["path_tokens"][p]))
-                 if scores["path_tokens"][p] else None} for p in range(len(rounds))]
+                 if scores["path_tokens"][p] else None} for p in sorted(rounds)]
     return {"mode": mode, "checkpoints": checkpoints, "tokens": tokens,
             "perplexity": float(np.exp(scores["nll"].sum() / tokens)) if tokens else float("nan"),
             "per_path": per_path}

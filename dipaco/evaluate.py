@@ -84,7 +84,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     router = Router.load(run.require(run.routing / "router.json", "route").parent)
     docs, doc_ids, shard_paths = factory.reader.test_documents()
     skip = config.routing.prefix_tokens
-    paths = route_test_documents(router, factory.tokenizer, docs, prefix_tokens=skip)
+    paths = topology.representative(route_test_documents(router, factory.tokenizer, docs, prefix_tokens=skip))
     score = dict(skip=skip, batch_size=config.eval.batch_size, device=device, precision=config.eval.precision,
                  pad_id=factory.tokenizer.pad_token_id or 0)
 
@@ -130,7 +130,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         "test_documents": len(docs),
         "scored_tokens": int(counts.sum()),
         "prefix_tokens": skip,
-        "routing_agrees_with_shards": float(np.mean(paths == shard_paths)) if len(docs) else None,
+        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths)))) if len(docs) else None,
         "models": rows,
         "per_path": per_path,
     }
