@@ -1,6 +1,6 @@
 """The `dipaco` command: one subcommand per pipeline stage, and `run` for all of them.
 
-    dipaco run    --config configs/tiny.yaml --run runs/tiny     # route, shard, train, baselines, eval
+    dipaco run    --config configs/tiny.yaml --run runs/tiny     # route, shard, train, baselines, eval, report
     dipaco route  --config configs/tiny.yaml --run runs/tiny routing.prefix_tokens=16
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands = {
-        "run": "the whole pipeline: route, shard, train, baselines, eval (finished stages are skipped)",
+        "run": "the whole pipeline: route, shard, train, baselines, eval, report (route and shard are skipped when done)",
         "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
         "shard": "tokenize and pack each path's documents into checked zstd shards",
         "train": "run (or resume) the outer rounds with local island processes",
@@ -174,7 +174,7 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
         cmd_baselines(config, run, args)
     cmd_eval(config, run, args)
     cmd_report(config, run, args)
-    print(f"whole pipeline: {time.perf_counter() - started:.0f}s")
+    print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")
 
 
 def _rounds(factory, args) -> dict[int, int]:
