@@ -140,7 +140,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         from dipaco.early_stopping import best_of_run
         from dipaco.eval_modes import evaluate_modes
 
-        best_rounds, history = best_of_run(factory) if best else (None, None)
+        best_rounds = best_of_run(factory)[0] if best else None
         results["modes"] = evaluate_modes(factory, router=router, docs=docs, modes=modes, best=best_rounds,
                                           device=device)
     tmp = run.eval_results.with_name("eval.json.tmp")

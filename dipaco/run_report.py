@@ -58,6 +58,7 @@ def write_report(config: Config, run: RunDir) -> Path:
 
 def _loss_section(train: dict, best: dict, figures: Path) -> list[str]:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rounds = train.get("rounds", [])
     history = {int(p): {int(v): x for v, x in h.items()} for p, h in best.get("history", {}).items()}
@@ -78,6 +79,7 @@ def _loss_section(train: dict, best: dict, figures: Path) -> list[str]:
             versions = sorted(history[p])
             ax.plot(versions, [history[p][v] for v in versions], "--", color=color,
                     label=f"path {p} val" if len(paths) <= 8 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round (validation: loss of the modules after that round)")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("Training (solid) and validation (dashed) loss per path")
@@ -178,6 +180,7 @@ def _paths_section(index: dict, evaluation: dict, figures: Path) -> list[str]:
 
 def _bytes_section(train: dict, figures: Path) -> list[str]:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rounds = train.get("rounds", [])
     sent = [r.get("bytes_up", r.get("bytes", 0)) for r in rounds]
@@ -185,6 +188,7 @@ def _bytes_section(train: dict, figures: Path) -> list[str]:
         return []
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.bar([r["round"] for r in rounds], [b / 1e6 for b in sent])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("MB sent by the islands")
     ax.set_title("Pseudo-gradient bytes exchanged per round")
