@@ -135,16 +135,19 @@ def _eval_section(evaluation: dict, figures: Path) -> list[str]:
                   "```", ""]
     if modes.get("all_paths"):
         grid = np.array(modes["all_paths"], dtype=float)
-        fig, ax = plt.subplots(figsize=(1 + 0.6 * len(grid), 0.8 + 0.5 * len(grid)))
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.6 * len(grid)), max(4.0, 1.2 + 0.5 * len(grid))))
         image = ax.imshow(grid, cmap="viridis_r")
         fig.colorbar(image, ax=ax, label="perplexity")
         ax.set_xlabel("test documents routed to path q")
         ax.set_ylabel("model of path p")
-        ax.set_title("Every path on every path's documents")
+        ax.set_title("Every path on every path's documents", fontsize=10)
+        ax.set_xticks(range(len(grid)))
+        ax.set_yticks(range(len(grid)))
         if len(grid) <= 16:
+            middle = np.nanmean(grid)
             for (p, q), x in np.ndenumerate(grid):
                 if not np.isnan(x):
-                    ax.text(q, p, f"{x:.1f}", ha="center", va="center", fontsize=7, color="w")
+                    ax.text(q, p, f"{x:.1f}", ha="center", va="center", fontsize=7, color="w" if x > middle else "k")
         _save(fig, figures / "all_paths.png")
         lines += ["Specialisation: the diagonal is each path on its own documents.", "",
                   "![all paths on all documents](report/all_paths.png)", ""]
