@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island baselines eval test test-slow lint bench corpus clean help
+.PHONY: install demo run route shard train island baselines eval report export test test-slow lint bench corpus clean help
 
 help:
-	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | test | test-slow | lint | bench | corpus"
+	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -47,6 +47,12 @@ baselines:
 eval:
 	$(DIPACO) eval --config $(CONFIG) --run $(RUN) $(ARGS)
 
+report:  ## report.md with plots in the run directory
+	$(DIPACO) report --config $(CONFIG) --run $(RUN) $(ARGS)
+
+export:  ## every path and the router as Hugging Face model directories, in $(RUN)/export
+	$(DIPACO) export $(RUN)/export --all --config $(CONFIG) --run $(RUN) $(ARGS)
+
 test:  ## the test suite without the slow tests
 	$(OFFLINE) $(PYTHON) -m pytest -q
 
@@ -57,7 +63,7 @@ bench:  ## every benchmark in bench/ (results as JSON + a markdown table in benc
 	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done
 
 lint:
-	$(PYTHON) -m ruff check dipaco routing sharding tests scripts
+	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench
 
 corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc and perl-doc
 	$(PYTHON) scripts/build_corpus.py

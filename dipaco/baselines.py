@@ -5,7 +5,9 @@
 
 - `dense-equal-steps`: as many inner steps as each path took (rounds x H): equal wall-clock when
   the islands run in parallel, the paper's headline comparison;
-- `dense-equal-compute`: as many steps as all paths together (paths x rounds x H): equal compute.
+- `dense-equal-compute`: as many steps as all paths together (paths x rounds x H): equal compute;
+- `dense-large` (when `eval.large_hidden_size` is set): a wider / deeper dense model (the paper's
+  1.3B against 150M paths: about 8x a path's parameters) for as many steps as each path.
 
 Each is trained by plain AdamW with the inner schedule stretched over its own steps, and saved as
 `baselines/<name>/model.safetensors` with a `summary.json`.
@@ -13,6 +15,7 @@ Each is trained by plain AdamW with the inner schedule stretched over its own st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,10 +23,10 @@ import time
 
 from safetensors.torch import load_file, save_file
 
-from dipaco.config import Config, save_config
+from dipaco.config import Config, ModelConfig, save_config
 from dipaco.inner import make_optimizer, resolve_device, train_steps
 from dipaco.launch import Task, plan_parallelism, run_tasks
-from dipaco.model import count_parameters, path_parameters
+from dipaco.model import build_path_model, count_parameters, path_parameters
 from dipaco.paths import PathFactory
 from dipaco.run import RunDir
 
@@ -33,7 +36,26 @@ log = logging.getLogger(__name__)
 def baseline_steps(config: Config, n_paths: int) -> dict[str, int]:
     """The inner-step budget of each baseline."""
     per_path = config.train.rounds * config.inner.steps
-    return {"dense-equal-steps": per_path, "dense-equal-compute": per_path * n_paths}
+    budgets = {"dense-equal-steps": per_path, "dense-equal-compute": per_path * n_paths}
+    if config.eval.large_hidden_size:
+        budgets["dense-large"] = per_path
+    return budgets
+
+
+def baseline_model_config(config: Config, name: str) -> ModelConfig:
+    """The architecture of a baseline: a path's, or the `dense-large` one (same head size)."""
+    if name != "dense-large":
+        return config.model
+    head = config.model.hidden_size // config.model.n_heads
+    return dataclasses.replace(config.model, hidden_size=config.eval.large_hidden_size,
+                               n_heads=config.eval.large_hidden_size // head,
+                               n_layers=config.eval.large_n_layers or config.model.n_layers)
+
+
+def _new_model(factory: PathFactory, model_config: ModelConfig, *, seed: int | None = None):
+    tokenizer = factory.tokenizer
+    return build_path_model(model_config, vocab_size=len(tokenizer), seq_len=factory.config.sharding.seq_len,
+                            seed=seed, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
 
 
 def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
@@ -43,7 +65,8 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
         raise ValueError(f"unknown baseline {name!r}; baselines are {sorted(budgets)}")
     steps = budgets[name]
     device = resolve_device(config.train.device)
-    model = factory.new_model(seed=config.train.seed).to(device)
+    model_config = baseline_model_config(config, name)
+    model = _new_model(factory, model_config, seed=config.train.seed).to(device)
     optimizer = make_optimizer(model, config.inner)
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
     log.info("training %s for %d steps", name, steps)
@@ -61,6 +84,7 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
         "tokens": stats["tokens"],
         "seconds": time.perf_counter() - started,
         "parameters": count_parameters(model),
+        "model": dataclasses.asdict(model_config),
         "final_train_loss": sum(stats["losses"][-10:]) / len(stats["losses"][-10:]),
         "losses": stats["losses"],
     }
@@ -82,7 +106,8 @@ def train_baselines(config: Config, run: RunDir) -> None:
 def load_baseline(factory: PathFactory, name: str):
     """A trained baseline model (CPU, float32) and its summary."""
     folder = factory.run.require(factory.run.baselines / name / "summary.json", "baselines").parent
-    model = factory.new_model()
+    summary = json.loads((folder / "summary.json").read_text())
+    model = _new_model(factory, ModelConfig(**summary["model"])) if "model" in summary else factory.new_model()
     tensors = load_file(str(folder / "model.safetensors"))
     params = path_parameters(model)
     missing = sorted(set(params) - set(tensors))
@@ -90,4 +115,4 @@ def load_baseline(factory: PathFactory, name: str):
         raise ValueError(f"{folder / 'model.safetensors'} lacks parameters {missing[:3]}")
     for key, param in params.items():
         param.data.copy_(tensors[key])
-    return model, json.loads((folder / "summary.json").read_text())
+    return model, summary

@@ -1,6 +1,6 @@
 """The `dipaco` command: one subcommand per pipeline stage, and `run` for all of them.
 
-    dipaco run    --config configs/tiny.yaml --run runs/tiny     # route, shard, train, baselines, eval
+    dipaco run    --config configs/tiny.yaml --run runs/tiny     # route, shard, train, baselines, eval, report
     dipaco route  --config configs/tiny.yaml --run runs/tiny routing.prefix_tokens=16
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3
 
@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from dipaco.config import Config, load_config
 from dipaco.run import RunDir
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands = {
-        "run": "the whole pipeline: route, shard, train, baselines, eval (finished stages are skipped)",
+        "run": "the whole pipeline: route, shard, train, baselines, eval, report (route and shard are skipped when done)",
         "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
         "shard": "tokenize and pack each path's documents into checked zstd shards",
         "train": "run (or resume) the outer rounds with local island processes",
@@ -42,18 +43,38 @@ def build_parser() -> argparse.ArgumentParser:
         "baselines": "train the dense baselines (equal steps, equal compute)",
         "baseline": "train one dense baseline (used by `baselines`)",
         "eval": "routed evaluation of the held-out documents against the dense baselines",
+        "export": "write a path (or --all paths and the router) as Hugging Face model directories",
+        "generate": "route a prompt to a path and generate a continuation with it",
+        "report": "write report.md with plots into the run directory",
     }
     parsers = {}
     for name, help_text in commands.items():
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "export":
+            parsers[name].add_argument("out", help="output directory")
+        if name == "generate":
+            parsers[name].add_argument("prompt", help="the text to continue")
         _common(parsers[name])
+    for name in ("export", "generate"):
+        parsers[name].add_argument("--round", type=int, default=None, help="module version (default: the last)")
+        parsers[name].add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
+    which = parsers["export"].add_mutually_exclusive_group(required=True)
+    which.add_argument("--path", type=int, help="the path to export")
+    which.add_argument("--all", action="store_true", help="every path, plus the router and the tokenizer")
+    parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
     parsers["island"].add_argument("--path", type=int, action="append", required=True,
                                    help="a path this island trains (repeat for several)")
     parsers["island"].add_argument("--round", type=int, default=None,
                                    help="the round to train (default: the next one the store needs)")
     parsers["island"].add_argument("--follow", action="store_true",
                                    help="keep training these paths every round until the run ends")
-    parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps or dense-equal-compute")
+    parsers["eval"].add_argument("--mode", action="append", default=None,
+                                 help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
+    parsers["eval"].add_argument("--best", action="store_true", default=None,
+                                 help="also evaluate each path at its round with the lowest validation loss")
+    parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
 
 
@@ -65,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads_from_env()
     try:
-        config = load_config(args.config, args.overrides)
+        config_file = args.config
+        if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
+            config_file = Path(args.run) / "config.yaml"  # the run's own resolved config
+        config = load_config(config_file, args.overrides)
         run = RunDir(args.run)
         run.root.mkdir(parents=True, exist_ok=True)
         STAGES[args.command](config, run, args)
@@ -130,7 +154,7 @@ def cmd_baseline(config: Config, run: RunDir, args) -> None:
 def cmd_eval(config: Config, run: RunDir, args) -> None:
     from dipaco.evaluate import evaluate, format_results
 
-    results = evaluate(config, run)
+    results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
     print(format_results(results))
     print(f"\nresults in {run.eval_results}")
 
@@ -149,8 +173,60 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
     if config.eval.baselines:
         cmd_baselines(config, run, args)
     cmd_eval(config, run, args)
-    print(f"whole pipeline: {time.perf_counter() - started:.0f}s")
+    cmd_report(config, run, args)
+    print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")
 
+
+def _rounds(factory, args) -> dict[int, int]:
+    """The module version of each path that `--round` / `--best` ask for."""
+    if getattr(args, "best", False):
+        from dipaco.early_stopping import best_of_run
+
+        return best_of_run(factory)[0]
+    last = factory.store.current_round()
+    round = last if args.round is None else args.round
+    if not 0 <= round <= last:
+        raise ValueError(f"--round {round} is outside the store's rounds 0..{last}")
+    return {p: round for p in range(factory.topology.n_paths)}
+
+
+def cmd_export(config: Config, run: RunDir, args) -> None:
+    from dipaco.export import export_all, export_path
+    from dipaco.paths import PathFactory
+
+    factory = PathFactory(config, run)
+    rounds = _rounds(factory, args)
+    if args.all:
+        out = export_all(factory, rounds=rounds, out=args.out)
+        print(f"exported {factory.topology.n_paths} paths, the router and the tokenizer to {out}")
+        return
+    if not 0 <= args.path < factory.topology.n_paths:
+        raise ValueError(f"--path {args.path} is outside 0..{factory.topology.n_paths - 1}")
+    out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out)
+    print(f"exported path {args.path} (round {rounds[args.path]}) to {out}; "
+          f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+
+
+def cmd_generate(config: Config, run: RunDir, args) -> None:
+    from dipaco.export import generate
+    from dipaco.paths import PathFactory
+
+    factory = PathFactory(config, run)
+    rounds = _rounds(factory, args)
+    text, path = generate(factory, args.prompt, round=0, rounds=rounds, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, seed=args.seed)
+    print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
+    print(text)
+
+
+def cmd_report(config: Config, run: RunDir, args) -> None:
+    from dipaco.run_report import write_report
+
+    path = write_report(config, run)
+    print(f"report: {path}")
+
+
+RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")
 
 STAGES = {
     "run": cmd_run,
@@ -161,6 +237,9 @@ STAGES = {
     "baselines": cmd_baselines,
     "baseline": cmd_baseline,
     "eval": cmd_eval,
+    "export": cmd_export,
+    "generate": cmd_generate,
+    "report": cmd_report,
 }
 
 if __name__ == "__main__":

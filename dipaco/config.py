@@ -71,10 +71,13 @@ class TopologyConfig:
     blocks_per_level: list[int] = field(default_factory=list)  # [] = split model.n_layers evenly
     private_blocks: list[int] = field(default_factory=list)  # block indices owned by each path alone
     private_embeddings: bool = False  # embedding, final norm and head private to each path
+    replicas: int = 1  # replica islands per path (DiLoCo): each trains on a random share of the path's documents
 
     def __post_init__(self) -> None:
         if not self.levels or any(k < 1 for k in self.levels):
             raise ValueError(f"topology.levels must be a non-empty list of ints >= 1, got {self.levels}")
+        if self.replicas < 1:
+            raise ValueError(f"topology.replicas must be >= 1, got {self.replicas}")
         if any(b < 1 for b in self.blocks_per_level):
             raise ValueError(f"topology.blocks_per_level must be ints >= 1, got {self.blocks_per_level}")
         if self.blocks_per_level and len(self.blocks_per_level) != len(self.levels):
@@ -165,11 +168,22 @@ class EvalConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval_modes)
+    best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
+    large_hidden_size: int = 0  # width of the "dense-large" baseline (~8x a path's parameters); 0 = no such baseline
+    large_n_layers: int = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        if self.large_hidden_size < 0 or self.large_n_layers < 0:
+            raise ValueError(f"eval.large_hidden_size and eval.large_n_layers must be >= 0, "
+                             f"got {self.large_hidden_size}, {self.large_n_layers}")
         check_device_precision("eval", self.device, self.precision)
+        from dipaco.eval_modes import parse_mode
+
+        for mode in self.modes:
+            parse_mode(mode)
 
 
 @dataclass(kw_only=True)
@@ -203,6 +217,10 @@ class Config:
             raise ValueError(
                 f"topology.private_blocks {bad} are outside the model's blocks 0..{self.model.n_layers - 1}"
             )
+        head = self.model.hidden_size // self.model.n_heads
+        if self.eval.large_hidden_size % head:
+            raise ValueError(f"eval.large_hidden_size {self.eval.large_hidden_size} is not a multiple of a path's "
+                             f"head size {head} (model.hidden_size / model.n_heads)")
         if self.routing.prefix_tokens >= self.sharding.seq_len:
             raise ValueError(
                 f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "

@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dipaco.config import Config, save_config
+from dipaco.early_stopping import record_final_val_losses, record_val_losses
 from dipaco.island import unflatten_pseudo_gradient
 from dipaco.launch import Task, WorkerPool, plan_parallelism
 from dipaco.model import split_into_modules
@@ -77,8 +78,10 @@ def apply_outer_step(factory: PathFactory, round: int) -> dict:
         if new_momentum:
             store.write_outer_state(round, name, new_momentum)
     store.commit(round=round, levels=list(topology.levels), modules=topology.modules)
-    if config.train.keep_rounds:
-        store.prune(keep_from=round - config.train.keep_rounds + 1)
+    keep_from = round - config.train.keep_rounds + 1 if config.train.keep_rounds else None
+    # version round-1's validation losses; pruning keeps every path's best version (dipaco.early_stopping)
+    record_val_losses(store, topology, version=round - 1, keep_from=keep_from,
+                      losses={p: m["val_loss_start"] for p, m in metas.items()})
     return {
         "round": round,
         "tokens": sum(m["tokens"] for m in metas.values()),
@@ -120,6 +123,7 @@ def train(config: Config, run: RunDir) -> dict:
                      mean_train, stats["tokens"], stats["bytes_up"] / 1e6, stats["seconds"])
         if islands:
             islands.stop()
+        record_final_val_losses(factory)  # so the last round can be a path's best (dipaco eval --best)
     finally:
         if islands:
             islands.terminate()

@@ -72,7 +72,9 @@ def perplexity(nll: float, tokens: int) -> float:
     return math.exp(nll / tokens) if tokens else float("nan")
 
 
-def evaluate(config: Config, run: RunDir) -> dict:
+def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
+    """The routed model (prefix routing, last round) against the baselines, then every eval mode
+    (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
     factory = PathFactory(config, run)
     device = resolve_device(config.eval.device)
     topology, store = factory.topology, factory.store
@@ -82,7 +84,7 @@ def evaluate(config: Config, run: RunDir) -> dict:
     router = Router.load(run.require(run.routing / "router.json", "route").parent)
     docs, doc_ids, shard_paths = factory.reader.test_documents()
     skip = config.routing.prefix_tokens
-    paths = route_test_documents(router, factory.tokenizer, docs, prefix_tokens=skip)
+    paths = topology.representative(route_test_documents(router, factory.tokenizer, docs, prefix_tokens=skip))
     score = dict(skip=skip, batch_size=config.eval.batch_size, device=device, precision=config.eval.precision,
                  pad_id=factory.tokenizer.pad_token_id or 0)
 
@@ -128,10 +130,19 @@ def evaluate(config: Config, run: RunDir) -> dict:
         "test_documents": len(docs),
         "scored_tokens": int(counts.sum()),
         "prefix_tokens": skip,
-        "routing_agrees_with_shards": float(np.mean(paths == shard_paths)) if len(docs) else None,
+        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths)))) if len(docs) else None,
         "models": rows,
         "per_path": per_path,
     }
+    modes = config.eval.modes if modes is None else modes
+    best = config.eval.best if best is None else best
+    if modes:
+        from dipaco.early_stopping import best_of_run
+        from dipaco.eval_modes import evaluate_modes
+
+        best_rounds = best_of_run(factory)[0] if best else None
+        results["modes"] = evaluate_modes(factory, router=router, docs=docs, modes=modes, best=best_rounds,
+                                          device=device)
     tmp = run.eval_results.with_name("eval.json.tmp")
     tmp.write_text(json.dumps(results, indent=1))
     os.replace(tmp, run.eval_results)
@@ -147,13 +158,18 @@ def format_results(results: dict) -> str:
             for r in results["models"]]
     paths = [[p["path"], p.get("label", ""), p["documents"], p["tokens"],
               f"{p['perplexity']:.2f}" if p["perplexity"] else "-"] for p in results["per_path"]]
-    return (
+    text = (
         f"Routed evaluation on {results['test_documents']} held-out documents, "
         f"{results['scored_tokens']:,} tokens scored after a {results['prefix_tokens']}-token routing prefix\n"
         + format_table(headers, main)
         + "\n\nPer path\n"
         + format_table(["path", "choice", "documents", "tokens", "perplexity"], paths)
     )
+    if results.get("modes"):
+        from dipaco.eval_modes import format_modes
+
+        text += "\n\n" + format_modes(results["modes"])
+    return text
 
 
 def _load(path) -> dict:

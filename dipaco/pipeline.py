@@ -55,14 +55,22 @@ def route(config: Config, run: RunDir) -> dict:
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
     router, fit_stats = Router.fit([p for p, s in zip(prefixes, split) if s == TRAIN],
                                    levels=list(topology.levels), config=config.routing)
-    paths = router.route(prefixes)
+    paths = assign_replicas(router.route(prefixes), replicas=topology.replicas, seed=config.corpus.seed)
     router.save(run.routing)
-    Assignments(path=paths, split=split, levels=list(topology.levels),
+    Assignments(path=paths, split=split, levels=topology.data_levels,
                 router_fingerprint=router.fingerprint()).save(run.routing)
     sources = dataset["source"] if "source" in dataset.column_names else None
     stats = routing_summary(paths, split, topology, sources)
     stats["fit"] = fit_stats
     return stats
+
+
+def assign_replicas(routed: np.ndarray, *, replicas: int, seed: int) -> np.ndarray:
+    """Routed path ids (N,) → data path ids: each document goes to a uniformly random replica of its
+    path (`routed * replicas + r`), so DiLoCo replicas train on random shards of the data."""
+    if replicas == 1:
+        return routed
+    return routed * replicas + np.random.default_rng([seed, 0xD1]).integers(0, replicas, size=len(routed))
 
 
 def _tokenizer(config: Config, run: RunDir, train_texts: list[str]):
@@ -112,9 +120,9 @@ def shard(config: Config, run: RunDir) -> dict:
         )
     tokenizer = load_tokenizer(run.require(run.tokenizer, "route"))
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
-    if list(assignments.levels) != list(topology.levels):
+    if list(assignments.levels) != topology.data_levels:
         raise ValueError(f"{run.routing / 'assignments.json'} was routed for levels {assignments.levels}, "
-                         f"the config asks for {list(topology.levels)}: run `dipaco route` again")
+                         f"the config asks for {topology.data_levels}: run `dipaco route` again")
     index = build_shards(
         texts=dataset["text"], doc_ids=np.asarray(dataset["doc_id"], dtype=np.int64),
         doc_paths=assignments.path, doc_split=assignments.split, n_paths=topology.n_paths,

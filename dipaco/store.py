@@ -142,9 +142,9 @@ class ModuleStore:
         relative = f"outer/round-{round:06d}/{name}.safetensors"
         return self.read_tensors(relative) if self.exists(relative) else None
 
-    def prune(self, *, keep_from: int) -> None:
-        """Delete module, outer-state and result versions older than round `keep_from`."""
-        for folder in ("modules", "outer", "results"):
+    def prune(self, *, keep_from: int, folders: tuple[str, ...] = ("modules", "outer", "results")) -> None:
+        """Delete module, outer-state and result versions older than round `keep_from` (in `folders`)."""
+        for folder in folders:
             if not self.exists(folder):
                 continue
             for entry in self.fs.ls(self._path(folder), detail=False):

@@ -36,6 +36,7 @@ class Topology:
     level_blocks: tuple[tuple[int, ...], ...]  # the block indices of each level
     private_blocks: frozenset[int]
     private_embeddings: bool
+    replicas: int = 1  # DiLoCo replica islands per routed path; replicas share every module
 
     @classmethod
     def from_config(cls, config: TopologyConfig, *, n_layers: int) -> Topology:
@@ -49,11 +50,31 @@ class Topology:
             level_blocks=level_blocks,
             private_blocks=frozenset(config.private_blocks),
             private_embeddings=config.private_embeddings,
+            replicas=config.replicas,
         )
 
     @property
     def n_paths(self) -> int:
+        """Paths the islands train (and shards hold): routed paths x replicas."""
+        return math.prod(self.levels) * self.replicas
+
+    @property
+    def n_routed(self) -> int:
+        """Paths the router picks from: one per module choice."""
         return math.prod(self.levels)
+
+    @property
+    def data_levels(self) -> list[int]:
+        """The levels the data assignments use: the grid, plus a replica level when replicas > 1."""
+        return [*self.levels, self.replicas] if self.replicas > 1 else list(self.levels)
+
+    def routed_path(self, path: int) -> int:
+        """The router's id of a path (its replicas share it)."""
+        return path // self.replicas
+
+    def representative(self, routed: int) -> int:
+        """The first replica of a routed path: the path that evaluation loads for it."""
+        return routed * self.replicas
 
     @property
     def n_layers(self) -> int:
@@ -63,11 +84,12 @@ class Topology:
         """The module picked at each level by a flat path id."""
         if not 0 <= path < self.n_paths:
             raise ValueError(f"path {path} is outside 0..{self.n_paths - 1} for levels {list(self.levels)}")
-        return tuple(int(i) for i in np.unravel_index(path, self.levels))
+        return tuple(int(i) for i in np.unravel_index(path // self.replicas, self.levels))
 
     def path_label(self, path: int) -> str:
         """The module choice as text: `(1,1)` for path 3 of a 2x2 grid."""
-        return "(" + ",".join(map(str, self.choice(path))) + ")"
+        label = "(" + ",".join(map(str, self.choice(path))) + ")"
+        return f"{label}r{path % self.replicas}" if self.replicas > 1 else label
 
     def level_of_block(self, block: int) -> int:
         for level, blocks in enumerate(self.level_blocks):
@@ -81,21 +103,22 @@ class Topology:
         if match:
             block = int(match.group(1))
             if block in self.private_blocks:
-                return f"path{path:03d}.block{block:02d}"
+                return f"path{path // self.replicas:03d}.block{block:02d}"
             level = self.level_of_block(block)
             return f"level{level}.module{self.choice(path)[level]}"
         if param_name.startswith(_EMBEDDING_PARAMS):
-            return f"path{path:03d}.{EMBEDDINGS}" if self.private_embeddings else EMBEDDINGS
+            return f"path{path // self.replicas:03d}.{EMBEDDINGS}" if self.private_embeddings else EMBEDDINGS
         raise ValueError(f"parameter {param_name!r} belongs to no module of the topology")
 
     def modules_of_path(self, path: int) -> list[str]:
         """Every module name a path's parameters belong to, in model order."""
-        names = [f"path{path:03d}.{EMBEDDINGS}" if self.private_embeddings else EMBEDDINGS]
+        owner = path // self.replicas  # replicas of a path share even its private modules
+        names = [f"path{owner:03d}.{EMBEDDINGS}" if self.private_embeddings else EMBEDDINGS]
         for level, blocks in enumerate(self.level_blocks):
             shared = [b for b in blocks if b not in self.private_blocks]
             if shared:
                 names.append(f"level{level}.module{self.choice(path)[level]}")
-            names.extend(f"path{path:03d}.block{b:02d}" for b in blocks if b in self.private_blocks)
+            names.extend(f"path{owner:03d}.block{b:02d}" for b in blocks if b in self.private_blocks)
         return names
 
     @cached_property
