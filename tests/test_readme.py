@@ -2,6 +2,8 @@
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from dipaco.config import Config
@@ -16,6 +18,12 @@ def test_every_config_field_is_documented():
                for field in dataclasses.fields(section.default_factory())
                if f"`{section.name}.{field.name}`" not in README]
     assert not missing, f"README's configuration reference lacks {missing}"
+
+
+def test_config_reference_is_generated_from_the_code():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "config_reference.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_listed_make_targets_exist():
