@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from dipaco.baselines import baseline_steps, load_baseline
 from dipaco.config import Config
-from dipaco.inner import autocast, resolve_device
+from dipaco.eval_modes import token_losses
+from dipaco.inner import resolve_device
 from dipaco.model import count_parameters
 from dipaco.paths import PathFactory
 from dipaco.report import format_table
@@ -32,33 +33,14 @@ from sharding.tokenizer import decode_prefix
 log = logging.getLogger(__name__)
 
 
-@torch.no_grad()
 def score_documents(model: torch.nn.Module, docs: list[np.ndarray], *, skip: int, batch_size: int,
                     device: torch.device, precision: str, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Summed negative log-likelihood of each document's tokens after the first `skip`, and their count.
 
     Returns `(nll (D,), tokens (D,))`; token i is predicted from tokens < i."""
-    model.eval()
-    nll = np.zeros(len(docs), dtype=np.float64)
+    losses = token_losses(model, docs, batch_size=batch_size, device=device, precision=precision, pad_id=pad_id)
+    nll = np.array([loss[skip:].sum() for loss in losses], dtype=np.float64)
     counts = np.array([max(0, len(d) - skip) for d in docs], dtype=np.int64)
-    order = np.argsort([-len(d) for d in docs], kind="stable")  # similar lengths share a batch
-    for start in range(0, len(docs), batch_size):
-        index = order[start : start + batch_size]
-        length = max(len(docs[i]) for i in index)
-        ids = torch.full((len(index), length), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(index), length), dtype=torch.long)
-        for row, i in enumerate(index):
-            ids[row, : len(docs[i])] = torch.as_tensor(docs[i].astype(np.int64))
-            mask[row, : len(docs[i])] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        with autocast(device, precision):
-            logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # predicts tokens 1..T-1
-        target = ids[:, 1:]
-        token_nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-        positions = torch.arange(1, length, device=device).unsqueeze(0)  # index of each target token
-        scored = (positions >= skip) & (mask[:, 1:] == 1)
-        nll[index] = (token_nll * scored).sum(dim=1).double().cpu().numpy()
     return nll, counts
 
 
@@ -138,7 +120,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     best = config.eval.best if best is None else best
     if modes:
         from dipaco.early_stopping import best_of_run
-        from dipaco.eval_modes import evaluate_modes
+        from dipaco.eval_modes import evaluate_modes  # noqa: I001
 
         best_rounds = best_of_run(factory)[0] if best else None
         results["modes"] = evaluate_modes(factory, router=router, docs=docs, modes=modes, best=best_rounds,
