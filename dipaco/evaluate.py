@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from dipaco.baselines import baseline_steps, load_baseline
 from dipaco.config import Config
-from dipaco.eval_modes import token_losses
+from dipaco.eval_modes import evaluate_modes, format_modes, token_losses
 from dipaco.inner import resolve_device
 from dipaco.model import count_parameters
 from dipaco.paths import PathFactory
@@ -120,7 +120,6 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     best = config.eval.best if best is None else best
     if modes:
         from dipaco.early_stopping import best_of_run
-        from dipaco.eval_modes import evaluate_modes  # noqa: I001
 
         best_rounds = best_of_run(factory)[0] if best else None
         results["modes"] = evaluate_modes(factory, router=router, docs=docs, modes=modes, best=best_rounds,
@@ -148,7 +147,6 @@ def format_results(results: dict) -> str:
         + format_table(["path", "choice", "documents", "tokens", "perplexity"], paths)
     )
     if results.get("modes"):
-        from dipaco.eval_modes import format_modes
 
         text += "\n\n" + format_modes(results["modes"])
     return text
