@@ -89,8 +89,12 @@ def apply_outer_step(factory: PathFactory, round: int) -> dict:
     }
 
 
-def train(config: Config, run: RunDir) -> dict:
-    """Run (or resume) all rounds; returns the training summary also written to `train.json`."""
+def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
+    """Run (or resume) all rounds; returns the training summary also written to `train.json`.
+
+    The rounds are run by the task-board coordinator (`dipaco.scheduler`); with `local_islands`
+    it also starts `train.islands` pull-based island processes on this machine (`dipaco.worker`)."""
+    from dipaco.scheduler import Coordinator, goodput
     save_config(config, run.config)
     factory = PathFactory(config, run)
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
@@ -103,21 +107,25 @@ def train(config: Config, run: RunDir) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < config.train.rounds else None
+    service = Coordinator(factory)
+    islands = None
+    if local_islands and done < config.train.rounds:
+        islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
     try:
         rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
                       total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in rounds:
             round_started = time.perf_counter()
-            wait_for_results(factory, round, islands)
-            stats = apply_outer_step(factory, round)
+            stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             stats["seconds"] = time.perf_counter() - round_started
             summary["rounds"].append(stats)
             _write_json(run.train_summary, summary)
             mean_train = sum(stats["train_loss"].values()) / len(stats["train_loss"])
             rounds.set_postfix(train_loss=f"{mean_train:.3f}")
-            log.info("round %d: mean train loss %.3f, %d tokens, %.1f MB pseudo-gradients, %.1fs", round,
-                     mean_train, stats["tokens"], stats["bytes_up"] / 1e6, stats["seconds"])
+            log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
+                     "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, mean_train, stats["tokens"],
+                     stats["bytes_up"] / 1e6, stats.get("applied", 0), stats.get("stale", 0), stats.get("dropped", 0),
+                     stats.get("in_flight", 0), stats["seconds"])
         if islands:
             islands.stop()
     finally:
@@ -130,7 +138,11 @@ def train(config: Config, run: RunDir) -> dict:
         tokens=sum(r["tokens"] for r in summary["rounds"]),
         seconds=sum(r["seconds"] for r in summary["rounds"]),
         last_session_seconds=time.perf_counter() - started,
+        bytes_up=sum(r.get("bytes_up", 0) for r in summary["rounds"]),
     )
+    if islands:
+        summary["goodput"] = goodput(factory.store, rounds=config.train.rounds, islands=processes,
+                                     seconds=summary["last_session_seconds"])
     _write_json(run.train_summary, summary)
     return summary
 
@@ -145,6 +157,13 @@ def island_tasks(run: RunDir, n_paths: int, processes: int) -> list[Task]:
             args += ["--path", str(p)]
         tasks.append(Task(name=f"island {worker} (paths {paths})", args=args, log=run.logs / f"island-{worker}.log"))
     return tasks
+
+
+def pull_island_tasks(run: RunDir, processes: int) -> list[Task]:
+    """`processes` pull-based islands (`dipaco island`, unpinned) named island-0, island-1, ..."""
+    return [Task(name=f"island-{i}", log=run.logs / f"island-{i}.log",
+                 args=["island", "--config", str(run.config), "--run", str(run.root), "--name", f"island-{i}"])
+            for i in range(processes)]
 
 
 def wait_for_results(factory: PathFactory, round: int, islands: WorkerPool | None, poll_seconds: float = 0.2) -> None:
