@@ -1,13 +1,14 @@
 """Data parallelism inside one island: several processes (or GPUs) train one path with DDP.
 
-    torchrun --nproc-per-node 2 -m dipaco island --config configs/tiny.yaml --run runs/tiny
+    torchrun --nproc-per-node 2 -m dipaco -- island --config configs/tiny.yaml --run runs/tiny
 
 Under `torchrun` (WORLD_SIZE > 1) every rank joins a process group (NCCL when the island trains on
 CUDA, gloo on the CPU), rank 0 alone talks to the task board (heartbeats, results, inner state) and
 broadcasts each task to the other ranks, and every inner batch of `inner.batch_size` sequences is
 split across the ranks (rank r takes rows r, r + world, ...), so the island computes the same
 pseudo-gradient as one process over the same data, up to float rounding. Each rank uses GPU
-LOCAL_RANK when on CUDA.
+LOCAL_RANK when on CUDA. (The `--` stops torchrun's own option parser from reading `--run` as an
+abbreviation of its `--run-path`.)
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 `Coordinator.tick()` does one pass, and everything it decides it reads back from the store:
 1. reads the islands' heartbeats; an island whose `seq` has not changed for `train.heartbeat_timeout`
    seconds (coordinator clock), or that came back as a new incarnation, has lost its task;
-2. picks up finished results (the first attempt of a task to report is the one accepted);
+2. picks up finished results (one attempt per task is accepted: the current one when it has reported,
+   else an older one that reported late);
 3. opens a task for every path that has none in flight, from the newest module version;
 4. hands a lost task to another island as the next attempt (in async mode a lost task from an old
    version is replaced by one from the newest version);
@@ -108,7 +109,7 @@ class Coordinator:
         for task in self.tasks.values():
             if task["status"] not in ("open", "assigned"):
                 continue
-            for attempt in range(task["attempt"] + 1):
+            for attempt in range(task["attempt"], -1, -1):  # the current attempt first, then late older ones
                 if result_exists(self.store, task["round"], task["path"], attempt):
                     task.update(status="received", result_attempt=attempt)
                     self.paths[str(task["path"])] = {"steps_done": task["step_offset"] + steps,
@@ -160,7 +161,7 @@ class Coordinator:
         for task in sorted((t for t in self.tasks.values() if t["status"] == "open"), key=lambda t: (t["base"], t["path"])):
             path = task["path"]
 
-            def rank(name: str) -> tuple:
+            def rank(name: str, path: int = path) -> tuple:
                 beat = self.seen[name][3]
                 pinned = beat.get("pinned") or []
                 return (0 if path in pinned else 1, 0 if beat.get("last_path") == path else 1, name)

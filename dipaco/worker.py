@@ -3,7 +3,7 @@
     dipaco island --config configs/tiny.yaml --run runs/tiny                 # any path
     dipaco island --config configs/tiny.yaml --run runs/tiny --pull --path 3 # pinned to path 3
     dipaco island ... --fail-mtbf 120 --return-after 30                      # with injected failures
-    torchrun --nproc-per-node 2 -m dipaco island ...                         # DDP inside the island
+    torchrun --nproc-per-node 2 -m dipaco -- island ...                         # DDP inside the island
 
 The island writes only `heartbeats/<name>.json` (a background thread bumps `seq` every
 `train.heartbeat_seconds`; status idle / training), its results and its inner optimiser states
@@ -32,7 +32,14 @@ import numpy as np
 
 from dipaco import ddp as ddp_mod
 from dipaco.faults import FaultClock, IslandFailure, no_faults
-from dipaco.inner import load_optimizer_state, make_optimizer, mean_loss, optimizer_state, resolve_device, train_steps
+from dipaco.inner import (
+    load_optimizer_state,
+    make_optimizer,
+    mean_loss,
+    optimizer_state,
+    resolve_device,
+    train_steps,
+)
 from dipaco.island import data_seed
 from dipaco.model import load_modules, path_parameters, split_into_modules
 from dipaco.paths import PathFactory
