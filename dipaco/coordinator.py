@@ -126,6 +126,7 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
                      "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, mean_train, stats["tokens"],
                      stats["bytes_up"] / 1e6, stats.get("applied", 0), stats.get("stale", 0), stats.get("dropped", 0),
                      stats.get("in_flight", 0), stats["seconds"])
+        finished_at = time.monotonic()
         if islands:
             islands.stop()
     finally:
@@ -141,8 +142,8 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
         bytes_up=sum(r.get("bytes_up", 0) for r in summary["rounds"]),
     )
     if islands:
-        summary["goodput"] = goodput(factory.store, rounds=config.train.rounds, islands=processes,
-                                     seconds=summary["last_session_seconds"])
+        island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
+        summary["goodput"] = goodput(factory.store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
     _write_json(run.train_summary, summary)
     return summary
 

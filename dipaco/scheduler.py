@@ -68,6 +68,7 @@ class Coordinator:
             del self.tasks[key]  # applied by a committed round whose board update was lost in a crash
         self.seen: dict[str, tuple[str, int, float, dict]] = {}  # island -> (incarnation, seq, changed at, beat)
         self.quorum_since: float | None = None
+        self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.last_stats: dict[str, Any] | None = None
         self._board_written = board
 
@@ -77,6 +78,8 @@ class Coordinator:
         now = self.clock()
         for name, beat in read_heartbeats(self.store).items():
             key = (beat["incarnation"], beat["seq"])
+            if self.first_beat is None:
+                self.first_beat = now
             if name not in self.seen or self.seen[name][:2] != key:
                 self.seen[name] = (*key, now, beat)
         self._receive()
