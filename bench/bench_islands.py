@@ -2,8 +2,8 @@
 
     python bench/bench_islands.py            # or `make bench`; writes bench/results/islands.{json,md}
 
-Budget (2 CPU cores, about 10 minutes): the demo grid (2x2 paths of 1.3M parameters, 25 inner steps
-per round) on the bundled corpus, `ROUNDS` rounds, plain-averaging outer step (lr 1, momentum 0, no
+Budget (2 CPU cores, about 10 minutes when idle): the demo grid (2x2 paths of 1.3M parameters, 25 inner
+steps per round of batch 4, fp32) on the bundled corpus, `ROUNDS` rounds, plain-averaging outer step (lr 1, momentum 0, no
 rescale; see the brief), one island process per path (`train.islands=4`), each run a real
 `dipaco train` (coordinator + pull-based island processes over a local store), then routed
 held-out perplexity (`dipaco.evaluate`).
@@ -37,12 +37,20 @@ from dipaco.run import RunDir  # noqa: E402
 CONFIG = ROOT / "configs" / "demo.yaml"
 WORK = ROOT / "runs" / "bench-islands"
 RESULTS = ROOT / "bench" / "results"
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ISLANDS = 4
 COMMON = [f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-          "eval.baselines=false", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0"]
-FAILURES = ["train.fail_mtbf=40", "train.return_after=8", "train.heartbeat_timeout=6", "train.heartbeat_seconds=1"]
-ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=2", "outer.max_staleness=2"]
+          "eval.baselines=false", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
+          "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4"]
+ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]
+
+
+def failure_overrides(task_seconds: float) -> list[str]:
+    """Failures scaled to the measured task time T (machines differ, and so does their load): each island
+    fails on average every 3 T, stays away T / 2, and is declared lost after T / 3 without heartbeats."""
+    t = max(task_seconds, 3.0)
+    return [f"train.fail_mtbf={3 * t:.1f}", f"train.return_after={t / 2:.1f}",
+            f"train.heartbeat_timeout={t / 3:.1f}", "train.heartbeat_seconds=0.5"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -98,6 +106,7 @@ def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
         "module_bytes_down": sum(t["bytes_down_modules"] for t in tasks) / n,
         "inner_state_bytes_down": sum(t["bytes_down_inner"] for t in tasks) / n,
         "inner_steps": config.inner.steps,
+        "task_seconds": sum(t["seconds"] for t in tasks) / n,
     }
     log(f"{name}: perplexity {perplexity:.2f}, goodput {row['goodput']:.2f}, {wall:.0f}s, "
         f"{row['pseudo_gradient_bytes_up'] / 1e3:.1f} kB pseudo-gradient per island-round, "
@@ -132,9 +141,12 @@ def main() -> None:
     rows["none"] = train_and_eval(base, "none", [])
     rows["int8"] = train_and_eval(base, "int8", ["outer.compression=int8"])
     rows["int4"] = train_and_eval(base, "int4", ["outer.compression=int4"])
-    rows["async"] = train_and_eval(base, "async", ASYNC)
-    rows["sync-failures"] = train_and_eval(base, "sync-failures", FAILURES)
-    rows["async-failures"] = train_and_eval(base, "async-failures", [*ASYNC, *FAILURES])
+    task_seconds = rows["none"]["task_seconds"]
+    grace = [f"outer.grace_seconds={task_seconds / 5:.1f}"]  # the fast islands wait at most T / 5 for stragglers
+    failures = failure_overrides(task_seconds)
+    rows["async"] = train_and_eval(base, "async", [*ASYNC, *grace])
+    rows["sync-failures"] = train_and_eval(base, "sync-failures", failures)
+    rows["async-failures"] = train_and_eval(base, "async-failures", [*ASYNC, *grace, *failures])
 
     steps = rows["none"]["inner_steps"]
     dp_up = steps * params * 4  # per round: one full float32 gradient sent per inner step
@@ -159,8 +171,8 @@ def main() -> None:
                         "injected_failures": r["injected_failures"], "stale_applied": r["stale_applied"],
                         "dropped": r["dropped_tasks"], "applied": r["applied_tasks"], "wall_seconds": r["wall_seconds"]})
     out = {
-        "budget": {"config": "configs/demo.yaml", "overrides": COMMON, "failure_overrides": FAILURES,
-                   "async_overrides": ASYNC, "path_parameters": params, "inner_steps_per_round": steps,
+        "budget": {"config": "configs/demo.yaml", "overrides": COMMON, "failure_overrides": failures,
+                   "async_overrides": ASYNC + grace, "task_seconds": task_seconds, "path_parameters": params, "inner_steps_per_round": steps,
                    "seconds": time.perf_counter() - started},
         "compression": compression, "goodput": goodput, "runs": rows,
     }
@@ -176,7 +188,8 @@ def markdown(out: dict) -> str:
         "# Islands: compressed pseudo-gradients and goodput",
         "",
         f"demo grid 2x2, {b['path_parameters']:,} parameters per path, {b['inner_steps_per_round']} inner steps per "
-        f"round, {ROUNDS} rounds, {ISLANDS} island processes (one per path) on this machine; "
+        f"round (batch 4, fp32), {ROUNDS} rounds, {ISLANDS} island processes (one per path) on this machine, "
+        f"mean task {b['task_seconds']:.1f}s; "
         f"whole benchmark {b['seconds']:.0f}s. Data parallel = one float32 gradient per inner step each way.",
         "",
         "## (a) bytes per island per round",

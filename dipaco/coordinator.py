@@ -2,11 +2,13 @@
 
     dipaco train --config configs/tiny.yaml --run runs/tiny
 
-Round t: every path trains from module version t − 1 on an island (`train.islands` long-running
-island processes on this machine, each owning some of the paths, talking only to the store); once
-all have reported, every module is updated from the pseudo-gradients of the paths that contain it
-(`dipaco.outer`) and version t is written, then `state.json` commits the round. A killed run resumes with the same command: finished rounds are
-kept, and so are the results of islands that finished in the interrupted round.
+Round t: every path trains from module version t − 1 on an island (`train.islands` pull-based
+island processes on this machine, `dipaco.worker`, talking only to the store); the coordinator
+service (`dipaco.scheduler`) hands out the tasks, and once the round may close (`outer.mode`), every
+module is updated from the pseudo-gradients of the paths that contain it (`dipaco.async_outer`,
+`dipaco.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
+runs the same loop without local islands. A killed run resumes with the same command: finished
+rounds are kept, and so are the results of islands that finished in the interrupted round.
 """
 
 from __future__ import annotations
