@@ -73,7 +73,8 @@ def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1) -
         blob[f"{name}::q"] = q.contiguous() if bits == 8 else pack_int4(q)
         blob[f"{name}::scale"] = scale.contiguous()
         shapes[name] = list(tensor.shape)
-    payload = save_safetensors(blob, metadata={"shapes": json.dumps(shapes), "method": method})
+    # one metadata key: safetensors writes a header map in arbitrary order, and the bytes must be reproducible
+    payload = save_safetensors(blob, metadata={"dipaco": json.dumps({"method": method, "shapes": shapes})})
     data = zstandard.ZstdCompressor(level=level).compress(payload)
     return data, {"method": method, "raw_bytes": raw_bytes, "bytes": len(data), "ratio": raw_bytes / max(1, len(data))}
 
@@ -86,10 +87,10 @@ def decompress(data: bytes, *, method: str) -> tuple[dict[str, torch.Tensor], di
         return {k: v.float() for k, v in load_safetensors(data).items()}, {"method": method, "bytes": len(data)}
     payload = zstandard.ZstdDecompressor().decompress(data)
     header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(payload[8 : 8 + header_len])["__metadata__"]
+    meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["dipaco"])
     if meta.get("method") != method:
         raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
-    shapes = json.loads(meta["shapes"])
+    shapes = meta["shapes"]
     blob = load_safetensors(payload)
     out = {}
     for name, shape in shapes.items():

@@ -48,6 +48,11 @@ def test_none_is_exact_and_int4_is_smaller_than_int8():
     assert sizes["int8"] < 0.3 * sizes["none"] and sizes["int4"] < 0.16 * sizes["none"]
 
 
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_compressed_bytes_are_reproducible(method):
+    assert len({compress(_delta(), method=method)[0] for _ in range(8)}) == 1
+
+
 def test_int4_packs_two_values_per_byte():
     q = torch.tensor([-7, 7, 0, 3, -1], dtype=torch.int8)
     packed = pack_int4(q)
