@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island baselines eval report export test test-slow lint bench corpus clean help
+.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench corpus clean help
 
 help:
-	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
+	@echo "make install | demo | route | shard | train | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -38,8 +38,15 @@ shard:
 train:
 	$(DIPACO) train --config $(CONFIG) --run $(RUN) $(ARGS)
 
-island:  ## train one path of the next round on its own, as an island would
-	$(DIPACO) island --config $(CONFIG) --run $(RUN) --path $(PATH_ID) $(ARGS)
+island:  ## a pull-based island pinned to path PATH_ID (run `make coordinator` too)
+	$(DIPACO) island --config $(CONFIG) --run $(RUN) --pull --path $(PATH_ID) $(ARGS)
+
+N ?= 4
+islands:  ## the coordinator and N local island processes (= dipaco train train.islands=N)
+	$(DIPACO) train --config $(CONFIG) --run $(RUN) train.islands=$(N) $(ARGS)
+
+coordinator:  ## the round loop alone; islands are started elsewhere with `make island` / `dipaco island`
+	$(DIPACO) coordinator --config $(CONFIG) --run $(RUN) $(ARGS)
 
 baselines:
 	$(DIPACO) baselines --config $(CONFIG) --run $(RUN) $(ARGS)

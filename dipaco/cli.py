@@ -3,6 +3,7 @@
     dipaco run    --config configs/tiny.yaml --run runs/tiny     # route, shard, train, baselines, eval, report
     dipaco route  --config configs/tiny.yaml --run runs/tiny routing.prefix_tokens=16
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3
+    dipaco coordinator --config configs/tiny.yaml --run runs/tiny  # + `dipaco island ...` on other machines
 
 Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
 any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
         "shard": "tokenize and pack each path's documents into checked zstd shards",
         "train": "run (or resume) the outer rounds with local island processes",
-        "island": "train one path for one round, as an island does, and push its pseudo-gradient",
+        "island": "a pull-based island worker (or, with --path and no --pull, one path for one round)",
+        "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
         "baselines": "train the dense baselines (equal steps, equal compute)",
         "baseline": "train one dense baseline (used by `baselines`)",
         "eval": "routed evaluation of the held-out documents against the dense baselines",
@@ -64,12 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
-    parsers["island"].add_argument("--path", type=int, action="append", required=True,
-                                   help="a path this island trains (repeat for several)")
-    parsers["island"].add_argument("--round", type=int, default=None,
-                                   help="the round to train (default: the next one the store needs)")
-    parsers["island"].add_argument("--follow", action="store_true",
-                                   help="keep training these paths every round until the run ends")
+    parsers["island"].add_argument("--path", type=int, action="append", default=None,
+                                   help="a path this island trains (repeat for several); with --pull: pin to it")
+    parsers["island"].add_argument("--pull", action="store_true",
+                                   help="pull tasks from the coordinator (the default when no --path is given)")
+    parsers["island"].add_argument("--name", default=None, help="island name (default: host-pid)")
+    parsers["island"].add_argument("--fail-mtbf", type=float, default=None,
+                                   help="inject failures with this mean time between failures in seconds (train.fail_mtbf)")
+    parsers["island"].add_argument("--return-after", type=float, default=None,
+                                   help="a failed island comes back after this many seconds (train.return_after)")
+    parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     parsers["eval"].add_argument("--mode", action="append", default=None,
                                  help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
     parsers["eval"].add_argument("--best", action="store_true", default=None,
@@ -121,22 +127,60 @@ def cmd_train(config: Config, run: RunDir, args) -> None:
           f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
 
 
-def cmd_island(config: Config, run: RunDir, args) -> None:
-    from dipaco.island import follow_rounds, run_island_task
+def cmd_coordinator(config: Config, run: RunDir, args) -> None:
+    from dipaco.coordinator import train
+
+    summary = train(config, run, local_islands=False)
+    print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
+          f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
+
+
+def cmd_island_pull(config: Config, run: RunDir, args) -> None:
+    import dataclasses
+    import os
+    import socket
+
+    from dipaco import ddp
+    from dipaco.faults import FaultClock
+    from dipaco.inner import resolve_device
     from dipaco.paths import PathFactory
+    from dipaco.worker import IslandWorker, follow_leader
 
+    train_cfg = config.train
+    if args.fail_mtbf is not None or args.return_after is not None:
+        train_cfg = dataclasses.replace(
+            train_cfg, fail_mtbf=train_cfg.fail_mtbf if args.fail_mtbf is None else args.fail_mtbf,
+            return_after=train_cfg.return_after if args.return_after is None else args.return_after)
+        config = dataclasses.replace(config, train=train_cfg)
     factory = PathFactory(config, run)
-    if args.follow:
-        tasks = follow_rounds(factory, paths=args.path)
-        print(f"island for paths {args.path}: {tasks} tasks; the run has finished round {config.train.rounds}")
-        return
-    round = args.round if args.round is not None else factory.store.current_round() + 1
-    if round > config.train.rounds:
-        raise ValueError(f"the run has completed all {config.train.rounds} rounds (train.rounds); nothing to train")
-    for path in args.path:
-        meta = run_island_task(factory, path=path, round=round)
-        print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
+    ctx = ddp.init_from_env(resolve_device(config.train.device))
+    if ctx is not None and train_cfg.fail_mtbf > 0:
+        raise ValueError("fault injection (train.fail_mtbf) is not supported in a torchrun (DDP) island")
+    name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        if ctx is not None and not ctx.leader:
+            follow_leader(factory, ctx)
+            return
+        faults = FaultClock(mtbf=train_cfg.fail_mtbf, return_after=train_cfg.return_after, mode=train_cfg.fail_mode,
+                            seed=train_cfg.seed, island=name)
+        worker = IslandWorker(factory, name=name, pinned=args.path, faults=faults, ctx=ctx)
+        done = worker.run(max_tasks=args.max_tasks)
+        print(f"island {name}: {done} tasks, {faults.failures} injected failures")
+    finally:
+        ddp.shutdown(ctx)
 
+
+def cmd_island(config: Config, run: RunDir, args) -> None:
+    from dipaco.paths import PathFactory
+    from dipaco.worker import run_pinned_task
+
+    if args.pull or not args.path:
+        cmd_island_pull(config, run, args)
+        return
+    factory = PathFactory(config, run)
+    for path in args.path:
+        meta = run_pinned_task(factory, path=path, island=args.name or f"one-shot-path-{path}")
+        print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
 
 def cmd_baselines(config: Config, run: RunDir, args) -> None:
     from dipaco.baselines import train_baselines
@@ -234,6 +278,7 @@ STAGES = {
     "shard": cmd_shard,
     "train": cmd_train,
     "island": cmd_island,
+    "coordinator": cmd_coordinator,
     "baselines": cmd_baselines,
     "baseline": cmd_baseline,
     "eval": cmd_eval,

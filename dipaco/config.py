@@ -128,12 +128,32 @@ class OuterConfig:
     nesterov: bool = True  # Nesterov momentum
     weighting: str = "tokens"  # weight each path's pseudo-gradient by its "tokens" or "uniform"
     rescale_by_paths: bool = True  # multiply a shared module's average by sqrt(paths through it) (DiPaCo)
+    compression: str = "none"  # pseudo-gradients sent as none (float32) | int8 | int4 (per-row scales, then zstd)
+    zstd_level: int = 1  # zstd level for compressed pseudo-gradients
+    mode: str = "sync"  # sync: a round waits for every path | async: quorum + grace window, stale results down-weighted
+    quorum: float = 0.5  # async: fraction of a module's paths that must report before its round can close
+    grace_seconds: float = 2.0  # async: after the quorum, wait at most this long for the other paths
+    staleness_power: float = 1.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power
+    max_staleness: int = 2  # async: results more than this many versions stale are dropped
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or not 0 <= self.momentum < 1:
             raise ValueError(f"outer.lr must be > 0 and outer.momentum in [0, 1), got {self.lr}, {self.momentum}")
         if self.weighting not in ("tokens", "uniform"):
             raise ValueError(f"outer.weighting must be 'tokens' or 'uniform', got {self.weighting!r}")
+        if self.compression not in ("none", "int8", "int4"):
+            raise ValueError(f"outer.compression must be none, int8 or int4, got {self.compression!r}")
+        if not 1 <= self.zstd_level <= 22:
+            raise ValueError(f"outer.zstd_level must be in 1..22, got {self.zstd_level}")
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"outer.mode must be 'sync' or 'async', got {self.mode!r}")
+        if not 0 < self.quorum <= 1:
+            raise ValueError(f"outer.quorum must be in (0, 1], got {self.quorum}")
+        if self.grace_seconds < 0 or self.staleness_power < 0 or self.max_staleness < 0:
+            raise ValueError(
+                f"outer.grace_seconds, staleness_power and max_staleness must be >= 0, "
+                f"got {self.grace_seconds}, {self.staleness_power}, {self.max_staleness}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -148,8 +168,22 @@ class TrainConfig:
     keep_rounds: int = 2  # module versions kept in the store (older ones are deleted); 0 = keep all
     store_url: str = ""  # fsspec URL of the module store; "" = <run>/store (s3://, gs://, NFS for clusters)
     seed: int = 0  # model initialisation and data order
+    heartbeat_seconds: float = 1.0  # how often an island writes its heartbeat file
+    heartbeat_timeout: float = 30.0  # a task whose island has not heart-beaten for this long is handed to another
+    fail_mtbf: float = 0.0  # fault injection: islands fail at random with this mean time between failures (s); 0 = never
+    return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
+    fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
 
     def __post_init__(self) -> None:
+        if self.heartbeat_seconds <= 0 or self.heartbeat_timeout <= self.heartbeat_seconds:
+            raise ValueError(
+                f"train.heartbeat_seconds must be > 0 and below train.heartbeat_timeout, "
+                f"got {self.heartbeat_seconds}, {self.heartbeat_timeout}"
+            )
+        if self.fail_mtbf < 0 or self.return_after < 0:
+            raise ValueError(f"train.fail_mtbf and return_after must be >= 0, got {self.fail_mtbf}, {self.return_after}")
+        if self.fail_mode not in ("die", "stall"):
+            raise ValueError(f"train.fail_mode must be 'die' or 'stall', got {self.fail_mode!r}")
         if self.rounds < 1:
             raise ValueError(f"train.rounds must be >= 1, got {self.rounds}")
         if self.islands < 0 or self.threads_per_island < 0 or self.keep_rounds < 0:

@@ -2,11 +2,13 @@
 
     dipaco train --config configs/tiny.yaml --run runs/tiny
 
-Round t: every path trains from module version t − 1 on an island (`train.islands` long-running
-island processes on this machine, each owning some of the paths, talking only to the store); once
-all have reported, every module is updated from the pseudo-gradients of the paths that contain it
-(`dipaco.outer`) and version t is written, then `state.json` commits the round. A killed run resumes with the same command: finished rounds are
-kept, and so are the results of islands that finished in the interrupted round.
+Round t: every path trains from module version t − 1 on an island (`train.islands` pull-based
+island processes on this machine, `dipaco.worker`, talking only to the store); the coordinator
+service (`dipaco.scheduler`) hands out the tasks, and once the round may close (`outer.mode`), every
+module is updated from the pseudo-gradients of the paths that contain it (`dipaco.async_outer`,
+`dipaco.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
+runs the same loop without local islands. A killed run resumes with the same command: finished
+rounds are kept, and so are the results of islands that finished in the interrupted round.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dipaco.config import Config, save_config
-from dipaco.early_stopping import record_final_val_losses, record_val_losses
-from dipaco.island import unflatten_pseudo_gradient
+from dipaco.early_stopping import record_final_val_losses
 from dipaco.launch import Task, WorkerPool, plan_parallelism
 from dipaco.model import split_into_modules
-from dipaco.outer import combine_pseudo_gradients, outer_update
 from dipaco.paths import PathFactory
 from dipaco.run import RunDir
 
@@ -56,44 +56,12 @@ def initialise_store(factory: PathFactory) -> int:
     return 0
 
 
-def apply_outer_step(factory: PathFactory, round: int) -> dict:
-    """Update every module from the round's results (all paths must have reported) and commit."""
-    config, store, topology = factory.config, factory.store, factory.topology
-    results = {}
-    metas = {}
-    for path in range(topology.n_paths):
-        tensors, meta = store.read_result(round, path)
-        results[path] = unflatten_pseudo_gradient(tensors)
-        metas[path] = meta
-    for name in topology.modules:
-        paths = topology.paths_of_module(name)
-        weight = (lambda p: float(metas[p]["tokens"])) if config.outer.weighting == "tokens" else (lambda p: 1.0)
-        outer_grad = combine_pseudo_gradients(
-            [(results[p][name], weight(p)) for p in paths], rescale_by_paths=config.outer.rescale_by_paths
-        )
-        params = store.read_module(round - 1, name)
-        momentum = store.read_outer_state(round - 1, name)
-        new_params, new_momentum = outer_update(params, momentum, outer_grad, config.outer)
-        store.write_module(round, name, new_params)
-        if new_momentum:
-            store.write_outer_state(round, name, new_momentum)
-    store.commit(round=round, levels=list(topology.levels), modules=topology.modules)
-    keep_from = round - config.train.keep_rounds + 1 if config.train.keep_rounds else None
-    # version round-1's validation losses; pruning keeps every path's best version (dipaco.early_stopping)
-    record_val_losses(store, topology, version=round - 1, keep_from=keep_from,
-                      losses={p: m["val_loss_start"] for p, m in metas.items()})
-    return {
-        "round": round,
-        "tokens": sum(m["tokens"] for m in metas.values()),
-        "bytes_up": sum(m["bytes"] for m in metas.values()),
-        "train_loss": {p: m["train_loss"] for p, m in metas.items()},
-        "val_loss_start": {p: m["val_loss_start"] for p, m in metas.items()},
-        "island_seconds": {p: m["seconds"] for p, m in metas.items()},
-    }
+def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
+    """Run (or resume) all rounds; returns the training summary also written to `train.json`.
 
-
-def train(config: Config, run: RunDir) -> dict:
-    """Run (or resume) all rounds; returns the training summary also written to `train.json`."""
+    The rounds are run by the task-board coordinator (`dipaco.scheduler`); with `local_islands`
+    it also starts `train.islands` pull-based island processes on this machine (`dipaco.worker`)."""
+    from dipaco.scheduler import Coordinator, goodput
     save_config(config, run.config)
     factory = PathFactory(config, run)
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
@@ -106,21 +74,26 @@ def train(config: Config, run: RunDir) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < config.train.rounds else None
+    service = Coordinator(factory)
+    islands = None
+    if local_islands and done < config.train.rounds:
+        islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
     try:
         rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
                       total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in rounds:
             round_started = time.perf_counter()
-            wait_for_results(factory, round, islands)
-            stats = apply_outer_step(factory, round)
+            stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             stats["seconds"] = time.perf_counter() - round_started
             summary["rounds"].append(stats)
             _write_json(run.train_summary, summary)
             mean_train = sum(stats["train_loss"].values()) / len(stats["train_loss"])
             rounds.set_postfix(train_loss=f"{mean_train:.3f}")
-            log.info("round %d: mean train loss %.3f, %d tokens, %.1f MB pseudo-gradients, %.1fs", round,
-                     mean_train, stats["tokens"], stats["bytes_up"] / 1e6, stats["seconds"])
+            log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
+                     "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, mean_train, stats["tokens"],
+                     stats["bytes_up"] / 1e6, stats.get("applied", 0), stats.get("stale", 0), stats.get("dropped", 0),
+                     stats.get("in_flight", 0), stats["seconds"])
+        finished_at = time.monotonic()
         if islands:
             islands.stop()
         record_final_val_losses(factory)  # so the last round can be a path's best (dipaco eval --best)
@@ -134,37 +107,20 @@ def train(config: Config, run: RunDir) -> dict:
         tokens=sum(r["tokens"] for r in summary["rounds"]),
         seconds=sum(r["seconds"] for r in summary["rounds"]),
         last_session_seconds=time.perf_counter() - started,
+        bytes_up=sum(r.get("bytes_up", 0) for r in summary["rounds"]),
     )
+    if islands:
+        island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
+        summary["goodput"] = goodput(factory.store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
     _write_json(run.train_summary, summary)
     return summary
 
 
-def island_tasks(run: RunDir, n_paths: int, processes: int) -> list[Task]:
-    """One long-running island per process, each owning every `processes`-th path."""
-    tasks = []
-    for worker in range(processes):
-        paths = list(range(worker, n_paths, processes))
-        args = ["island", "--config", str(run.config), "--run", str(run.root), "--follow"]
-        for p in paths:
-            args += ["--path", str(p)]
-        tasks.append(Task(name=f"island {worker} (paths {paths})", args=args, log=run.logs / f"island-{worker}.log"))
-    return tasks
-
-
-def wait_for_results(factory: PathFactory, round: int, islands: WorkerPool | None, poll_seconds: float = 0.2) -> None:
-    """Block until every path has reported for `round`, failing fast if an island process died."""
-    n_paths = factory.topology.n_paths
-    with tqdm(total=n_paths, desc=f"round {round} islands", unit="path", leave=False, dynamic_ncols=True,
-              disable=None) as bar:
-        while True:
-            reported = sum(factory.store.has_result(round, p) for p in range(n_paths))
-            if reported > bar.n:
-                bar.update(reported - bar.n)
-            if reported == n_paths:
-                return
-            if islands:
-                islands.check()
-            time.sleep(poll_seconds)
+def pull_island_tasks(run: RunDir, processes: int) -> list[Task]:
+    """`processes` pull-based islands (`dipaco island`, unpinned) named island-0, island-1, ..."""
+    return [Task(name=f"island-{i}", log=run.logs / f"island-{i}.log",
+                 args=["island", "--config", str(run.config), "--run", str(run.root), "--name", f"island-{i}"])
+            for i in range(processes)]
 
 
 def _tokenizer_fingerprint(factory: PathFactory) -> str:

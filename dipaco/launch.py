@@ -81,6 +81,18 @@ class WorkerPool:
             if code not in (None, 0):
                 raise _failure(task, code)
 
+    def check_any_alive(self) -> None:
+        """Raise when every worker has exited (a fault-tolerant run survives single island deaths)."""
+        codes = [proc.poll() for _, proc, _ in self.running]
+        if all(code is not None for code in codes):
+            task, proc, _ = self.running[0]
+            raise _failure(task, proc.returncode) if proc.returncode else RuntimeError("every island process has exited")
+        for (task, _, _), code in zip(self.running, codes):
+            if code not in (None, 0) and task.name not in getattr(self, "_reported", set()):
+                self._reported = getattr(self, "_reported", set()) | {task.name}
+                log.warning("%s exited with code %s; the other islands carry on. Its log %s ends with:\n%s",
+                            task.name, code, task.log, _tail(task.log, 5))
+
     def stop(self, *, timeout: float = 30.0) -> None:
         """Wait for workers to finish (they stop after the last round), killing any that hang."""
         for task, proc, out in self.running:
