@@ -385,6 +385,7 @@ class Assignments:
     split: np.ndarray  # (N,) int8 split code (routing.corpus.TRAIN / TEST)
     levels: list[int]  # modules per level, as in the router
     router_fingerprint: str  # Router.fingerprint() of the router that made `path`
+    topk: np.ndarray | None = None  # (N, k) int64: a training doc's k paths (first = `path`); -1 rows elsewhere
 
     def __post_init__(self) -> None:
         self.levels = _check_levels(self.levels)
@@ -401,6 +402,17 @@ class Assignments:
         unknown = sorted(set(np.unique(self.split).tolist()) - set(SPLIT_NAMES))
         if unknown:
             raise ValueError(f"unknown split codes {unknown}; known: {SPLIT_NAMES}")
+        if self.topk is not None:
+            self.topk = np.asarray(self.topk, dtype=np.int64)
+            train = self.split == TRAIN
+            if self.topk.ndim != 2 or len(self.topk) != len(self.path):
+                raise ValueError(f"topk must have shape (N={len(self.path)}, k), got {self.topk.shape}")
+            if (self.topk[train, 0] != self.path[train]).any() or (self.topk[~train] != -1).any():
+                raise ValueError("topk rows must start with the doc's path (train docs) and be -1 elsewhere")
+            top = self.topk[train]
+            if top.size and (top.min() < 0 or top.max() >= self.n_paths or
+                             (top.shape[1] > 1 and (np.sort(top, axis=1)[:, 1:] == np.sort(top, axis=1)[:, :-1]).any())):
+                raise ValueError(f"topk of training docs must be distinct path ids in [0, {self.n_paths})")
 
     @property
     def n_paths(self) -> int:
@@ -416,7 +428,17 @@ class Assignments:
         return np.bincount(self.path[self.split == split], minlength=self.n_paths).astype(np.int64)
 
     def _tensors(self) -> dict[str, np.ndarray]:
-        return {"path": self.path, "split": self.split}
+        tensors = {"path": self.path, "split": self.split}
+        if self.topk is not None:
+            tensors["topk"] = self.topk
+        return tensors
+
+    def train_paths(self) -> np.ndarray:
+        """(N, k) paths each document is trained on: top-k for training docs, -1 elsewhere (k = 1
+        without overlap)."""
+        if self.topk is not None:
+            return self.topk
+        return np.where(self.split == TRAIN, self.path, -1)[:, None]
 
     def save(self, directory: str | Path) -> Path:
         """Write assignments.safetensors then assignments.json into `directory` (created)."""
@@ -445,8 +467,8 @@ class Assignments:
         meta = _read_json(directory / ASSIGN_JSON)
         tensor_file = directory / ASSIGN_TENSORS
         tensors = _read_tensors(tensor_file)
-        if set(tensors) != {"path", "split"}:
-            raise ValueError(f"{tensor_file} holds tensors {sorted(tensors)}, expected ['path', 'split']")
+        if set(tensors) - {"topk"} != {"path", "split"}:
+            raise ValueError(f"{tensor_file} holds tensors {sorted(tensors)}, expected ['path', 'split'] (+ 'topk')")
         n = meta["n_documents"]
         if len(tensors["path"]) != n or len(tensors["split"]) != n:
             raise ValueError(
@@ -462,4 +484,5 @@ class Assignments:
             split=tensors["split"],
             levels=meta["levels"],
             router_fingerprint=meta["router_fingerprint"],
+            topk=tensors.get("topk"),
         )
