@@ -173,6 +173,18 @@ class EvalConfig:
 
 
 @dataclass(kw_only=True)
+class PretrainConfig:
+    """The dense warm start of `dipaco pretrain` (the paper starts every path from a dense model)."""
+
+    steps: int = 0  # dense AdamW steps on all training documents (0 = no warm start)
+    warm_start: bool = True  # initialise every module of the grid from the pretrained model when it exists
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"pretrain.steps must be >= 0, got {self.steps}")
+
+
+@dataclass(kw_only=True)
 class Config:
     """The whole run: one section per component."""
 
@@ -185,6 +197,7 @@ class Config:
     outer: OuterConfig = field(default_factory=OuterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
     def __post_init__(self) -> None:
         blocks = self.topology.blocks_per_level

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def initialise_store(factory: PathFactory) -> int:
-    """Write module version 0 (every module from one seeded dense init) unless the store has a run.
+    """Write module version 0 (every module from one seeded dense init, or from the `dipaco pretrain`
+    dense model) unless the store has a run.
 
     Returns the last completed round. A store made for another grid is refused."""
     store, topology = factory.store, factory.topology
@@ -44,6 +45,9 @@ def initialise_store(factory: PathFactory) -> int:
             )
         return int(state["round"])
     model = factory.new_model(seed=factory.config.train.seed)
+    from dipaco.pretrain import load_warm_start
+
+    load_warm_start(factory, model)  # pretrain.warm_start: version 0 = the dense pretrained model
     written: set[str] = set()
     for path in range(topology.n_paths):
         for name, tensors in split_into_modules(model, topology, path=path).items():
