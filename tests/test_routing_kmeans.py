@@ -8,8 +8,7 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.datasets import make_blobs
 
-from routing import assign_nearest, kmeans, product_kmeans
-from routing.kmeans import product_assign
+from routing.kmeans import assign_nearest, kmeans, product_assign, product_kmeans
 
 
 def _blobs(n=2000, d=16, k=8, seed=0) -> np.ndarray:
