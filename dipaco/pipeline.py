@@ -8,7 +8,8 @@ training documents (or copies the configured one), cuts each document's first `p
 tokens, fits the router on the training prefixes and assigns every document to a path.
 `shard` tokenizes and packs each path's documents into zstd shards with a checked index.
 
-The prefix features of all documents are written in batches to `routing/features.npy` (a
+The router is fitted on the training prefixes (or a seeded sample of `routing.fit_sample` of them);
+the prefix features of all documents are written in batches to `routing/features.npy` (a
 memory-mapped array) and assigned in batches. With `routing.balance`, training documents are placed
 by the exact capacity assignment; with `routing.train_top_k` > 1 each training document also goes to
 its next-best paths (overlapping shards). A routing report (sizes, balance, churn, purity / NMI
@@ -71,7 +72,10 @@ def stream_features(router: Router, prefixes: list[str], out, *, batch_size: int
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npy")
     features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(prefixes), router.featurizer.dim))
-    for start in range(0, len(prefixes), batch_size):
+    from tqdm.auto import tqdm
+
+    for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
+                      unit="batch", disable=None):
         features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
     features.flush()
     del features
@@ -103,8 +107,12 @@ def route(config: Config, run: RunDir) -> dict:
     tokenizer = _tokenizer(config, run, train_texts)
     prefixes = prefix_texts(tokenizer, texts, n_tokens=config.routing.prefix_tokens)
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
-    router, fit_stats = Router.fit([p for p, s in zip(prefixes, split) if s == TRAIN],
-                                   levels=list(topology.levels), config=routing_config(config, run))
+    fit_docs = np.flatnonzero(split == TRAIN)
+    if 0 < config.routing.fit_sample < len(fit_docs):  # a seeded sample; all documents are assigned below
+        fit_docs = np.sort(np.random.default_rng(config.routing.seed).choice(fit_docs, config.routing.fit_sample,
+                                                                              replace=False))
+    router, fit_stats = Router.fit([prefixes[i] for i in fit_docs], levels=list(topology.levels),
+                                   config=routing_config(config, run))
     features = stream_features(router, prefixes, run.routing / "features.npy")
     paths, topk = assign_all(router, features, split, top_k=config.routing.train_top_k)
     previous = _previous_paths(run, len(paths))

@@ -52,6 +52,7 @@ class RoutingConfig:
     kmeans_iters: int = 25  # k-means iterations
     max_points_per_centroid: int = 256  # faiss samples at most this many training points per centroid
     seed: int = 0  # seed of the SVD and of k-means
+    fit_sample: int = 0  # fit featurizer, k-means and balance penalties on this many sampled training prefixes (0 = all)
     balance: float = 0.0  # 0 = nearest centroid; else per-path penalties keep largest / smallest path <= this ratio (e.g. 1.1)
     train_top_k: int = 1  # each training document goes to its k best paths (the paper's 16x16 run: 2); eval docs to 1
     reroute_candidates: int = 0  # `dipaco reroute` scores each router doc with its top-C paths by router cost; 0 = all
@@ -67,6 +68,8 @@ class RoutingConfig:
             raise ValueError(f"routing.balance must be 0 (off) or a ratio >= 1, got {self.balance}")
         if self.reroute_target not in ("current", "uniform"):
             raise ValueError(f"routing.reroute_target must be 'current' or 'uniform', got {self.reroute_target!r}")
+        if self.fit_sample < 0:
+            raise ValueError(f"routing.fit_sample must be >= 0 (0 = all), got {self.fit_sample}")
         if self.reroute_candidates < 0 or self.reroute_c <= 0:
             raise ValueError(f"routing.reroute_candidates must be >= 0 and reroute_c > 0, "
                              f"got {self.reroute_candidates}, {self.reroute_c}")

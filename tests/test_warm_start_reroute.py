@@ -32,7 +32,7 @@ TINY = ROOT / "configs" / "tiny.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIPACO_THREADS": "1"}
 OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "pretrain.steps=4",
              "routing.featurizer=base-model", "routing.balance=1.2", "routing.train_top_k=2",
-             "routing.reroute_candidates=2", "train.rounds=1"]
+             "routing.reroute_candidates=2", "routing.fit_sample=200", "train.rounds=1"]
 
 
 def dipaco(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
