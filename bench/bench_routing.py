@@ -16,7 +16,8 @@ Side by side in one run, on 2 cores (torch and faiss threads = 2):
    200,000 x 384 Gaussian-mixture data (512 Zipf-sized blobs) with k=64 and 20 iterations: seconds and objective (sum of
    squared distances of all points to their nearest centroid);
 3. routed perplexity on the bundled corpus (demo model and 2x2 grid) for flat k-means vs product
-   k-means vs one discriminative phase, each with the same training budget: `--rounds` x 25 inner
+   k-means vs one discriminative phase, each with the same training budget and LR schedule
+   (`train.stop_after_round` pauses the discriminative run midway): `--rounds` x 25 inner
    steps per path (default 4 rounds, half the demo's 8), plain-averaging outer step (the demo-scale
    setting), `corpus.max_documents` documents; the discriminative run trains rounds/2 rounds on the
    flat k-means routing, re-routes (router split of 5%, never trained on, scored by all 4 paths),
@@ -230,8 +231,8 @@ def bench_perplexity(runs: Path, rounds: int, max_documents: int) -> list[dict]:
         dipaco("shard", *args)
         phase = None
         if "discriminative" in name:
-            dipaco("train", *args, f"train.rounds={half}")
-            dipaco("reroute", *args, f"train.rounds={half}")
+            dipaco("train", *args, f"train.rounds={rounds}", f"train.stop_after_round={half}")
+            dipaco("reroute", *args, f"train.rounds={rounds}")
             phase = json.loads((run / "routing" / "phases.json").read_text())[0]
         dipaco("train", *args, f"train.rounds={rounds}")
         dipaco("eval", *args, f"train.rounds={rounds}")

@@ -145,8 +145,11 @@ class TrainConfig:
     keep_rounds: int = 2  # module versions kept in the store (older ones are deleted); 0 = keep all
     store_url: str = ""  # fsspec URL of the module store; "" = <run>/store (s3://, gs://, NFS for clusters)
     seed: int = 0  # model initialisation and data order
+    stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
 
     def __post_init__(self) -> None:
+        if self.stop_after_round < 0:
+            raise ValueError(f"train.stop_after_round must be >= 0, got {self.stop_after_round}")
         if self.rounds < 1:
             raise ValueError(f"train.rounds must be >= 1, got {self.rounds}")
         if self.islands < 0 or self.threads_per_island < 0 or self.keep_rounds < 0:

@@ -107,9 +107,10 @@ def train(config: Config, run: RunDir) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < config.train.rounds else None
+    last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
+    islands = WorkerPool(island_tasks(run, topology.n_paths, processes), threads=threads) if done < last else None
     try:
-        rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
+        rounds = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
                       total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in rounds:
             round_started = time.perf_counter()

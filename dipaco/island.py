@@ -99,7 +99,8 @@ def run_island_task(factory: PathFactory, *, path: int, round: int) -> dict:
 
 def follow_rounds(factory: PathFactory, *, paths: list[int], poll_seconds: float = 0.2) -> int:
     """Train `paths` in every round the store opens until the run's last round; returns tasks run."""
-    store, last = factory.store, factory.config.train.rounds
+    train = factory.config.train
+    store, last = factory.store, min(train.stop_after_round or train.rounds, train.rounds)
     done = 0
     while (committed := store.current_round()) < last:
         todo = [p for p in paths if not store.has_result(committed + 1, p)]

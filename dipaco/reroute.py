@@ -1,7 +1,7 @@
 """Discriminative re-routing (DiPaCo §2.4.2, approximate hard EM): one phase of `dipaco reroute`.
 
     dipaco route --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
-    dipaco shard ... ; dipaco train ... train.rounds=4
+    dipaco shard ... ; dipaco train ... train.rounds=8 train.stop_after_round=4  # LR schedule spans 8 rounds
     dipaco reroute --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
     dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 train.rounds=8
 

@@ -96,7 +96,8 @@ def test_store_version_zero_is_the_dense_warm_start(routed):
 @pytest.mark.slow
 def test_reroute_phase_is_recorded_and_training_continues(routed):
     args = ["--config", str(TINY), "--run", str(routed.root), *OVERRIDES]
-    dipaco("train", *args)
+    dipaco("train", *args[:-1], "train.rounds=2", "train.stop_after_round=1")
+    assert json.loads((routed.root / "train.json").read_text())["rounds_completed"] == 1
     before = Router.load(routed.routing).fingerprint()
     dipaco("reroute", *args)
     phases = json.loads((routed.routing / "phases.json").read_text())
