@@ -82,7 +82,7 @@ def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_run, tmp_pat
     for part in ("tokenizer", "routing", "shards"):
         shutil.copytree(tiny_run.root / part, run.root / part)
     common = ["--config", str(TINY), "--run", str(run.root)]
-    dipaco("train", *common, "train.rounds=1")
+    dipaco("train", *common, "train.stop_after_round=1")  # the LR schedule of the whole 2-round run
     dipaco("island", *common, "--path", "2")  # the next round (2) for path 2, as an island would
     result = run.store / "results" / "round-000002" / "path-0002.safetensors"
     before = result.stat().st_mtime_ns
