@@ -9,7 +9,7 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island baselines eval test test-slow lint bench corpus clean help
+.PHONY: install demo run route shard train island baselines eval test test-slow lint bench corpus clean help pretrain reroute
 
 help:
 	@echo "make install | demo | route | shard | train | island PATH_ID=3 | baselines | eval | test | test-slow | lint | bench | corpus"
@@ -46,6 +46,12 @@ baselines:
 
 eval:
 	$(DIPACO) eval --config $(CONFIG) --run $(RUN) $(ARGS)
+
+pretrain:  ## the dense warm start (ARGS='pretrain.steps=200'), before route
+	$(DIPACO) pretrain --config $(CONFIG) --run $(RUN) $(ARGS)
+
+reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds
+	$(DIPACO) reroute --config $(CONFIG) --run $(RUN) $(ARGS)
 
 test:  ## the test suite without the slow tests
 	$(OFFLINE) $(PYTHON) -m pytest -q
