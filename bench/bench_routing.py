@@ -205,7 +205,7 @@ def dipaco(*args: str) -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def bench_perplexity(runs: Path, rounds: int, max_documents: int) -> list[dict]:
+def bench_perplexity(runs: Path, rounds: int, max_documents: int, keep: bool = False) -> list[dict]:
     common = [f"corpus.max_documents={max_documents}", "corpus.router_fraction=0.05", "eval.baselines=false",
               "train.precision=fp32", *OUTER]
     config = str(ROOT / "configs" / "demo.yaml")
@@ -219,29 +219,36 @@ def bench_perplexity(runs: Path, rounds: int, max_documents: int) -> list[dict]:
     tokenizer = None
     for name, (folder, extra) in setups.items():
         run = runs / folder
-        if run.exists():
-            shutil.rmtree(run)
-        run.mkdir(parents=True)
-        if tokenizer is not None:  # the same tokenizer for every run (route reuses <run>/tokenizer)
-            shutil.copytree(tokenizer, run / "tokenizer")
         args = ["--config", config, "--run", str(run), *common, *extra]
         started = time.perf_counter()
-        dipaco("route", *args)
+        reused = keep and (run / "eval.json").exists()
+        if reused:
+            log.info("%s: reusing the finished run in %s (--keep)", name, run)
+        else:
+            if run.exists():
+                shutil.rmtree(run)
+            run.mkdir(parents=True)
+            if tokenizer is not None:  # the same tokenizer for every run (route reuses <run>/tokenizer)
+                shutil.copytree(tokenizer, run / "tokenizer")
+            dipaco("route", *args)
+            dipaco("shard", *args)
         tokenizer = tokenizer or run / "tokenizer"
-        dipaco("shard", *args)
         phase = None
-        if "discriminative" in name:
+        if "discriminative" in name and not reused:
             dipaco("train", *args, f"train.rounds={rounds}", f"train.stop_after_round={half}")
             dipaco("reroute", *args, f"train.rounds={rounds}")
+        if "discriminative" in name:
             phase = json.loads((run / "routing" / "phases.json").read_text())[0]
-        dipaco("train", *args, f"train.rounds={rounds}")
-        dipaco("eval", *args, f"train.rounds={rounds}")
+        if not reused:
+            dipaco("train", *args, f"train.rounds={rounds}")
+            dipaco("eval", *args, f"train.rounds={rounds}")
         result = json.loads((run / "eval.json").read_text())
         report = json.loads((run / "routing" / "report-route.json").read_text())
         last = phase["report"] if phase else report
         row = {"routing": name, "rounds": rounds, "steps_per_path": result["models"][0]["steps_per_path"],
                "perplexity": result["models"][0]["perplexity"], "test_documents": result["test_documents"],
-               "path_balance": last["balance"], "nmi_vs_source": last["nmi"], "seconds": time.perf_counter() - started}
+               "path_balance": last["balance"], "nmi_vs_source": last["nmi"],
+               "seconds": json.loads((run / "train.json").read_text())["seconds"], "reused": reused}
         if phase:
             row.update(changed=phase["report"]["changed"], label_agreement=phase["label_agrees_with_previous_router"],
                        lr_accuracy=phase["fit"]["accuracy"])
@@ -259,6 +266,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20, help="k-means iterations (both)")
     parser.add_argument("--featurize-docs", type=int, default=5000, help="corpus prefixes featurized")
     parser.add_argument("--skip-training", action="store_true", help="skip the routed-perplexity part")
+    parser.add_argument("--keep", action="store_true", help="reuse training runs of an earlier bench that finished (eval.json)")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "bench-routing"), help="where the training runs go")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -276,7 +284,7 @@ def main() -> None:
     results["kmeans"] = bench_kmeans(x, args.k, args.iters)
     results["kmeans_setup"] = {"points": args.points, "dim": 384, "k": args.k, "iters": args.iters}
     if not args.skip_training:
-        results["perplexity"] = bench_perplexity(Path(args.runs), args.rounds, args.max_documents)
+        results["perplexity"] = bench_perplexity(Path(args.runs), args.rounds, args.max_documents, args.keep)
     results["seconds"] = time.perf_counter() - started
     results["load_average_at_end"] = os.getloadavg()[0]
     out = ROOT / "bench" / "results"
@@ -302,7 +310,7 @@ def main() -> None:
         md += ["", f"## Routed perplexity (demo 2x2, {args.rounds} rounds x 25 steps per path, "
                    f"{args.max_documents} documents, plain-averaging outer step)", "",
                format_table(["routing", "steps/path", "test docs", "perplexity", "path balance", "NMI vs source",
-                             "changed", "seconds"],
+                             "changed", "train s"],
                             [[r["routing"], r["steps_per_path"], r["test_documents"], f"{r['perplexity']:.2f}",
                               f"{r['path_balance']:.2f}", f"{r['nmi_vs_source']:.3f}" if r["nmi_vs_source"] is not None else "-",
                               f"{r['changed']:.1%}" if "changed" in r else "-", f"{r['seconds']:.0f}"]

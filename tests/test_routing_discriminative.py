@@ -45,6 +45,18 @@ def test_unseen_path_gets_documents_through_the_bias():
     assert stats["label_sizes"][3] == 0 and stats["predicted_sizes"][3] > 0
 
 
+def test_collapsed_labels_are_spread_to_the_target_sizes():
+    # every document prefers one of two paths (as after a short training); the bias must still give
+    # each of the four paths about a quarter of the documents
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(400, 5))
+    y = np.where(x[:, 0] > 0.5, 3, 0)
+    (w, b), stats = fit_discriminative(x, y, n_paths=4, target=np.full(4, 0.25))
+    sizes = np.array(stats["predicted_sizes"])
+    assert stats["label_sizes"][1] == stats["label_sizes"][2] == 0
+    assert np.abs(sizes - 100).max() <= 10, sizes
+
+
 def test_router_with_linear_head_routes_by_argmax_and_round_trips(tmp_path):
     docs = [f"alpha beta {i % 7} gamma" if i % 2 else f"delta epsilon {i % 5} zeta" for i in range(80)]
     router, _ = Router.fit(docs, levels=[2], config=RoutingConfig(svd_dim=4, max_features=100, method="flat"))
