@@ -220,7 +220,6 @@ def bench_perplexity(runs: Path, rounds: int, max_documents: int, keep: bool = F
     for name, (folder, extra) in setups.items():
         run = runs / folder
         args = ["--config", config, "--run", str(run), *common, *extra]
-        started = time.perf_counter()
         reused = keep and (run / "eval.json").exists()
         if reused:
             log.info("%s: reusing the finished run in %s (--keep)", name, run)
