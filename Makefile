@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench corpus clean help
+.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench corpus clean help pretrain reroute
 
 help:
-	@echo "make install | demo | route | shard | train | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -59,6 +59,12 @@ report:  ## report.md with plots in the run directory
 
 export:  ## every path and the router as Hugging Face model directories, in $(RUN)/export
 	$(DIPACO) export $(RUN)/export --all --config $(CONFIG) --run $(RUN) $(ARGS)
+
+pretrain:  ## the dense warm start (ARGS='pretrain.steps=200'), before route
+	$(DIPACO) pretrain --config $(CONFIG) --run $(RUN) $(ARGS)
+
+reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds
+	$(DIPACO) reroute --config $(CONFIG) --run $(RUN) $(ARGS)
 
 test:  ## the test suite without the slow tests
 	$(OFFLINE) $(PYTHON) -m pytest -q

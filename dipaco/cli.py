@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         "export": "write a path (or --all paths and the router) as Hugging Face model directories",
         "generate": "route a prompt to a path and generate a continuation with it",
         "report": "write report.md with plots into the run directory",
+        "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
+        "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
     }
     parsers = {}
     for name, help_text in commands.items():
@@ -203,8 +205,24 @@ def cmd_eval(config: Config, run: RunDir, args) -> None:
     print(f"\nresults in {run.eval_results}")
 
 
+def cmd_pretrain(config: Config, run: RunDir, args) -> None:
+    from dipaco.pretrain import pretrain
+
+    summary = pretrain(config, run)
+    print(f"dense warm start: {summary['steps']} steps, {summary['tokens']:,} tokens, final train loss "
+          f"{summary['final_train_loss']:.3f}, {summary['seconds']:.0f}s")
+
+
+def cmd_reroute(config: Config, run: RunDir, args) -> None:
+    from dipaco.reroute import format_phase, reroute
+
+    print(format_phase(reroute(config, run)))
+
+
 def cmd_run(config: Config, run: RunDir, args) -> None:
     started = time.perf_counter()
+    if config.pretrain.steps and not (run.root / "pretrain" / "summary.json").exists():
+        cmd_pretrain(config, run, args)
     if (run.routing / "assignments.json").exists():
         log.info("route: %s exists, skipping (run `dipaco route` to redo it)", run.routing)
     else:
@@ -285,6 +303,8 @@ STAGES = {
     "export": cmd_export,
     "generate": cmd_generate,
     "report": cmd_report,
+    "pretrain": cmd_pretrain,
+    "reroute": cmd_reroute,
 }
 
 if __name__ == "__main__":

@@ -173,6 +173,7 @@ class TrainConfig:
     fail_mtbf: float = 0.0  # fault injection: islands fail at random with this mean time between failures (s); 0 = never
     return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
+    stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
 
     def __post_init__(self) -> None:
         if self.heartbeat_seconds <= 0 or self.heartbeat_timeout <= self.heartbeat_seconds:
@@ -184,6 +185,8 @@ class TrainConfig:
             raise ValueError(f"train.fail_mtbf and return_after must be >= 0, got {self.fail_mtbf}, {self.return_after}")
         if self.fail_mode not in ("die", "stall"):
             raise ValueError(f"train.fail_mode must be 'die' or 'stall', got {self.fail_mode!r}")
+        if self.stop_after_round < 0:
+            raise ValueError(f"train.stop_after_round must be >= 0, got {self.stop_after_round}")
         if self.rounds < 1:
             raise ValueError(f"train.rounds must be >= 1, got {self.rounds}")
         if self.islands < 0 or self.threads_per_island < 0 or self.keep_rounds < 0:
@@ -221,6 +224,18 @@ class EvalConfig:
 
 
 @dataclass(kw_only=True)
+class PretrainConfig:
+    """The dense warm start of `dipaco pretrain` (the paper starts every path from a dense model)."""
+
+    steps: int = 0  # dense AdamW steps on all training documents (0 = no warm start)
+    warm_start: bool = True  # initialise every module of the grid from the pretrained model when it exists
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"pretrain.steps must be >= 0, got {self.steps}")
+
+
+@dataclass(kw_only=True)
 class Config:
     """The whole run: one section per component."""
 
@@ -233,6 +248,7 @@ class Config:
     outer: OuterConfig = field(default_factory=OuterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
     def __post_init__(self) -> None:
         blocks = self.topology.blocks_per_level

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def initialise_store(factory: PathFactory) -> int:
-    """Write module version 0 (every module from one seeded dense init) unless the store has a run.
+    """Write module version 0 (every module from one seeded dense init, or from the `dipaco pretrain`
+    dense model) unless the store has a run.
 
     Returns the last completed round. A store made for another grid is refused."""
     store, topology = factory.store, factory.topology
@@ -45,6 +46,9 @@ def initialise_store(factory: PathFactory) -> int:
             )
         return int(state["round"])
     model = factory.new_model(seed=factory.config.train.seed)
+    from dipaco.pretrain import load_warm_start
+
+    load_warm_start(factory, model)  # pretrain.warm_start: version 0 = the dense pretrained model
     written: set[str] = set()
     for path in range(topology.n_paths):
         for name, tensors in split_into_modules(model, topology, path=path).items():
@@ -75,11 +79,12 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
     service = Coordinator(factory)
+    last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
-    if local_islands and done < config.train.rounds:
+    if local_islands and done < last:
         islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
     try:
-        rounds = tqdm(range(done + 1, config.train.rounds + 1), desc="rounds", unit="round", initial=done,
+        rounds = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
                       total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in rounds:
             round_started = time.perf_counter()
@@ -94,9 +99,10 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
                      stats["bytes_up"] / 1e6, stats.get("applied", 0), stats.get("stale", 0), stats.get("dropped", 0),
                      stats.get("in_flight", 0), stats["seconds"])
         finished_at = time.monotonic()
-        if islands:
-            islands.stop()
-        record_final_val_losses(factory)  # so the last round can be a path's best (dipaco eval --best)
+        if islands and last == config.train.rounds:
+            islands.stop()  # they stop by themselves after the run's last round
+        if factory.store.current_round() == config.train.rounds:
+            record_final_val_losses(factory)  # so the last round can be a path's best (dipaco eval --best)
     finally:
         if islands:
             islands.terminate()

@@ -2,8 +2,12 @@
 
 corpus.py  load a corpus through HF datasets; draw the train / test split
 embed.py   TF-IDF -> TruncatedSVD -> L2 featurizer, saved as arrays + JSON (no pickle)
+embed_hf.py  mean-pooled last hidden states of a local HF model (featurizers "hf" and "base-model")
 kmeans.py  faiss k-means, nearest-centroid assignment, product k-means
-router.py  the Router artifact and the per-document Assignments
+balance.py per-path penalties and exact capacity assignment (routing.balance)
+discriminative.py  logistic-regression router with a size-matching bias (dipaco reroute)
+report.py  routing report: sizes, balance, churn, purity / NMI, PNG histogram
+router.py  the Router artifact and the per-document Assignments (path, split, top-k)
 config.py  CorpusConfig, RoutingConfig
 
 Standalone CLI (CPU, seconds on a small corpus):
@@ -23,6 +27,11 @@ _EXPORTS = {
     "assign_splits": "corpus",
     "TRAIN": "corpus",
     "TEST": "corpus",
+    "ROUTER": "corpus",
+    "fit_penalties": "balance",
+    "capacity_assign": "balance",
+    "fit_discriminative": "discriminative",
+    "routing_report": "report",
     "Router": "router",
     "Assignments": "router",
     "product_kmeans": "kmeans",

@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 
 TRAIN = 0
 TEST = 1
-# Split codes stored in assignments; a new split (e.g. ROUTER = 2) only needs an entry here.
-SPLIT_NAMES: dict[int, str] = {TRAIN: "train", TEST: "test"}
+ROUTER = 2  # held out for the discriminative router (`dipaco reroute`): never trained on, never evaluated
+# Split codes stored in assignments.
+SPLIT_NAMES: dict[int, str] = {TRAIN: "train", TEST: "test", ROUTER: "router"}
 
 _COMPRESSION = (".zst", ".gz", ".bz2", ".xz")
 _BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -164,11 +165,12 @@ def _normalise(ds: datasets.Dataset, *, text_field: str, where: str, max_documen
     return ds
 
 
-def assign_splits(n: int, *, test_fraction: float, seed: int) -> np.ndarray:
-    """Split codes (N,) int8: TRAIN (0) or TEST (1) per document, from a seeded permutation.
+def assign_splits(n: int, *, test_fraction: float, seed: int, router_fraction: float = 0.0) -> np.ndarray:
+    """Split codes (N,) int8: TRAIN (0), TEST (1) or ROUTER (2) per document, from a seeded permutation.
 
     Exactly round(n * test_fraction) documents are TEST, at least 1 when n >= 2 (and never all of
-    them). The same (n, test_fraction, seed) always gives the same array.
+    them); the next round(n * router_fraction) of the permutation are ROUTER (the TEST documents
+    do not depend on router_fraction). The same arguments always give the same array.
     """
     if n < 0:
         raise ValueError(f"number of documents must be >= 0, got {n}")
@@ -180,4 +182,9 @@ def assign_splits(n: int, *, test_fraction: float, seed: int) -> np.ndarray:
     split = np.full(n, TRAIN, dtype=np.int8)
     perm = np.random.default_rng(seed).permutation(n)
     split[perm[:n_test]] = TEST
+    if router_fraction:
+        if not 0.0 < router_fraction < 0.5:
+            raise ValueError(f"router_fraction must be in [0, 0.5), got {router_fraction}")
+        n_router = min(round(n * router_fraction), n - n_test - 1)
+        split[perm[n_test : n_test + max(n_router, 0)]] = ROUTER
     return split

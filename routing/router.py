@@ -7,6 +7,14 @@
   path `np.unravel_index(i, levels)` (which modules a cluster gets is arbitrary, as in c-BTM).
 A 1-level "product" router is the same as "flat".
 
+Optional parts, each stored with the router:
+- `penalties` (prod(levels),): with `routing.balance` > 0, a per-path penalty added to the path's
+  distance (`routing.balance`), so that path sizes stay within the configured ratio; the distance of
+  a product path is the sum of its per-level squared distances;
+- `linear` (W (paths, dim), b (paths,)): a discriminative router (`routing.discriminative`, made by
+  `dipaco reroute`); when present, a document goes to argmax(W x + b) instead.
+`assign_topk` gives each document's k best paths (training overlap, `routing.train_top_k`).
+
 On disk (no pickle): `router.safetensors` (featurizer arrays "featurizer.*", centroids
 "centroids.<level>") and `router.json` (format_version, levels, method, config, seed, vocabulary,
 fingerprint). `Assignments` (flat path id + split code per doc_id) are saved as
@@ -33,6 +41,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save
 
+from .balance import capacity_assign, fit_penalties
 from .config import RoutingConfig
 from .corpus import SPLIT_NAMES, TRAIN
 from .embed import TfidfSvdFeaturizer
@@ -110,6 +119,28 @@ def _hash_tensors(tensors: dict[str, np.ndarray], h: Any) -> None:
         h.update(a.tobytes())
 
 
+def make_featurizer(prefixes: list[str], config: RoutingConfig) -> tuple[Any, dict[str, Any]]:
+    """The configured featurizer, fitted on `prefixes` when it has anything to fit."""
+    if config.featurizer == "tfidf":
+        return TfidfSvdFeaturizer.fit(prefixes, dim=config.svd_dim, max_features=config.max_features,
+                                      seed=config.seed)
+    from .embed_hf import HFFeaturizer
+
+    if not config.hf_model:
+        raise ValueError(f"routing.featurizer {config.featurizer!r} needs routing.hf_model (a model directory)")
+    featurizer = HFFeaturizer(model_dir=config.hf_model, max_tokens=config.prefix_tokens,
+                              batch_size=config.hf_batch_size, name=config.featurizer)
+    return featurizer, {"name": config.featurizer, "model_dir": config.hf_model, "dim": featurizer.dim}
+
+
+def featurizer_from_state(tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> Any:
+    if meta["name"] == "tfidf":
+        return TfidfSvdFeaturizer.from_state(tensors, meta)
+    from .embed_hf import HFFeaturizer
+
+    return HFFeaturizer.from_state(tensors, meta)
+
+
 class Router:
     """Maps document prefixes to flat path ids in [0, prod(levels))."""
 
@@ -118,9 +149,11 @@ class Router:
         *,
         levels: list[int],
         method: str,
-        featurizer: TfidfSvdFeaturizer,
+        featurizer: Any,
         centroids: list[np.ndarray],
         config: RoutingConfig,
+        penalties: np.ndarray | None = None,
+        linear: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         self.levels = _check_levels(levels)
         self.method = method
@@ -140,6 +173,16 @@ class Router:
         for c, (lo, hi) in zip(self.centroids, self.slices, strict=True):
             if c.shape[1] != hi - lo:
                 raise ValueError(f"centroids of shape {c.shape} do not match feature slice [{lo}, {hi})")
+        self.penalties = None if penalties is None else np.ascontiguousarray(penalties, dtype=np.float32)
+        if self.penalties is not None and self.penalties.shape != (self.n_paths,):
+            raise ValueError(f"penalties must have shape ({self.n_paths},), got {self.penalties.shape}")
+        self.linear = None
+        if linear is not None:
+            w, b = (np.ascontiguousarray(a, dtype=np.float32) for a in linear)
+            if w.shape != (self.n_paths, featurizer.dim) or b.shape != (self.n_paths,):
+                raise ValueError(f"linear router needs W ({self.n_paths}, {featurizer.dim}) and b "
+                                 f"({self.n_paths},), got {w.shape} and {b.shape}")
+            self.linear = (w, b)
 
     @property
     def n_paths(self) -> int:
@@ -157,9 +200,7 @@ class Router:
                 f"levels {levels} give {n_paths} paths, but only {len(prefixes)} prefixes to fit on"
             )
         t0 = time.perf_counter()
-        featurizer, feat_stats = TfidfSvdFeaturizer.fit(
-            prefixes, dim=config.svd_dim, max_features=config.max_features, seed=config.seed
-        )
+        featurizer, feat_stats = make_featurizer(prefixes, config)
         x = featurizer.transform(prefixes)  # (N, dim)
         kw = {
             "seed": config.seed,
@@ -179,10 +220,17 @@ class Router:
         router = cls(
             levels=levels, method=config.method, featurizer=featurizer, centroids=centroids, config=config
         )
+        balance_stats = None
+        if config.balance:
+            costs = router.path_costs(x)
+            unbalanced = np.bincount(costs.argmin(axis=1), minlength=n_paths)
+            router.penalties, balance_stats = fit_penalties(costs, max_ratio=config.balance)
+            balance_stats["unbalanced_sizes"] = unbalanced.tolist()
         sizes = np.bincount(router.assign(x), minlength=n_paths)
         stats = {
             "featurizer": feat_stats,
             "kmeans": km_stats,
+            "balance": balance_stats,
             "sizes": sizes.tolist(),
             "empty_paths": int((sizes == 0).sum()),
             "seconds": time.perf_counter() - t0,
@@ -195,12 +243,59 @@ class Router:
         """Prefixes -> features (N, dim) float32."""
         return self.featurizer.transform(prefixes)
 
-    def assign(self, features: np.ndarray) -> np.ndarray:
-        """Features (N, dim) -> flat path ids (N,) int64."""
+    def path_costs(self, features: np.ndarray) -> np.ndarray:
+        """(N, paths) float32, lower = better: squared distance to the path's centroid(s) plus its
+        penalty, or -(W x + b) for a discriminative router."""
+        self._check_features(features)
+        x = np.ascontiguousarray(features, dtype=np.float32)
+        if self.linear is not None:
+            w, b = self.linear
+            return -(x @ w.T + b)
+        per_level = []
+        for c, (lo, hi) in zip(self.centroids, self.slices, strict=True):
+            xs = x[:, lo:hi]
+            per_level.append(np.maximum((xs**2).sum(1, keepdims=True) - 2 * xs @ c.T + (c**2).sum(1), 0))
+        ks = [c.shape[0] for c in self.centroids]
+        cost = np.zeros((len(x),) + tuple(ks), dtype=np.float32)
+        for level, d in enumerate(per_level):
+            shape = [len(x)] + [1] * len(ks)
+            shape[level + 1] = ks[level]
+            cost = cost + d.reshape(shape)
+        cost = cost.reshape(len(x), -1)  # C order = ravel_multi_index order of the flat path ids
+        return cost + self.penalties if self.penalties is not None else cost
+
+    def assign_topk(self, features: np.ndarray, k: int, *, batch_size: int = 8192) -> np.ndarray:
+        """Each document's k best paths (N, k) int64, best first (ties to the lower path id)."""
+        if not 1 <= k <= self.n_paths:
+            raise ValueError(f"top-k needs 1 <= k <= {self.n_paths} paths, got {k}")
+        out = np.empty((len(features), k), dtype=np.int64)
+        for start in range(0, len(features), batch_size):
+            cost = self.path_costs(features[start : start + batch_size])
+            out[start : start + len(cost)] = np.argsort(cost, axis=1, kind="stable")[:, :k]
+        return out
+
+    def assign_train(self, features: np.ndarray, *, k: int = 1) -> np.ndarray:
+        """Training documents' paths (N, k), best first. With `balance`, the first choice comes from
+        the exact capacity assignment (sizes within the ratio on this batch; `routing.balance`),
+        the others are the next-best paths by cost; without it, `assign_topk`."""
+        if not self.config.balance or self.linear is not None:
+            return self.assign_topk(features, k)
+        cost = self.path_costs(features)
+        first, _ = capacity_assign(cost, max_ratio=self.config.balance)
+        cost[np.arange(len(cost)), first] = -np.inf
+        return np.argsort(cost, axis=1, kind="stable")[:, :k]
+
+    def _check_features(self, features: np.ndarray) -> None:
         if features.ndim != 2 or features.shape[1] != self.featurizer.dim:
             raise ValueError(f"features must have shape (N, {self.featurizer.dim}), got {features.shape}")
+
+    def assign(self, features: np.ndarray) -> np.ndarray:
+        """Features (N, dim) -> flat path ids (N,) int64."""
+        self._check_features(features)
         if len(features) == 0:
             return np.zeros(0, dtype=np.int64)
+        if self.penalties is not None or self.linear is not None:
+            return self.assign_topk(features, 1)[:, 0]
         if len(self.centroids) == 1:
             ids, _ = assign_nearest(features, self.centroids[0])
             return ids
@@ -215,6 +310,10 @@ class Router:
         feat_tensors, feat_meta = self.featurizer.state_dict()
         tensors = {f"featurizer.{k}": v for k, v in feat_tensors.items()}
         tensors.update({f"centroids.{i}": c for i, c in enumerate(self.centroids)})
+        if self.penalties is not None:
+            tensors["penalties"] = self.penalties
+        if self.linear is not None:
+            tensors["linear.weight"], tensors["linear.bias"] = self.linear
         meta = {
             "format_version": FORMAT_VERSION,
             "levels": self.levels,
@@ -256,15 +355,20 @@ class Router:
         feat_tensors = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("featurizer.")}
         n_levels = 1 if meta["method"] == "flat" else len(meta["levels"])
         names = [f"centroids.{i}" for i in range(n_levels)]
-        missing = [n for n in names + ["featurizer.idf", "featurizer.components"] if n not in tensors]
+        if meta["featurizer"]["name"] == "tfidf":
+            names += ["featurizer.idf", "featurizer.components"]
+        missing = [n for n in names if n not in tensors]
         if missing:
             raise ValueError(f"{directory / ROUTER_TENSORS} lacks tensors {missing}")
+        linear = (tensors["linear.weight"], tensors["linear.bias"]) if "linear.weight" in tensors else None
         router = cls(
             levels=meta["levels"],
             method=meta["method"],
-            featurizer=TfidfSvdFeaturizer.from_state(feat_tensors, meta["featurizer"]),
-            centroids=[tensors[n] for n in names],
+            featurizer=featurizer_from_state(feat_tensors, meta["featurizer"]),
+            centroids=[tensors[n] for n in names if n.startswith("centroids.")],
             config=RoutingConfig(**meta["config"]),
+            penalties=tensors.get("penalties"),
+            linear=linear,
         )
         if router.fingerprint() != stored:
             raise ValueError(
@@ -281,6 +385,7 @@ class Assignments:
     split: np.ndarray  # (N,) int8 split code (routing.corpus.TRAIN / TEST)
     levels: list[int]  # modules per level, as in the router
     router_fingerprint: str  # Router.fingerprint() of the router that made `path`
+    topk: np.ndarray | None = None  # (N, k) int64: a training doc's k paths (first = `path`); -1 rows elsewhere
 
     def __post_init__(self) -> None:
         self.levels = _check_levels(self.levels)
@@ -297,6 +402,17 @@ class Assignments:
         unknown = sorted(set(np.unique(self.split).tolist()) - set(SPLIT_NAMES))
         if unknown:
             raise ValueError(f"unknown split codes {unknown}; known: {SPLIT_NAMES}")
+        if self.topk is not None:
+            self.topk = np.asarray(self.topk, dtype=np.int64)
+            train = self.split == TRAIN
+            if self.topk.ndim != 2 or len(self.topk) != len(self.path):
+                raise ValueError(f"topk must have shape (N={len(self.path)}, k), got {self.topk.shape}")
+            if (self.topk[train, 0] != self.path[train]).any() or (self.topk[~train] != -1).any():
+                raise ValueError("topk rows must start with the doc's path (train docs) and be -1 elsewhere")
+            top = self.topk[train]
+            if top.size and (top.min() < 0 or top.max() >= self.n_paths or
+                             (top.shape[1] > 1 and (np.sort(top, axis=1)[:, 1:] == np.sort(top, axis=1)[:, :-1]).any())):
+                raise ValueError(f"topk of training docs must be distinct path ids in [0, {self.n_paths})")
 
     @property
     def n_paths(self) -> int:
@@ -312,7 +428,17 @@ class Assignments:
         return np.bincount(self.path[self.split == split], minlength=self.n_paths).astype(np.int64)
 
     def _tensors(self) -> dict[str, np.ndarray]:
-        return {"path": self.path, "split": self.split}
+        tensors = {"path": self.path, "split": self.split}
+        if self.topk is not None:
+            tensors["topk"] = self.topk
+        return tensors
+
+    def train_paths(self) -> np.ndarray:
+        """(N, k) paths each document is trained on: top-k for training docs, -1 elsewhere (k = 1
+        without overlap)."""
+        if self.topk is not None:
+            return self.topk
+        return np.where(self.split == TRAIN, self.path, -1)[:, None]
 
     def save(self, directory: str | Path) -> Path:
         """Write assignments.safetensors then assignments.json into `directory` (created)."""
@@ -341,8 +467,8 @@ class Assignments:
         meta = _read_json(directory / ASSIGN_JSON)
         tensor_file = directory / ASSIGN_TENSORS
         tensors = _read_tensors(tensor_file)
-        if set(tensors) != {"path", "split"}:
-            raise ValueError(f"{tensor_file} holds tensors {sorted(tensors)}, expected ['path', 'split']")
+        if set(tensors) - {"topk"} != {"path", "split"}:
+            raise ValueError(f"{tensor_file} holds tensors {sorted(tensors)}, expected ['path', 'split'] (+ 'topk')")
         n = meta["n_documents"]
         if len(tensors["path"]) != n or len(tensors["split"]) != n:
             raise ValueError(
@@ -358,4 +484,5 @@ class Assignments:
             split=tensors["split"],
             levels=meta["levels"],
             router_fingerprint=meta["router_fingerprint"],
+            topk=tensors.get("topk"),
         )

@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
 STAGING_TOKENS = 1 << 20  # largest staging file, in tokens
-TRAIN, TEST = 0, 1
+TRAIN, TEST, ROUTER = 0, 1, 2  # ROUTER documents (held out for `dipaco reroute`) are not written
 
 
 def choose_val_blocks(n_blocks: int, *, val_fraction: float, seed: int, path: int) -> np.ndarray:
@@ -93,7 +93,10 @@ def build_shards(
 
     ``texts`` is any iterable of N strings (a list, or a ``datasets`` column) aligned with the
     (N,) arrays ``doc_ids`` (int64, unique), ``doc_paths`` (int64 in ``[0, n_paths)``; a test
-    document may have -1 = not routed) and ``doc_split`` (0 = train, 1 = test). An existing
+    document may have -1 = not routed) and ``doc_split`` (0 = train, 1 = test, 2 = router: skipped).
+    ``doc_paths`` may also be (N, k): a training document is then written into each of its k paths
+    (overlapping shards, ``routing.train_top_k``; -1 entries are unused slots); a test document
+    uses column 0 only, so evaluation documents never overlap. An existing
     index.json in ``out_dir`` is refused unless ``overwrite``. On any error the files this call
     wrote are removed and no index.json is left behind.
     """
@@ -197,6 +200,15 @@ def _check_inputs(
         "doc_paths": np.asarray(doc_paths),
         "doc_split": np.asarray(doc_split),
     }
+    if arrays["doc_paths"].ndim == 2:
+        top = arrays["doc_paths"].astype(np.int64)
+        dup = (top[:, :, None] == top[:, None, :]) & (top[:, :, None] >= 0)
+        if (dup.sum(axis=(1, 2)) > (top >= 0).sum(axis=1)).any():
+            raise ValueError("doc_paths (N, k) lists a path twice for some document")
+        arrays["doc_paths"] = top[:, 0]
+        extra = top[:, 1:]
+    else:
+        extra = np.full((len(arrays["doc_paths"]), 0), -1, dtype=np.int64)
     for name, a in arrays.items():
         if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{name} must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
@@ -209,17 +221,20 @@ def _check_inputs(
     ids, paths, split = (a.astype(np.int64) for a in arrays.values())
     if len(np.unique(ids)) != n:
         raise ValueError(f"doc_ids must be unique; {n - len(np.unique(ids))} duplicates")
-    bad_split = ~np.isin(split, [TRAIN, TEST])
+    bad_split = ~np.isin(split, [TRAIN, TEST, ROUTER])
     if bad_split.any():
         raise ValueError(
-            f"doc_split must be 0 (train) or 1 (test); doc {ids[bad_split][0]} has {split[bad_split][0]}"
+            f"doc_split must be 0 (train), 1 (test) or 2 (router); doc {ids[bad_split][0]} has {split[bad_split][0]}"
         )
-    low = np.where(split == TEST, -1, 0)
-    bad = (paths < low) | (paths >= n_paths)
+    if ((extra >= n_paths) | (extra < -1)).any():
+        raise ValueError(f"doc_paths (N, k) entries must be in [0, n_paths={n_paths}) or -1")
+    paths = np.concatenate([paths[:, None], np.where(split[:, None] == TRAIN, extra, -1)], axis=1)
+    low = np.where(split[:, None] == TRAIN, np.r_[0, np.full(extra.shape[1], -1)][None, :], -1)
+    bad = ((paths < low) | (paths >= n_paths)).any(axis=1)
     if bad.any():
         raise ValueError(
             f"doc_paths must be in [0, n_paths={n_paths}) (-1 allowed for test docs); "
-            f"doc {ids[bad][0]} has path {paths[bad][0]}"
+            f"doc {ids[bad][0]} has path {', '.join(map(str, paths[bad][0].tolist()))}"
         )
     return ids, paths, split
 
@@ -286,11 +301,14 @@ def _tokenize(
             for i, tokens in enumerate(encode_batch(tokenizer, batch), start=start):
                 if len(tokens) and tokens.max() > max_id:
                     raise ShardError(f"doc {doc_ids[i]}: token id {tokens.max()} does not fit {token_dtype}")
-                p = int(doc_paths[i])
+                p = int(doc_paths[i, 0])
                 if doc_split[i] == TRAIN:
-                    per_path.setdefault(p, []).extend((tokens, eos))
-                    counts["path_docs"][p] += 1
-                    counts["path_tokens"][p] += len(tokens) + 1
+                    for p in doc_paths[i][doc_paths[i] >= 0].tolist():  # k > 1: overlapping shards
+                        per_path.setdefault(p, []).extend((tokens, eos))
+                        counts["path_docs"][p] += 1
+                        counts["path_tokens"][p] += len(tokens) + 1
+                elif doc_split[i] == ROUTER:
+                    continue
                 elif len(tokens) < min_test_tokens:
                     counts["too_short"] += 1
                 else:

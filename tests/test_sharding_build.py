@@ -183,7 +183,7 @@ def test_texts_may_be_an_iterator_or_a_datasets_column(corpus, built, tmp_path):
 @pytest.mark.parametrize(
     "field, value, match",
     [
-        ("doc_split", np.full(N_DOCS, 2, np.int8), "doc_split"),
+        ("doc_split", np.full(N_DOCS, 3, np.int8), "doc_split"),
         ("doc_paths", np.full(N_DOCS, N_PATHS), "path 3"),
         ("doc_ids", np.zeros(N_DOCS, np.int64), "unique"),
         ("doc_ids", np.arange(5), "lengths"),

@@ -1,0 +1,113 @@
+"""Dense warm start, base-model routing and one discriminative phase on the tiny config.
+
+- `dipaco pretrain` then `dipaco route` with the base-model featurizer: the router's features are the
+  pretrained model's mean last hidden states; version 0 of every module equals the dense model;
+- (slow) train one round, `dipaco reroute`: the phase is recorded, the shards are rewritten for the
+  new router, training continues from the current modules, and evaluation routes by the new router.
+
+HF_HUB_OFFLINE=1 python -m pytest tests/test_warm_start_reroute.py -q [-m slow]
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dipaco.config import load_config
+from dipaco.coordinator import initialise_store
+from dipaco.model import split_into_modules
+from dipaco.paths import PathFactory
+from dipaco.run import RunDir
+from routing.router import Assignments, Router
+from sharding.reader import ShardReader
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIPACO_THREADS": "1"}
+OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "pretrain.steps=4",
+             "routing.featurizer=base-model", "routing.balance=1.2", "routing.train_top_k=2",
+             "routing.reroute_candidates=2", "routing.fit_sample=200", "train.rounds=1"]
+
+
+def dipaco(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, env=ENV, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, f"dipaco {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory) -> RunDir:
+    run = RunDir(tmp_path_factory.mktemp("warm"))
+    for stage in ("pretrain", "route", "shard"):
+        dipaco(stage, "--config", str(TINY), "--run", str(run.root), *OVERRIDES)
+    return run
+
+
+def test_base_model_features_are_the_pretrained_models_hidden_states(routed):
+    from transformers import AutoModel, AutoTokenizer
+
+    router = Router.load(routed.routing)
+    assert router.featurizer.name == "base-model"
+    hf = routed.root / "pretrain" / "hf"
+    assert Path(router.featurizer.model_dir) == hf
+    tok = AutoTokenizer.from_pretrained(hf)
+    model = AutoModel.from_pretrained(hf).eval()
+    text = "In the beginning God created the heaven and the earth."
+    ids = tok(text, truncation=True, max_length=router.config.prefix_tokens, return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**ids).last_hidden_state[0].mean(0).numpy()
+    np.testing.assert_allclose(router.features([text])[0], ref, atol=1e-4)
+
+
+def test_overlap_and_router_split_reach_the_shards(routed):
+    a = Assignments.load(routed.routing)
+    reader = ShardReader(routed.shards)
+    index = json.loads((routed.shards / "index.json").read_text())
+    n_train = int((a.split == 0).sum())
+    assert sum(p["train"]["documents"] for p in index["paths"]) == 2 * n_train
+    _, doc_ids, _ = reader.test_documents()
+    assert set(doc_ids.tolist()) <= set(np.flatnonzero(a.split == 1).tolist())
+    report = json.loads((routed.routing / "report-route.json").read_text())
+    assert report["purity"] is not None and (routed.routing / "report-route.png").stat().st_size > 0
+
+
+def test_store_version_zero_is_the_dense_warm_start(routed):
+    config = load_config(routed.config)
+    factory = PathFactory(config, routed)
+    initialise_store(factory)
+    dense = load_file(str(routed.root / "pretrain" / "model.safetensors"))
+    model = factory.new_model()
+    for k, p in model.named_parameters():
+        p.data.copy_(dense[k])
+    for path in range(factory.topology.n_paths):
+        for name, tensors in split_into_modules(model, factory.topology, path=path).items():
+            stored = factory.store.read_module(0, name)
+            for key, value in tensors.items():
+                torch.testing.assert_close(stored[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_reroute_phase_is_recorded_and_training_continues(routed):
+    args = ["--config", str(TINY), "--run", str(routed.root), *OVERRIDES]
+    dipaco("train", *args[:-1], "train.rounds=2", "train.stop_after_round=1")
+    assert json.loads((routed.root / "train.json").read_text())["rounds_completed"] == 1
+    before = Router.load(routed.routing).fingerprint()
+    dipaco("reroute", *args)
+    phases = json.loads((routed.routing / "phases.json").read_text())
+    assert [p["phase"] for p in phases] == [1] and phases[0]["after_round"] == 1
+    assert phases[0]["candidates_per_document"] == 2
+    router = Router.load(routed.routing)
+    assert router.linear is not None and router.fingerprint() != before
+    assert ShardReader(routed.shards).router_fingerprint == router.fingerprint()
+    assert Router.load(routed.routing / "phase-0").fingerprint() == before
+    dipaco("train", *args[:-1], "train.rounds=2")
+    assert json.loads((routed.root / "train.json").read_text())["rounds_completed"] == 2
+    dipaco("eval", *args, "eval.baselines=false")
+    assert json.loads((routed.root / "eval.json").read_text())["routing_agrees_with_shards"] == 1.0
