@@ -7,7 +7,7 @@ sit on different machines). Layout under the root:
     modules/round-000003/<module>.safetensors   every module after round 3's outer step
     outer/round-000003/<module>.safetensors     the outer optimiser's momentum after round 3
     results/round-000004/path-0002.safetensors  an island's pseudo-gradient for round 4 (+ .json)
-    islands/path-0002/inner-round-000004.safetensors  that path's AdamW state after round 4 (metadata in its header)
+    islands/path-0002/inner-round-000004.safetensors  that path's AdamW state after round 4 (dipaco.tasks)
 
 Each file has one writer: the coordinator writes `state.json`, `modules/` and `outer/`; an island
 writes only its own results and inner state. Writes are atomic (a temporary name then a rename on
@@ -172,25 +172,12 @@ class ModuleStore:
     def read_result_meta(self, round: int, path: int) -> dict[str, Any]:
         return self.read_json(self._result(round, path) + ".json")
 
-    # --- an island's own inner optimiser state ---------------------------------------------------
-    def _inner(self, path: int, round: int) -> str:
-        return f"islands/path-{path:04d}/inner-round-{round:06d}.safetensors"
+    # --- tensors with JSON metadata in one file (inner optimiser states) -----------------------------
+    def write_tensors_with_meta(self, relative: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
+        """One file, the metadata in its safetensors header, so tensors and metadata never disagree."""
+        return self.write_tensors(relative, tensors, {"meta": json.dumps(meta)})
 
-    def write_inner_state(self, path: int, round: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """A path's inner optimiser state after `round`: one file, metadata in its safetensors header,
-        so tensors and metadata never disagree. The state before this round is kept (a re-run of the
-        round after a crash starts from it); older ones are deleted."""
-        self.write_tensors(self._inner(path, round), tensors, {"meta": json.dumps(meta)})
-        for entry in self.fs.ls(self._path(f"islands/path-{path:04d}"), detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name.startswith("inner-round-") and int(name[12:18]) < round - 1:
-                self.fs.rm(entry)
-
-    def read_inner_state(self, path: int, round: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """The inner state a path had after `round`, or None if it has none (a first round)."""
-        relative = self._inner(path, round)
-        if not self.exists(relative):
-            return None
+    def read_tensors_with_meta(self, relative: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         data = self.read_bytes(relative)
         try:
             header_len = int.from_bytes(data[:8], "little")

@@ -21,7 +21,6 @@ its own clock (when it last saw `seq` change), so island clocks need not agree.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -99,18 +98,12 @@ def read_result(store: ModuleStore, round: int, path: int, attempt: int) -> tupl
 
 # --- inner optimiser state -------------------------------------------------------------------------
 def write_inner(store: ModuleStore, relative: str, tensors: dict[str, torch.Tensor], meta: dict) -> int:
-    """Same format as `ModuleStore.write_inner_state` (metadata in the safetensors header)."""
-    return store.write_tensors(relative, tensors, {"meta": json.dumps(meta)})
+    """An inner AdamW state: tensors, with its metadata in the safetensors header."""
+    return store.write_tensors_with_meta(relative, tensors, meta)
 
 
 def read_inner(store: ModuleStore, relative: str) -> tuple[dict[str, torch.Tensor], dict]:
-    data = store.read_bytes(relative)
-    try:
-        header_len = int.from_bytes(data[:8], "little")
-        meta = json.loads(json.loads(data[8 : 8 + header_len])["__metadata__"]["meta"])
-    except (KeyError, ValueError, UnicodeDecodeError) as err:
-        raise StoreError(f"store file {store._path(relative)} has no valid metadata: {err}") from None
-    return store._decode_tensors(data, relative), meta
+    return store.read_tensors_with_meta(relative)
 
 
 # --- the board -------------------------------------------------------------------------------------

@@ -44,11 +44,13 @@ def test_results_and_inner_state(tmp_path):
     sent = store.write_result(1, 2, {"m/w": torch.ones(2)}, {"tokens": 10})
     tensors, meta = store.read_result(1, 2)
     assert store.has_result(1, 2) and meta["tokens"] == 10 and meta["bytes"] == sent > 0
-    for round in (1, 2, 3):
-        store.write_inner_state(2, round, {"w.exp_avg": torch.full((2,), float(round))}, {"round": round})
-    assert store.read_inner_state(2, 1) is None, "states older than the previous round are deleted"
-    tensors, meta = store.read_inner_state(2, 2)
+    store.write_tensors_with_meta("islands/path-0002/inner.safetensors", {"w.exp_avg": torch.full((2,), 2.0)},
+                                  {"round": 2})
+    tensors, meta = store.read_tensors_with_meta("islands/path-0002/inner.safetensors")
     assert meta == {"round": 2} and tensors["w.exp_avg"][0] == 2.0
+    store.write_tensors("plain.safetensors", {"w": torch.ones(1)})
+    with pytest.raises(StoreError, match="plain.safetensors has no valid metadata"):
+        store.read_tensors_with_meta("plain.safetensors")
 
 
 def test_prune_keeps_recent_rounds(tmp_path):
