@@ -71,7 +71,7 @@ class Coordinator:
         self.quorum_since: float | None = None
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.last_stats: dict[str, Any] | None = None
-        self._board_written = board
+        self._board_written = _copy(board)  # a copy: self.tasks is mutated in place
 
     # --- one pass ----------------------------------------------------------------------------------
     def tick(self) -> bool:

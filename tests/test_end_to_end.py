@@ -132,3 +132,16 @@ def test_a_grid_that_does_not_match_the_shards_is_refused(tiny_run, tmp_path):
     result = subprocess.run([sys.executable, "-m", "dipaco", "train", "--config", str(TINY), "--run", str(run.root),
                              "topology.levels=[3]"], cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert result.returncode == 1 and "holds 4 paths" in result.stderr and "gives 3" in result.stderr
+
+
+def test_a_paused_run_resumes_with_the_next_train(tiny_run, tmp_path):
+    """`train.stop_after_round` pauses a run; the next `dipaco train` restarts the coordinator over the
+    existing task board (a board read back at start must still be written when it changes)."""
+    run = RunDir(tmp_path / "paused")
+    for part in ("tokenizer", "routing", "shards"):
+        shutil.copytree(tiny_run.root / part, run.root / part)
+    common = ["--config", str(TINY), "--run", str(run.root)]
+    dipaco("train", *common, "train.stop_after_round=1", timeout=120)
+    assert json.loads(run.train_summary.read_text())["rounds_completed"] == 1
+    dipaco("train", *common, timeout=120)
+    assert json.loads(run.train_summary.read_text())["rounds_completed"] == 2
