@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import ENV, ROOT, TINY, dipaco
 from transformers import AutoTokenizer
 
 from dipaco.config import load_config
@@ -22,17 +22,6 @@ from dipaco.paths import PathFactory
 from dipaco.run import RunDir
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIPACO_THREADS": "1"}
-
-
-def dipaco(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, env=ENV, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"dipaco {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -3,32 +3,20 @@
 One `dipaco run` (3 rounds, one module version kept, so pruning has to keep the best versions)."""
 
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_helpers import ENV, TINY, dipaco
 
 from dipaco.cli import main
 from dipaco.config import load_config
 from dipaco.early_stopping import best_rounds, read_history
 from dipaco.paths import PathFactory
 from dipaco.run import RunDir
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIPACO_THREADS": "1"}
-
-
-def dipaco(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, env=ENV, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"dipaco {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")

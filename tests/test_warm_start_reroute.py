@@ -9,14 +9,12 @@ HF_HUB_OFFLINE=1 python -m pytest tests/test_warm_start_reroute.py -q [-m slow]
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_helpers import TINY, dipaco
 from safetensors.torch import load_file
 
 from dipaco.config import load_config
@@ -27,19 +25,10 @@ from dipaco.run import RunDir
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "configs" / "tiny.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "DIPACO_THREADS": "1"}
 OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "pretrain.steps=4",
              "routing.featurizer=base-model", "routing.balance=1.2", "routing.train_top_k=2",
              "routing.reroute_candidates=2", "routing.fit_sample=200", "train.rounds=1"]
 
-
-def dipaco(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, env=ENV, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"dipaco {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")
