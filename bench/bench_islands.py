@@ -7,7 +7,7 @@ Budget (2 CPU cores, about 10 minutes when idle): the demo grid (2x2 paths of 1.
 steps per round of batch 4, fp32) on the bundled corpus, `ROUNDS` rounds, plain-averaging outer step (lr 1, momentum 0, no
 rescale; see the brief), one island process per path (`train.islands=4`), each run a real
 `dipaco train` (coordinator + pull-based island processes over a local store), then routed
-held-out perplexity (`dipaco.evaluate`).
+held-out perplexity (`dipaco.stages.evaluate`).
 
 (a) outer.compression none / int8 / int4: bytes each island uploads and downloads per round (one
     task = one path for one round), next to what data-parallel training would send for the same
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dipaco.config import load_config  # noqa: E402
-from dipaco.run import RunDir  # noqa: E402
+from dipaco.run_dir import RunDir  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo.yaml"
 WORK = ROOT / "runs" / "bench-islands"
@@ -132,8 +132,8 @@ def _applied_tasks(run: RunDir) -> list[dict]:
 
 
 def path_parameters(base: RunDir) -> int:
-    from dipaco.model import count_parameters
-    from dipaco.paths import PathFactory
+    from dipaco.model.path_model import count_parameters
+    from dipaco.stages.context import PathFactory
 
     return count_parameters(PathFactory(load_config(CONFIG), base).new_model())
 

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dipaco.report import format_table  # noqa: E402
+from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_paths")
 OUTER = ["outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]

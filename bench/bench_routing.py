@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dipaco.report import format_table  # noqa: E402
+from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_routing")
 THREADS = 2
@@ -74,7 +74,7 @@ def corpus_prefixes(n: int) -> list[str]:
 
 def bench_featurizers(n_docs: int) -> list[dict]:
     from dipaco.config import ModelConfig
-    from dipaco.model import build_path_model
+    from dipaco.model.path_model import build_path_model
     from routing.embed import TfidfSvdFeaturizer
     from routing.embed_hf import HFFeaturizer
 

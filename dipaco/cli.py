@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from dipaco.config import Config, load_config
-from dipaco.run import RunDir
+from dipaco.run_dir import RunDir
 
 log = logging.getLogger("dipaco")
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    from dipaco.launch import set_threads_from_env
+    from dipaco.islands.processes import set_threads_from_env
 
     set_threads_from_env()
     try:
@@ -108,20 +108,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_route(config: Config, run: RunDir, args) -> None:
-    from dipaco.pipeline import format_routing, route
+    from dipaco.stages.route import format_routing, route
 
     stats = route(config, run)
     print(format_routing(stats))
 
 
 def cmd_shard(config: Config, run: RunDir, args) -> None:
-    from dipaco.pipeline import format_shards, shard
+    from dipaco.stages.shard import format_shards, shard
 
     print(format_shards(shard(config, run)))
 
 
 def cmd_train(config: Config, run: RunDir, args) -> None:
-    from dipaco.coordinator import train
+    from dipaco.stages.train import train
 
     summary = train(config, run)
     print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
@@ -130,75 +130,35 @@ def cmd_train(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_coordinator(config: Config, run: RunDir, args) -> None:
-    from dipaco.coordinator import train
+    from dipaco.stages.train import train
 
     summary = train(config, run, local_islands=False)
     print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
           f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
 
 
-def cmd_island_pull(config: Config, run: RunDir, args) -> None:
-    import dataclasses
-    import os
-    import socket
-
-    from dipaco import ddp
-    from dipaco.faults import FaultClock
-    from dipaco.inner import resolve_device
-    from dipaco.paths import PathFactory
-    from dipaco.worker import IslandWorker, follow_leader
-
-    train_cfg = config.train
-    if args.fail_mtbf is not None or args.return_after is not None:
-        train_cfg = dataclasses.replace(
-            train_cfg, fail_mtbf=train_cfg.fail_mtbf if args.fail_mtbf is None else args.fail_mtbf,
-            return_after=train_cfg.return_after if args.return_after is None else args.return_after)
-        config = dataclasses.replace(config, train=train_cfg)
-    factory = PathFactory(config, run)
-    ctx = ddp.init_from_env(resolve_device(config.train.device))
-    if ctx is not None and train_cfg.fail_mtbf > 0:
-        raise ValueError("fault injection (train.fail_mtbf) is not supported in a torchrun (DDP) island")
-    name = args.name or f"{socket.gethostname()}-{os.getpid()}"
-    try:
-        if ctx is not None and not ctx.leader:
-            follow_leader(factory, ctx)
-            return
-        faults = FaultClock(mtbf=train_cfg.fail_mtbf, return_after=train_cfg.return_after, mode=train_cfg.fail_mode,
-                            seed=train_cfg.seed, island=name)
-        worker = IslandWorker(factory, name=name, pinned=args.path, faults=faults, ctx=ctx)
-        done = worker.run(max_tasks=args.max_tasks)
-        print(f"island {name}: {done} tasks, {faults.failures} injected failures")
-    finally:
-        ddp.shutdown(ctx)
-
-
 def cmd_island(config: Config, run: RunDir, args) -> None:
-    from dipaco.paths import PathFactory
-    from dipaco.worker import run_pinned_task
+    from dipaco.stages.island import island
 
-    if args.pull or not args.path:
-        cmd_island_pull(config, run, args)
-        return
-    factory = PathFactory(config, run)
-    for path in args.path:
-        meta = run_pinned_task(factory, path=path, island=args.name or f"one-shot-path-{path}")
-        print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
+    island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
+           return_after=args.return_after, max_tasks=args.max_tasks)
+
 
 def cmd_baselines(config: Config, run: RunDir, args) -> None:
-    from dipaco.baselines import train_baselines
+    from dipaco.stages.baselines import train_baselines
 
     train_baselines(config, run)
 
 
 def cmd_baseline(config: Config, run: RunDir, args) -> None:
-    from dipaco.baselines import train_baseline
+    from dipaco.stages.baselines import train_baseline
 
     summary = train_baseline(config, run, name=args.name)
     print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))
 
 
 def cmd_eval(config: Config, run: RunDir, args) -> None:
-    from dipaco.evaluate import evaluate, format_results
+    from dipaco.stages.evaluate import evaluate, format_results
 
     results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
     print(format_results(results))
@@ -206,7 +166,7 @@ def cmd_eval(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_pretrain(config: Config, run: RunDir, args) -> None:
-    from dipaco.pretrain import pretrain
+    from dipaco.stages.pretrain import pretrain
 
     summary = pretrain(config, run)
     print(f"dense warm start: {summary['steps']} steps, {summary['tokens']:,} tokens, final train loss "
@@ -214,7 +174,7 @@ def cmd_pretrain(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_reroute(config: Config, run: RunDir, args) -> None:
-    from dipaco.reroute import format_phase, reroute
+    from dipaco.stages.reroute import format_phase, reroute
 
     print(format_phase(reroute(config, run)))
 
@@ -242,7 +202,7 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
 def _rounds(factory, args) -> dict[int, int]:
     """The module version of each path that `--round` / `--best` ask for."""
     if getattr(args, "best", False):
-        from dipaco.early_stopping import best_of_run
+        from dipaco.eval.early_stopping import best_of_run
 
         return best_of_run(factory)[0]
     last = factory.store.current_round()
@@ -253,8 +213,8 @@ def _rounds(factory, args) -> dict[int, int]:
 
 
 def cmd_export(config: Config, run: RunDir, args) -> None:
-    from dipaco.export import export_all, export_path
-    from dipaco.paths import PathFactory
+    from dipaco.stages.context import PathFactory
+    from dipaco.stages.export import export_all, export_path
 
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
@@ -270,8 +230,8 @@ def cmd_export(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_generate(config: Config, run: RunDir, args) -> None:
-    from dipaco.export import generate
-    from dipaco.paths import PathFactory
+    from dipaco.stages.context import PathFactory
+    from dipaco.stages.generate import generate
 
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
@@ -282,7 +242,7 @@ def cmd_generate(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_report(config: Config, run: RunDir, args) -> None:
-    from dipaco.run_report import write_report
+    from dipaco.stages.report import write_report
 
     path = write_report(config, run)
     print(f"report: {path}")

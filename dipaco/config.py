@@ -28,6 +28,24 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 
 
+EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
+
+
+def parse_mode(mode: str) -> tuple[str, int]:
+    """`"every:64"` → `("every", 64)`; `"prefix"` → `("prefix", 0)`; anything else is an error."""
+    if mode.startswith("every:"):
+        try:
+            window = int(mode[6:])
+        except ValueError:
+            window = 0
+        if window < 1:
+            raise ValueError(f"eval mode {mode!r}: the re-routing window must be an int >= 1, like every:64")
+        return "every", window
+    if mode not in EVAL_MODES:
+        raise ValueError(f"unknown eval mode {mode!r}; modes are {list(EVAL_MODES)} and every:W (e.g. every:64)")
+    return mode, 0
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """The architecture of one path: a Llama-style decoder built by `transformers`."""
@@ -205,7 +223,7 @@ class EvalConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
-    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval_modes)
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: int = 0  # width of the "dense-large" baseline (~8x a path's parameters); 0 = no such baseline
     large_n_layers: int = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)
@@ -217,8 +235,6 @@ class EvalConfig:
             raise ValueError(f"eval.large_hidden_size and eval.large_n_layers must be >= 0, "
                              f"got {self.large_hidden_size}, {self.large_n_layers}")
         check_device_precision("eval", self.device, self.precision)
-        from dipaco.eval_modes import parse_mode
-
         for mode in self.modes:
             parse_mode(mode)
 

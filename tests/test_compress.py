@@ -4,9 +4,9 @@ import pytest
 import torch
 import zstandard
 
-from dipaco.compress import compress, decompress, pack_int4, unpack_int4
-from dipaco.store import ModuleStore
-from dipaco.tasks import read_result, write_result
+from dipaco.store.board import read_result, write_result
+from dipaco.store.compress import compress, decompress, pack_int4, unpack_int4
+from dipaco.store.module_store import ModuleStore
 
 Q_MAX = {"int8": 127, "int4": 7}
 

@@ -5,9 +5,9 @@ import math
 import torch
 
 from dipaco.config import TopologyConfig
-from dipaco.early_stopping import best_rounds, read_history, record_val_losses
-from dipaco.store import ModuleStore
-from dipaco.topology import Topology
+from dipaco.eval.early_stopping import best_rounds, read_history, record_val_losses
+from dipaco.model.topology import Topology
+from dipaco.store.module_store import ModuleStore
 
 
 def test_best_round_is_the_lowest_validation_loss_earliest_on_ties():

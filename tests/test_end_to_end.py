@@ -18,8 +18,8 @@ from cli_helpers import ENV, ROOT, TINY, dipaco
 from transformers import AutoTokenizer
 
 from dipaco.config import load_config
-from dipaco.paths import PathFactory
-from dipaco.run import RunDir
+from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
 

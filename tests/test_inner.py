@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from dipaco.config import InnerConfig, ModelConfig
-from dipaco.inner import (
+from dipaco.device import resolve_device
+from dipaco.model.path_model import build_path_model, path_parameters
+from dipaco.optim.inner import (
     load_optimizer_state,
     lr_at,
     make_optimizer,
     optimizer_state,
-    resolve_device,
     train_steps,
 )
-from dipaco.model import build_path_model, path_parameters
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig
-from dipaco.outer import combine_pseudo_gradients, outer_update
+from dipaco.optim.outer import combine_pseudo_gradients, outer_update
 
 
 def test_lr1_momentum0_is_token_weighted_averaging():

@@ -3,12 +3,12 @@
 import numpy as np
 import torch
 
-from dipaco.baselines import baseline_model_config, baseline_steps
 from dipaco.config import Config, ModelConfig, TopologyConfig, load_config
-from dipaco.model import build_path_model, count_parameters
-from dipaco.outer import combine_pseudo_gradients, outer_update
-from dipaco.pipeline import assign_replicas
-from dipaco.topology import Topology
+from dipaco.model.path_model import build_path_model, count_parameters
+from dipaco.model.topology import Topology
+from dipaco.optim.outer import combine_pseudo_gradients, outer_update
+from dipaco.stages.baselines import baseline_model_config, baseline_steps
+from dipaco.stages.route import assign_replicas
 
 
 def test_replicas_share_every_module_and_the_outer_step_averages_them():

@@ -14,9 +14,9 @@ from cli_helpers import ENV, TINY, dipaco
 
 from dipaco.cli import main
 from dipaco.config import load_config
-from dipaco.early_stopping import best_rounds, read_history
-from dipaco.paths import PathFactory
-from dipaco.run import RunDir
+from dipaco.eval.early_stopping import best_rounds, read_history
+from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
 
 
 @pytest.fixture(scope="module")

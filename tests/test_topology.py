@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from dipaco.config import ModelConfig, TopologyConfig
-from dipaco.model import build_path_model, path_parameters
-from dipaco.topology import EMBEDDINGS, Topology
+from dipaco.model.path_model import build_path_model, path_parameters
+from dipaco.model.topology import EMBEDDINGS, Topology
 
 
 def make(levels, n_layers=4, **kw):

@@ -18,10 +18,10 @@ from cli_helpers import TINY, dipaco
 from safetensors.torch import load_file
 
 from dipaco.config import load_config
-from dipaco.coordinator import initialise_store
-from dipaco.model import split_into_modules
-from dipaco.paths import PathFactory
-from dipaco.run import RunDir
+from dipaco.model.path_model import split_into_modules
+from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
+from dipaco.stages.train import initialise_store
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
 

@@ -1,0 +1,220 @@
+"""Routed evaluation modes: route once (`prefix`), re-route every W tokens (`every:W`), the best path
+per sequence (`oracle`) and every path on every path's documents (`all-paths`).
+
+    dipaco eval --config configs/demo.yaml --run runs/demo --mode prefix --mode every:64 --mode oracle --best
+
+Every mode scores the same tokens of each held-out document: those after the first
+`routing.prefix_tokens` (the routing prefix), so the perplexities compare with each other and with
+the dense baselines.
+
+- `prefix`: the router picks one path from the text of the first P tokens; it scores tokens P.. .
+- `every:W`: tokens P.. are cut in chunks [P, P+W), [P+W, P+2W), ...; chunk k is scored by the path
+  the router picks from the text of the tokens before it (the first P + kW tokens). The chosen path
+  reads the whole text up to the chunk's end (a causal model: running it on the whole document and
+  keeping that chunk's token losses is the same computation). W >= the sequence length is `prefix`.
+- `oracle`: every path scores every document; each document takes its lowest total loss. An upper
+  bound on what any router that picks one path per sequence could do.
+- `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns).
+
+Per-token losses are computed once per (path, module round) and shared by the modes; only one path
+model is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dipaco.config import EVAL_MODES as MODES  # noqa: F401 - re-exported
+from dipaco.config import parse_mode
+from dipaco.eval.scoring import token_losses
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class LossTable:
+    """Per-token losses of (path, round) on documents, computed on demand and kept.
+
+    `load(path, round)` gives a path model; `score(model, docs)` gives `token_losses`."""
+
+    docs: list[np.ndarray]
+    load: Callable[[int, int], torch.nn.Module]
+    score: Callable[[torch.nn.Module, list[np.ndarray]], list[np.ndarray]]
+
+    def __post_init__(self) -> None:
+        self._table: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+
+    def ensure(self, needs: dict[tuple[int, int], set[int]]) -> None:
+        """Compute the missing losses for `{(path, round): {doc index}}`, one model at a time."""
+        for key in sorted(needs):
+            have = self._table.setdefault(key, {})
+            todo = sorted(set(needs[key]) - set(have))
+            if not todo:
+                continue
+            model = self.load(*key)
+            for d, losses in zip(todo, self.score(model, [self.docs[d] for d in todo]), strict=True):
+                have[d] = losses
+            del model
+            log.info("scored %d documents with path %d (modules of round %d)", len(todo), *key)
+
+    def get(self, path: int, round: int, doc: int) -> np.ndarray:
+        return self._table[(path, round)][doc]
+
+
+def chunk_spans(length: int, *, prefix: int, window: int) -> list[tuple[int, int]]:
+    """The scored spans `[start, end)` of a document of `length` tokens: from `prefix` on, `window`
+    tokens at a time (one span when `window` covers the document; none when nothing is scored)."""
+    return [(s, min(s + window, length)) for s in range(prefix, length, window)]
+
+
+def route_chunks(route: Callable[[list[np.ndarray], list[int]], np.ndarray], docs: list[np.ndarray], *,
+                 prefix: int, window: int) -> list[list[tuple[int, int, int]]]:
+    """Each document's spans with the path that scores them: `[(start, end, path)]`.
+
+    `route(docs, n_tokens)` picks a path per document from the text of its first n tokens; a span
+    starting at token s is routed from the first s tokens."""
+    spans = [chunk_spans(len(d), prefix=prefix, window=window) for d in docs]
+    flat = [(d, s, e) for d, doc_spans in enumerate(spans) for s, e in doc_spans]
+    paths = route([docs[d] for d, _, _ in flat], [s for _, s, _ in flat]) if flat else np.zeros(0, np.int64)
+    out: list[list[tuple[int, int, int]]] = [[] for _ in docs]
+    for (d, s, e), p in zip(flat, paths, strict=True):
+        out[d].append((s, e, int(p)))
+    return out
+
+
+def routed_scores(table: LossTable, routes: list[list[tuple[int, int, int]]], rounds: dict[int, int],
+                  n_paths: int) -> dict:
+    """Total loss and token count per document and per path for routed spans; `rounds[p]` is the
+    module round path p is scored at. Returns `{"nll": (D,), "tokens": (D,), "path_nll": (P,),
+    "path_tokens": (P,), "path_documents": (P,)}` (a document counts for the path of its first span)."""
+    needs: dict[tuple[int, int], set[int]] = {}
+    for d, spans in enumerate(routes):
+        for _, _, p in spans:
+            needs.setdefault((p, rounds[p]), set()).add(d)
+    table.ensure(needs)
+    nll, tokens = np.zeros(len(routes)), np.zeros(len(routes), dtype=np.int64)
+    path_nll, path_tokens = np.zeros(n_paths), np.zeros(n_paths, dtype=np.int64)
+    path_docs = np.zeros(n_paths, dtype=np.int64)
+    for d, spans in enumerate(routes):
+        if spans:
+            path_docs[spans[0][2]] += 1
+        for s, e, p in spans:
+            loss = float(table.get(p, rounds[p], d)[s:e].sum())
+            nll[d] += loss
+            tokens[d] += e - s
+            path_nll[p] += loss
+            path_tokens[p] += e - s
+    return {"nll": nll, "tokens": tokens, "path_nll": path_nll, "path_tokens": path_tokens, "path_documents": path_docs}
+
+
+def oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> dict:
+    """Every path on every document; each document takes the path with its lowest total loss.
+    Same keys as `routed_scores`, plus `"choice"` (D,) — the best path of each document."""
+    paths = sorted(rounds)
+    n_paths = max(paths) + 1
+    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in paths})
+    totals = np.array([[float(table.get(p, rounds[p], d)[prefix:].sum()) for d in range(n_docs)]
+                       for p in paths]).reshape(len(paths), n_docs)  # (P, D)
+    choice = np.asarray(paths)[totals.argmin(axis=0)] if n_docs else np.zeros(0, dtype=np.int64)
+    tokens = np.array([max(0, len(table.docs[d]) - prefix) for d in range(n_docs)], dtype=np.int64)
+    nll = totals.min(axis=0) if n_docs else np.zeros(0)
+    return {
+        "nll": nll, "tokens": tokens, "choice": choice,
+        "path_nll": np.bincount(choice, weights=nll, minlength=n_paths),
+        "path_tokens": np.bincount(choice, weights=tokens, minlength=n_paths).astype(np.int64),
+        "path_documents": np.bincount(choice, minlength=n_paths).astype(np.int64),
+    }
+
+
+def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
+    """Perplexity (P, P) over the paths in `rounds` (sorted): row i = the i-th path's model, column j =
+    the documents routed to the j-th path (NaN where no document was routed there)."""
+    paths = sorted(rounds)
+    table.ensure({(p, rounds[p]): set(range(len(routed))) for p in paths})
+    out = np.full((len(paths), len(paths)), np.nan)
+    for j, q in enumerate(paths):
+        docs = np.flatnonzero(routed == q)
+        count = sum(max(0, len(table.docs[d]) - prefix) for d in docs)
+        if not count:
+            continue
+        for i, p in enumerate(paths):
+            out[i, j] = np.exp(sum(float(table.get(p, rounds[p], d)[prefix:].sum()) for d in docs) / count)
+    return out
+
+
+def evaluate_modes(factory, *, router, docs: list[np.ndarray], modes: list[str], best: dict[int, int] | None,
+                   device: torch.device) -> dict:
+    """Every requested mode at the last module version, and again at each path's best version when
+    `best` is given (`{path: version}`); `all-paths` only at the last version. Returns the JSON-able
+    `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
+    from sharding.tokenizer import decode_prefix
+
+    config, topology, tokenizer = factory.config, factory.topology, factory.tokenizer
+    parsed = [(mode, *parse_mode(mode)) for mode in modes]
+    prefix = config.routing.prefix_tokens
+    final = factory.store.current_round()
+    pad_id = tokenizer.pad_token_id or 0
+    table = LossTable(
+        docs=docs,
+        load=lambda path, round: factory.load_path(path=path, round=round, device=device),
+        score=lambda model, batch: token_losses(model, batch, batch_size=config.eval.batch_size, device=device,
+                                                precision=config.eval.precision, pad_id=pad_id),
+    )
+
+    def route(batch: list[np.ndarray], n_tokens: list[int]) -> np.ndarray:
+        return topology.representative(router.route([decode_prefix(tokenizer, d, n) for d, n in zip(batch, n_tokens, strict=True)]))
+
+    longest = max((len(d) for d in docs), default=1)
+    n_paths = topology.n_paths
+    evaluated = [topology.representative(q) for q in range(topology.n_routed)]  # replicas are one model
+    settings = [("last", {p: final for p in evaluated})]
+    if best is not None:
+        settings.append(("best", {p: int(best[p]) for p in evaluated}))
+    rows, all_paths = [], None
+    prefix_routes = route_chunks(route, docs, prefix=prefix, window=longest)
+    for checkpoints, rounds in settings:
+        for mode, kind, window in parsed:
+            if kind == "all-paths":
+                if checkpoints == "last":
+                    routed = np.array([spans[0][2] if spans else -1 for spans in prefix_routes])
+                    all_paths = all_paths_table(table, routed, rounds, prefix=prefix).tolist()
+                continue
+            if kind == "oracle":
+                scores = oracle_scores(table, len(docs), rounds, prefix=prefix)
+            else:
+                routes = prefix_routes if kind == "prefix" else route_chunks(route, docs, prefix=prefix, window=window)
+                scores = routed_scores(table, routes, rounds, n_paths)
+            rows.append(_mode_row(mode, checkpoints, scores, rounds))
+            log.info("eval %s (%s checkpoints): perplexity %.3f", mode, checkpoints, rows[-1]["perplexity"])
+    return {"rows": rows, "all_paths": all_paths, "best_rounds": settings[1][1] if best is not None else None}
+
+
+def _mode_row(mode: str, checkpoints: str, scores: dict, rounds: dict[int, int]) -> dict:
+    tokens = int(scores["tokens"].sum())
+    per_path = [{"path": p, "round": rounds[p], "documents": int(scores["path_documents"][p]),
+                 "tokens": int(scores["path_tokens"][p]),
+                 "perplexity": float(np.exp(scores["path_nll"][p] / scores["path_tokens"][p]))
+                 if scores["path_tokens"][p] else None} for p in sorted(rounds)]
+    return {"mode": mode, "checkpoints": checkpoints, "tokens": tokens,
+            "perplexity": float(np.exp(scores["nll"].sum() / tokens)) if tokens else float("nan"),
+            "per_path": per_path}
+
+
+def format_modes(modes: dict) -> str:
+    """The eval-mode table (and the all-paths table) as text."""
+    from dipaco.tables import format_table
+
+    rows = [[r["mode"], r["checkpoints"], f"{r['tokens']:,}", f"{r['perplexity']:.3f}"] for r in modes["rows"]]
+    text = "Eval modes\n" + format_table(["mode", "checkpoints", "tokens", "perplexity"], rows)
+    if modes.get("best_rounds"):
+        text += "\nbest round per path: " + ", ".join(f"{p}: {r}" for p, r in modes["best_rounds"].items())
+    if modes.get("all_paths"):
+        table = modes["all_paths"]
+        cells = [[f"path {p}"] + [("-" if np.isnan(x) else f"{x:.2f}") for x in row] for p, row in enumerate(table)]
+        text += ("\n\nAll paths (rows: the model of path p; columns: documents routed to path q)\n"
+                 + format_table(["model"] + [f"docs of {q}" for q in range(len(table))], cells))
+    return text

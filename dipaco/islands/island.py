@@ -1,0 +1,299 @@
+"""A pull-based island: asks the coordinator for tasks through the store, trains, pushes results.
+
+    dipaco island --config configs/tiny.yaml --run runs/tiny                 # any path
+    dipaco island --config configs/tiny.yaml --run runs/tiny --pull --path 3 # pinned to path 3
+    dipaco island ... --fail-mtbf 120 --return-after 30                      # with injected failures
+    torchrun --nproc-per-node 2 -m dipaco -- island ...                         # DDP inside the island
+
+The island writes only `heartbeats/<name>.json` (a background thread bumps `seq` every
+`train.heartbeat_seconds`; status idle / training), its results and its inner optimiser states
+(`dipaco.store.board` names them). It reads `tasks.json`, and runs the task assigned to it (by name and
+incarnation) that it has not finished yet:
+
+- pull modules at the task's base version and the inner AdamW state the task names (from memory when
+  this island wrote it, from the store otherwise: that is how inner state moves between islands);
+- train `inner.steps` steps on the path's shard, continuing its data order and learning-rate
+  schedule at the task's `step_offset`;
+- upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
+  `outer.compression`, then the result JSON (the commit), with the bytes it moved.
+
+It stops when the store has committed the run's last round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from dipaco.config import Config
+from dipaco.device import resolve_device
+from dipaco.eval.scoring import mean_loss
+from dipaco.islands import ddp as ddp_mod
+from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
+from dipaco.model.path_model import load_modules, path_parameters, split_into_modules
+from dipaco.optim.inner import (
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state,
+    train_steps,
+)
+from dipaco.stages.context import PathFactory
+from dipaco.store.board import (
+    heartbeat_file,
+    inner_file,
+    new_task,
+    read_board,
+    read_inner,
+    result_exists,
+    result_stem,
+    write_inner,
+    write_result,
+)
+
+log = logging.getLogger(__name__)
+
+
+def data_seed(config: Config, *, path: int) -> int:
+    """One data order per path for the whole run (tasks continue it, so each epoch is exact)."""
+    return config.train.seed * 1_000_003 + path * 7919 + 17
+
+
+def train_task(factory: PathFactory, task: dict, *, ctx: ddp_mod.DDPContext | None = None,
+               cached_inner: tuple[str, dict, dict] | None = None,
+               check: Callable[[], None] | None = None) -> dict:
+    """Run one task's inner steps; returns the pseudo-gradient, metadata and the new inner state."""
+    config, store, topology = factory.config, factory.store, factory.topology
+    read_before = store.bytes_read
+    device = resolve_device(config.train.device)
+    if ctx is not None:
+        device = ddp_mod.local_device(device)
+    path, steps = task["path"], config.inner.steps
+    start = {name: store.read_module(task["base"], name) for name in topology.modules_of_path(path)}
+    module_bytes = store.bytes_read - read_before
+    model = factory.new_model()
+    load_modules(model, start)
+    model.to(device)
+    params = path_parameters(model)
+    optimizer = make_optimizer(model, config.inner)
+    inner_local = False
+    if task["inner_from"]:
+        if cached_inner is not None and cached_inner[0] == task["inner_from"]:
+            saved, inner_local = cached_inner[1:], True
+        else:
+            saved = read_inner(store, task["inner_from"])
+        load_optimizer_state(optimizer, params, *saved)
+
+    reader = factory.reader
+    n_val = min(config.inner.val_batches, -(-reader.num_blocks(path, "val") // config.inner.batch_size))
+    val_iter = reader.iter_batches(path, "val", batch_size=config.inner.batch_size, seed=0)
+    val_loss = mean_loss(model, [next(val_iter) for _ in range(n_val)], device=device, precision=config.train.precision)
+    batches: Iterator[np.ndarray] = reader.iter_batches(path, "train", batch_size=config.inner.batch_size,
+                                                        seed=data_seed(config, path=path),
+                                                        skip_batches=task["step_offset"])
+    if ctx is not None:
+        batches = ddp_mod.shard_batches(batches, ctx, batch_size=config.inner.batch_size)
+    if check is not None:
+        batches = _checked(batches, check)
+    trained = ddp_mod.wrap(model, device) if ctx is not None else model
+    stats = train_steps(trained, optimizer, batches, start_step=task["step_offset"], steps=steps,
+                        total_steps=config.train.rounds * steps, config=config.inner, device=device,
+                        precision=config.train.precision)
+    losses = stats["losses"]
+    train_loss = sum(losses[-5:]) / len(losses[-5:])
+    tokens = stats["tokens"]
+    if ctx is not None:
+        train_loss = ddp_mod.all_mean(ctx, train_loss)
+        tokens *= ctx.world
+    end = split_into_modules(model, topology, path=path)
+    pseudo_gradient = {f"{module}/{name}": start[module][name] - tensor.detach().cpu()
+                       for module, tensors in end.items() for name, tensor in tensors.items()}
+    names = {param: name for name, param in params.items()}
+    inner_tensors, inner_meta = optimizer_state(optimizer, names)
+    meta = {"path": path, "round": task["round"], "base": task["base"], "tokens": tokens, "train_loss": train_loss,
+            "losses": losses, "val_loss_start": val_loss, "seconds": stats["seconds"],
+            "bytes_down_modules": module_bytes, "bytes_down_inner": store.bytes_read - read_before - module_bytes,
+            "inner_state_local": inner_local, "data_parallel_ranks": ctx.world if ctx else 1}
+    return {"pseudo_gradient": pseudo_gradient, "meta": meta, "inner": (inner_tensors, inner_meta)}
+
+
+def push_result(store, config, task: dict, out: dict, *, island: str) -> tuple[dict, dict, str]:
+    """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
+    JSON (the commit). Returns (metadata, compression stats, the inner state's store path)."""
+    inner_path = inner_file(task["path"], task["round"], task["attempt"])
+    inner_bytes = write_inner(store, inner_path, *out["inner"])
+    meta = {**out["meta"], "island": island, "attempt": task["attempt"], "bytes_up_inner": inner_bytes,
+            "finished": time.time()}
+    stats = write_result(store, task, out["pseudo_gradient"], meta, compression=config.outer.compression,
+                         level=config.outer.zstd_level)
+    return meta, stats, inner_path
+
+
+def run_pinned_task(factory: PathFactory, *, path: int, island: str) -> dict:
+    """Train `path` once for the next round, outside the board's assignment (`dipaco island --path P`).
+
+    It runs the task the coordinator opens for that path (attempt 0, continuing the path's data order
+    and inner state), so the coordinator picks the result up; a result already there is not redone."""
+    store, config = factory.store, factory.config
+    committed = store.current_round()
+    if committed >= config.train.rounds:
+        raise ValueError(f"the run has completed all {config.train.rounds} rounds (train.rounds); nothing to train")
+    if result_exists(store, committed + 1, path, 0):
+        log.info("round %d path %d already has a result; nothing to do", committed + 1, path)
+        return store.read_json(result_stem(committed + 1, path, 0) + ".json")
+    board = read_board(store) or {"paths": {}}
+    state = board["paths"].get(str(path))
+    if state is None:  # no coordinator has run: the path has trained every committed round
+        previous = inner_file(path, committed, 0)
+        state = {"steps_done": committed * config.inner.steps, "inner": previous if store.exists(previous) else None}
+    task = new_task(path=path, base=committed, step_offset=state["steps_done"], inner_from=state["inner"])
+    meta, _, _ = push_result(store, config, task, train_task(factory, task), island=island)
+    return meta
+
+
+def _checked(batches: Iterator[np.ndarray], check: Callable[[], None]) -> Iterator[np.ndarray]:
+    for batch in batches:
+        check()
+        yield batch
+
+
+class IslandWorker:
+    def __init__(self, factory: PathFactory, *, name: str, pinned: list[int] | None = None,
+                 clock: Callable[[], float] = time.monotonic, faults: FaultClock | None = None,
+                 ctx: ddp_mod.DDPContext | None = None):
+        self.factory, self.store, self.config = factory, factory.store, factory.config
+        self.name, self.pinned, self.clock = name, sorted(pinned or []), clock
+        self.faults = faults or no_faults()
+        self.ctx = ctx
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.seq = 0
+        self.status = "idle"
+        self.current: str | None = None
+        self.last_path: int | None = None
+        self.finished: list[str] = []  # "key#attempt" of tasks this incarnation completed
+        self.cached_inner: tuple[str, dict, dict] | None = None
+        self.silent = False  # failed: no heartbeats
+        self.down_until: float | None = None
+        self.tasks_done = 0
+        self._lock = threading.Lock()
+
+    # --- heartbeats ------------------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        if self.silent:
+            return
+        with self._lock:
+            self.seq += 1
+            self.store.write_json(heartbeat_file(self.name), {
+                "island": self.name, "incarnation": self.incarnation, "seq": self.seq, "status": self.status,
+                "task": self.current, "pinned": self.pinned, "last_path": self.last_path,
+                "finished": self.finished[-8:], "time": time.time(), "failures": self.faults.failures,
+            })
+
+    # --- work --------------------------------------------------------------------------------------
+    def next_task(self) -> dict | None:
+        board = read_board(self.store)
+        if board is None:
+            return None
+        for task in sorted(board["tasks"].values(), key=lambda t: (t["base"], t["path"])):
+            if (task["status"] == "assigned" and task["island"] == self.name and task["incarnation"] == self.incarnation
+                    and f"{task['key']}#{task['attempt']}" not in self.finished):
+                return task
+        return None
+
+    def execute(self, task: dict) -> dict | None:
+        """Train `task` and push its result; None when an injected failure killed it."""
+        self.status, self.current = "training", task["key"]
+        self.heartbeat()
+        if self.ctx is not None:
+            ddp_mod.broadcast(self.ctx, task)
+        try:
+            out = train_task(self.factory, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults)
+        except IslandFailure:
+            self._go_down()
+            return None
+        meta, stats, inner_path = push_result(self.store, self.config, task, out, island=self.name)
+        self.cached_inner = (inner_path, *out["inner"])
+        self.finished.append(f"{task['key']}#{task['attempt']}")
+        self.last_path, self.status, self.current = task["path"], "idle", None
+        self.tasks_done += 1
+        self.heartbeat()
+        log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)", self.name, task["key"],
+                 task["attempt"], meta["seconds"], meta["train_loss"], stats["bytes"], self.config.outer.compression)
+        return {**meta, "bytes": stats["bytes"]}
+
+    def poll(self) -> bool:
+        """One look at the board (running the assigned task, if any); True when a task ran."""
+        if self.down_until is not None:
+            if self.clock() < self.down_until:
+                return False
+            self.down_until, self.silent = None, False
+            log.warning("island %s is back as incarnation %s", self.name, self.incarnation)
+        if self.faults.due():
+            self.faults.fail()
+            if self.faults.mode == "die":
+                self._go_down()
+                return False
+        self.heartbeat()
+        task = self.next_task()
+        if task is None:
+            return False
+        return self.execute(task) is not None
+
+    def _check_faults(self) -> None:
+        if not self.faults.due():
+            return
+        away = self.faults.fail()
+        if self.faults.mode == "die":
+            raise IslandFailure(f"island {self.name}: injected failure")
+        self.silent = True  # stall: the island hangs, then carries on
+        time.sleep(away)
+        self.silent = False
+
+    def _go_down(self) -> None:
+        """An injected death: silent for `return_after`, then a new incarnation with nothing cached."""
+        self.silent = True
+        self.down_until = self.clock() + self.faults.return_after
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.status, self.current, self.last_path, self.cached_inner = "idle", None, None, None
+        self.finished = []
+
+    # --- the long-running loop ---------------------------------------------------------------------
+    def run(self, *, poll_seconds: float = 0.1, max_tasks: int | None = None) -> int:
+        """Work until the run's last round is committed (or `max_tasks` are done); returns tasks done."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.config.train.heartbeat_seconds):
+                try:
+                    self.heartbeat()
+                except Exception as err:  # a transient store error must not kill the island
+                    log.warning("island %s: heartbeat failed: %s", self.name, err)
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            while self.store.current_round() < self.config.train.rounds:
+                if max_tasks is not None and self.tasks_done >= max_tasks:
+                    break
+                if not self.poll():
+                    time.sleep(poll_seconds)
+        finally:
+            stop.set()
+            self.status = "done"
+            self.heartbeat()
+            if self.ctx is not None:
+                ddp_mod.broadcast(self.ctx, None)
+        return self.tasks_done
+
+
+def follow_leader(factory: PathFactory, ctx: ddp_mod.DDPContext) -> int:
+    """A non-zero DDP rank: train whatever task rank 0 broadcasts, until it broadcasts None."""
+    done = 0
+    while (task := ddp_mod.broadcast(ctx, None)) is not None:
+        train_task(factory, task, ctx=ctx)
+        done += 1
+    return done

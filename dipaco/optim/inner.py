@@ -1,0 +1,100 @@
+"""The inner loop: AdamW steps on one path model, shared by islands and the dense baselines.
+
+The learning rate follows linear warmup then cosine decay over the whole run (every round's inner
+steps count), so an island that trains round t of R uses `start_step = (t - 1) * H`. The AdamW state
+can be saved to and restored from `{name: tensor}` dicts, so a path's inner state travels through the
+store between rounds (DiLoCo keeps inner states local and unsynchronised).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from dipaco.config import InnerConfig
+from dipaco.device import autocast
+
+log = logging.getLogger(__name__)
+
+
+def lr_at(step: int, *, config: InnerConfig, total_steps: int) -> float:
+    """Learning rate at global inner step `step` (0-based) of a run of `total_steps`."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    decay_steps = max(1, total_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    floor = config.lr * config.min_lr_ratio
+    return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not norms or biases)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
+
+
+def train_steps(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[np.ndarray],
+    *,
+    start_step: int,
+    steps: int,
+    total_steps: int,
+    config: InnerConfig,
+    device: torch.device,
+    precision: str,
+) -> dict:
+    """Run `steps` AdamW steps on batches of token blocks `(B, T)`; returns losses and tokens seen."""
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    started = time.perf_counter()
+    for i in range(steps):
+        lr = lr_at(start_step + i, config=config, total_steps=total_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        input_ids = torch.as_tensor(next(batches), dtype=torch.long, device=device)  # (B, T)
+        with autocast(device, precision):
+            loss = model(input_ids=input_ids, labels=input_ids).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"inner step {start_step + i}: loss is {loss.item()}; lower inner.lr ({config.lr})")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        tokens += input_ids.numel()
+    return {"losses": losses, "tokens": tokens, "seconds": time.perf_counter() - started}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str]) -> tuple[dict, dict]:
+    """AdamW moments as `{f"{param}.exp_avg": tensor, ...}` plus `{"step": {param: int}}` metadata."""
+    tensors, steps = {}, {}
+    for param, state in optimizer.state.items():
+        name = names[param]
+        tensors[f"{name}.exp_avg"] = state["exp_avg"].detach().cpu()
+        tensors[f"{name}.exp_avg_sq"] = state["exp_avg_sq"].detach().cpu()
+        steps[name] = int(state["step"])
+    return tensors, {"step": steps}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+                         tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore what `optimizer_state` saved (parameters missing from it start fresh)."""
+    for name, param in params.items():
+        if name not in meta["step"]:
+            continue
+        optimizer.state[param] = {
+            "step": torch.tensor(float(meta["step"][name])),
+            "exp_avg": tensors[f"{name}.exp_avg"].to(param.device),
+            "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].to(param.device),
+        }

@@ -1,0 +1,154 @@
+"""Discriminative re-routing (DiPaCo §2.4.2, approximate hard EM): one phase of `dipaco reroute`.
+
+    dipaco route --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
+    dipaco shard ... ; dipaco train ... train.rounds=8 train.stop_after_round=4  # LR schedule spans 8 rounds
+    dipaco reroute --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
+    dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 train.rounds=8
+
+A phase: (1) every document of the held-out *router split* (`corpus.router_fraction`, never trained
+on) is scored by the current modules with each candidate path — all paths, or its top
+`routing.reroute_candidates` paths by the current router's cost — one path model in memory at a
+time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
+lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
+label (`routing.discriminative`), with a bias that matches the current training path sizes
+(`routing.reroute_target`); (4) every document is routed again by it, the train / val shards are
+rewritten, and training continues from the current modules (`dipaco train` with more rounds).
+The replaced router and assignments are kept in `routing/phase-<n>/`; each phase appends a record
+to `routing/phases.json` and writes `routing/report-reroute-<n>.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dipaco.config import Config, save_config
+from dipaco.device import resolve_device
+from dipaco.eval.scoring import score_documents
+from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
+from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, stream_features
+from dipaco.stages.shard import shard
+from routing.corpus import ROUTER, TRAIN
+from routing.discriminative import fit_discriminative
+from routing.report import routing_report, write_report
+from routing.router import ASSIGN_JSON, ASSIGN_TENSORS, ROUTER_JSON, ROUTER_TENSORS, Assignments, Router
+from sharding.tokenizer import encode_batch, prefix_texts
+
+log = logging.getLogger(__name__)
+
+
+def score_candidates(factory: PathFactory, docs: list[np.ndarray], candidates: np.ndarray, *, round: int,
+                     skip: int, batch_size: int, device, precision: str) -> np.ndarray:
+    """Mean token NLL (D, paths) of each document under each of its candidate paths (inf elsewhere)."""
+    n_paths = factory.topology.n_paths
+    nll = np.full((len(docs), n_paths), np.inf)
+    for path in tqdm(range(n_paths), desc="score router docs", unit="path", disable=None):
+        rows = np.flatnonzero((candidates == path).any(axis=1))
+        if len(rows) == 0:
+            continue
+        model = factory.load_path(path=path, round=round, device=device)
+        total, counts = score_documents(model, [docs[i] for i in rows], skip=skip, batch_size=batch_size,
+                                        device=device, precision=precision,
+                                        pad_id=factory.tokenizer.pad_token_id or 0)
+        nll[rows, path] = total / np.maximum(counts, 1)
+        del model
+    return nll
+
+
+def reroute(config: Config, run: RunDir) -> dict:
+    """One discriminative phase; returns its record (also appended to routing/phases.json)."""
+    started = time.perf_counter()
+    save_config(config, run.config)
+    factory = PathFactory(config, run)
+    round = factory.store.current_round()
+    if round == 0:
+        raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
+    router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
+    old = Assignments.load(run.routing)
+    dataset = load_run_corpus(config)
+    split = run_splits(config, len(dataset))
+    if len(split) != len(old.split) or (split != old.split).any():
+        raise ValueError(f"{run.routing / ASSIGN_JSON} was made with other corpus / split settings: route again")
+    router_docs = np.flatnonzero(split == ROUTER)
+    if len(router_docs) < factory.topology.n_paths:
+        raise ValueError(f"the router split has {len(router_docs)} documents; set corpus.router_fraction > 0 "
+                         f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
+    texts = dataset["text"]
+    tokenizer = factory.tokenizer
+    skip, seq_len = config.routing.prefix_tokens, config.sharding.seq_len
+    features_file = run.routing / "features.npy"
+    features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
+    if features is None or features.shape != (len(texts), router.featurizer.dim):
+        prefixes = prefix_texts(tokenizer, texts, n_tokens=skip)
+        features = stream_features(router, prefixes, features_file)
+    docs = [t[:seq_len] for t in encode_batch(tokenizer, [texts[int(i)] for i in router_docs])]
+    keep = np.array([len(d) > skip for d in docs], dtype=bool)
+    router_docs, docs = router_docs[keep], [d for d, k in zip(docs, keep) if k]
+    x = np.asarray(features[router_docs])
+    n_paths = factory.topology.n_paths
+    c = config.routing.reroute_candidates or n_paths
+    candidates = router.assign_topk(x, min(c, n_paths))
+    device = resolve_device(config.eval.device)
+    nll = score_candidates(factory, docs, candidates, round=round, skip=skip, batch_size=config.eval.batch_size,
+                           device=device, precision=config.eval.precision)
+    labels = np.argmin(nll, axis=1)
+    sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
+    target = np.full(n_paths, 1.0 / n_paths) if config.routing.reroute_target == "uniform" else np.maximum(sizes, 1)
+    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.routing.reroute_c,
+                                           seed=config.routing.seed)
+    new_router = Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
+                        centroids=router.centroids, config=router.config, penalties=router.penalties, linear=(w, b))
+    phases_file = run.routing / "phases.json"
+    phases = json.loads(phases_file.read_text()) if phases_file.exists() else []
+    phase = len(phases) + 1
+    archive = run.routing / f"phase-{phase - 1}"
+    archive.mkdir(parents=True, exist_ok=True)
+    for name in (ROUTER_JSON, ROUTER_TENSORS, ASSIGN_JSON, ASSIGN_TENSORS):
+        shutil.copy2(run.routing / name, archive / name)
+    paths, topk = assign_all(new_router, features, split, top_k=config.routing.train_top_k)
+    new_router.save(run.routing)
+    assignments = Assignments(path=paths, split=split, levels=list(router.levels),
+                              router_fingerprint=new_router.fingerprint(), topk=topk)
+    assignments.save(run.routing)
+    sources = dataset["source"] if "source" in dataset.column_names else None
+    report = routing_report(paths=paths, split=split, n_paths=n_paths, previous=old.path, labels=sources,
+                            train_paths=assignments.train_paths(), name=f"reroute-{phase}")
+    write_report(report, run.routing, name=f"report-reroute-{phase}")
+    shard(config, run)
+    record = {
+        "phase": phase,
+        "after_round": round,
+        "router_documents": int(len(router_docs)),
+        "candidates_per_document": int(candidates.shape[1]),
+        "label_sizes": np.bincount(labels, minlength=n_paths).tolist(),
+        "label_agrees_with_previous_router": float(np.mean(labels == old.path[router_docs])),
+        "mean_nll_best": float(nll[np.arange(len(labels)), labels].mean()),
+        "mean_nll_previous_route": float(np.nanmean(np.where(np.isfinite(nll[np.arange(len(labels)), old.path[router_docs]]),
+                                                          nll[np.arange(len(labels)), old.path[router_docs]], np.nan))),
+        "fit": fit_stats,
+        "report": report,
+        "previous_router": str(archive.relative_to(run.root)),
+        "seconds": time.perf_counter() - started,
+    }
+    phases.append(record)
+    tmp = phases_file.with_name(phases_file.name + ".tmp")
+    tmp.write_text(json.dumps(phases, indent=1))
+    os.replace(tmp, phases_file)
+    log.info("reroute phase %d: %.1f%% of documents changed path", phase, 100 * report["changed"])
+    return record
+
+
+def format_phase(record: dict) -> str:
+    from routing.report import format_report
+
+    return (f"reroute phase {record['phase']} after round {record['after_round']}: "
+            f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "
+            f"labels agree with the previous router on {record['label_agrees_with_previous_router']:.1%}; "
+            f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n" + format_report(record["report"]))

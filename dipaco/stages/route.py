@@ -1,0 +1,125 @@
+"""`dipaco route`: the tokenizer, the router fitted on document prefixes, and every document's path.
+
+    dipaco route --config configs/tiny.yaml --run runs/tiny
+
+`route` loads the corpus (HF datasets), holds out test documents, trains the BPE tokenizer on the
+training documents (or copies the configured one), cuts each document's first `prefix_tokens`
+tokens, fits the router on the training prefixes and assigns every document to a path.
+`dipaco shard` (`dipaco.stages.shard`) then packs each path's documents into shards.
+
+The router is fitted on the training prefixes (or a seeded sample of `routing.fit_sample` of them);
+the prefix features of all documents are written in batches to `routing/features.npy` (a
+memory-mapped array) and assigned in batches. With `routing.balance`, training documents are placed
+by the exact capacity assignment; with `routing.train_top_k` > 1 each training document also goes to
+its next-best paths (overlapping shards). A routing report (sizes, balance, churn, purity / NMI
+against the corpus's `source`) is written to `routing/report-route.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+
+import numpy as np
+
+from dipaco.config import Config, save_config
+from dipaco.model.topology import Topology
+from dipaco.run_dir import RunDir
+from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
+from dipaco.tables import format_table
+from routing.corpus import TRAIN
+from routing.report import format_report, routing_report, write_report
+from routing.router import Assignments, Router
+from sharding.tokenizer import prefix_texts
+
+log = logging.getLogger(__name__)
+
+
+def routing_config(config: Config, run: RunDir):
+    """config.routing with the base-model featurizer pointed at the run's pretrained dense model."""
+    r = config.routing
+    if r.featurizer == "base-model" and not r.hf_model:
+        hf = run.require(run.root / "pretrain" / "hf" / "config.json", "pretrain").parent
+        return dataclasses.replace(r, hf_model=str(hf))
+    return r
+
+
+def route(config: Config, run: RunDir) -> dict:
+    """Tokenizer, router and document → path assignments; returns routing statistics."""
+    save_config(config, run.config)
+    dataset = load_run_corpus(config)
+    split = run_splits(config, len(dataset))
+    texts = dataset["text"]
+    train_texts = [t for t, s in zip(texts, split) if s == TRAIN]
+    tokenizer = run_tokenizer(config, run, train_texts)
+    prefixes = prefix_texts(tokenizer, texts, n_tokens=config.routing.prefix_tokens)
+    topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
+    fit_docs = np.flatnonzero(split == TRAIN)
+    if 0 < config.routing.fit_sample < len(fit_docs):  # a seeded sample; all documents are assigned below
+        fit_docs = np.sort(np.random.default_rng(config.routing.seed).choice(fit_docs, config.routing.fit_sample,
+                                                                              replace=False))
+    router, fit_stats = Router.fit([prefixes[i] for i in fit_docs], levels=list(topology.levels),
+                                   config=routing_config(config, run))
+    features = stream_features(router, prefixes, run.routing / "features.npy")
+    paths, topk = assign_all(router, features, split, top_k=config.routing.train_top_k)
+    if topology.replicas > 1:  # DiLoCo replicas: each document to a random replica of its path
+        if topk is not None and topk.shape[1] > 1:
+            raise ValueError(f"topology.replicas {topology.replicas} cannot be combined with "
+                             f"routing.train_top_k {config.routing.train_top_k}")
+        paths, topk = assign_replicas(paths, replicas=topology.replicas, seed=config.corpus.seed), None
+    previous = _previous_paths(run, len(paths))
+    router.save(run.routing)
+    assignments = Assignments(path=paths, split=split, levels=topology.data_levels,
+                              router_fingerprint=router.fingerprint(), topk=topk)
+    assignments.save(run.routing)
+    sources = dataset["source"] if "source" in dataset.column_names else None
+    stats = routing_summary(paths, split, topology, sources)
+    stats["fit"] = fit_stats
+    stats["report"] = routing_report(paths=paths, split=split, n_paths=topology.n_paths, previous=previous,
+                                     labels=sources, train_paths=assignments.train_paths(), name="route")
+    write_report(stats["report"], run.routing, name="report-route")
+    return stats
+
+
+def assign_replicas(routed: np.ndarray, *, replicas: int, seed: int) -> np.ndarray:
+    """Routed path ids (N,) → data path ids: each document goes to a uniformly random replica of its
+    path (`routed * replicas + r`), so DiLoCo replicas train on random shards of the data."""
+    if replicas == 1:
+        return routed
+    return routed * replicas + np.random.default_rng([seed, 0xD1]).integers(0, replicas, size=len(routed))
+
+
+def _previous_paths(run: RunDir, n: int) -> np.ndarray | None:
+    """The paths of the assignments this routing replaces (for the churn in the report), if any."""
+    try:
+        old = Assignments.load(run.routing)
+    except (FileNotFoundError, ValueError):
+        return None
+    return old.path if len(old.path) == n else None
+
+
+def routing_summary(paths: np.ndarray, split: np.ndarray, topology: Topology, sources: list[str] | None) -> dict:
+    """Documents per path (train split), and the most common source in each path when known."""
+    rows = []
+    for path in range(topology.n_paths):
+        members = np.flatnonzero((paths == path) & (split == TRAIN))
+        row = {"path": path, "choice": topology.path_label(path), "documents": int(len(members))}
+        if sources is not None and len(members):
+            source, count = Counter(sources[i] for i in members).most_common(1)[0]
+            row.update(top_source=source, top_source_share=count / len(members))
+        rows.append(row)
+    sizes = [r["documents"] for r in rows]
+    return {"paths": rows, "min": min(sizes), "max": max(sizes),
+            "balance": (max(sizes) / min(sizes)) if min(sizes) else float("inf")}
+
+
+def format_routing(stats: dict) -> str:
+    headers = ["path", "choice", "train docs"] + (["top source", "share"] if "top_source" in stats["paths"][0] else [])
+    rows = [[r["path"], r["choice"], r["documents"]]
+            + ([r.get("top_source", "-"), f"{r.get('top_source_share', 0):.0%}"] if len(headers) > 3 else [])
+            for r in stats["paths"]]
+    text = format_table(headers, rows) + f"\nlargest / smallest path: {stats['balance']:.2f}"
+    if "report" in stats:
+        text += "\n\n" + format_report(stats["report"])
+    return text

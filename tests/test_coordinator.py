@@ -1,0 +1,236 @@
+"""Coordinator, pull-based islands and the outer-step modes, on the tiny config over real shards.
+
+The coordinator and the islands are the real classes driven in one process, turn by turn, with a
+fake clock (so heartbeat timeouts need no sleeping and every schedule is exact); the DDP test runs a
+real `torchrun --nproc-per-node 2` island against it.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dipaco.config import load_config, save_config
+from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.faults import FaultClock
+from dipaco.islands.island import IslandWorker, train_task
+from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
+from dipaco.stages.route import route
+from dipaco.stages.shard import shard
+from dipaco.store.board import manifest_file, read_result
+from dipaco.store.module_store import ModuleStore
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+PLAIN = ["outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> RunDir:
+    run = RunDir(tmp_path_factory.mktemp("tiny-islands"))
+    config = load_config(TINY)
+    route(config, run)
+    shard(config, run)
+    return run
+
+
+def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> PathFactory:
+    run = RunDir(root)
+    for part in ("tokenizer", "routing", "shards"):
+        shutil.copytree(tiny.root / part, run.root / part)
+    config = load_config(TINY, ["train.device=cpu", *overrides])
+    save_config(config, run.config)
+    return PathFactory(config, run)
+
+
+def drive(coordinator: Coordinator, islands: list[IslandWorker], clock: Clock, *, dt: float = 0.5,
+          turns: int = 400) -> None:
+    for _ in range(turns):
+        if coordinator.tick():
+            return
+        for island in islands:
+            island.poll()
+        clock.t += dt
+    raise AssertionError(f"the run did not finish in {turns} turns (round {coordinator.committed})")
+
+
+def manifests(store: ModuleStore, rounds: int) -> list[dict]:
+    return [store.read_json(manifest_file(r)) for r in range(1, rounds + 1)]
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(tiny, tmp_path, monkeypatch):
+    clock = Clock()
+    straight = make_run(tiny, tmp_path / "straight", [])
+    islands = [IslandWorker(straight, name=f"i{k}", clock=clock) for k in range(2)]
+    drive(Coordinator(straight, clock=clock), islands, clock)
+
+    resumed = make_run(tiny, tmp_path / "resumed", [])
+    islands = [IslandWorker(resumed, name=f"i{k}", clock=clock) for k in range(2)]
+    written = []
+    original = ModuleStore.write_module
+
+    def crash_on_second_write(self, round, name, tensors):
+        if round == 2:
+            written.append(name)
+            if len(written) == 2:
+                raise Crash(f"killed before writing {name}")
+        original(self, round, name, tensors)
+
+    monkeypatch.setattr(ModuleStore, "write_module", crash_on_second_write)
+    with pytest.raises(Crash):
+        drive(Coordinator(resumed, clock=clock), islands, clock)
+    monkeypatch.undo()
+    store = resumed.store
+    assert store.current_round() == 1 and store.exists(f"modules/round-000002/{written[0]}.safetensors")
+
+    drive(Coordinator(resumed, clock=clock), islands, clock)  # a new coordinator process, same store
+    assert store.current_round() == 2
+    for name in resumed.topology.modules:
+        for kind in ("read_module", "read_outer_state"):
+            a, b = getattr(store, kind)(2, name), getattr(straight.store, kind)(2, name)
+            assert a.keys() == b.keys()
+            for key in a:
+                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    for manifest in manifests(store, 2):
+        assert sorted(e["path"] for e in manifest["applied"]) == [0, 1, 2, 3]  # each result applied once
+
+
+def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tmp_path):
+    clock = Clock()
+    factory = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10"])
+    coordinator = Coordinator(factory, clock=clock)
+    faults = FaultClock(mtbf=5.0, return_after=1000.0, mode="die", seed=0, island="a", clock=clock)
+    a = IslandWorker(factory, name="a", clock=clock, faults=faults)
+    b = IslandWorker(factory, name="b", clock=clock)
+    coordinator.tick()
+    a.heartbeat(), b.heartbeat()
+    coordinator.tick()
+    task = a.next_task()
+    assert task is not None and task["attempt"] == 0
+    clock.t = faults.next_at  # the failure falls due inside the task's inner steps
+    assert a.execute(task) is None and faults.failures == 1
+    assert not factory.store.exists(f"results/round-{task['round']:06d}/path-{task['path']:04d}.json")
+
+    drive(coordinator, [a, b], clock)
+    assert factory.store.current_round() == factory.config.train.rounds
+    first = manifests(factory.store, 1)[0]
+    rerun = next(e for e in first["applied"] if e["key"] == task["key"])
+    assert rerun["attempt"] == 1
+    assert factory.store.read_json(f"results/round-000001/path-{task['path']:04d}.a1.json")["island"] == "b"
+
+
+def test_a_late_result_of_a_reassigned_task_is_applied_once(tiny, tmp_path):
+    clock = Clock()
+    factory = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10", "train.rounds=1"])
+    coordinator = Coordinator(factory, clock=clock)
+    a, b = IslandWorker(factory, name="a", clock=clock), IslandWorker(factory, name="b", clock=clock)
+    coordinator.tick()
+    a.heartbeat(), b.heartbeat()
+    coordinator.tick()
+    task = a.next_task()  # a takes its task ... and hangs
+    for _ in range(30):  # b keeps heart-beating and working; a is silent for longer than the timeout
+        clock.t += 1.0
+        coordinator.tick()
+        b.poll()
+        if factory.store.exists(f"results/round-000001/path-{task['path']:04d}.a1.json"):
+            break
+    assert a.execute(task) is not None  # a wakes up and pushes its (now duplicate) result
+    drive(coordinator, [a, b], clock)
+    applied = manifests(factory.store, 1)[0]["applied"]
+    assert sorted(e["path"] for e in applied) == [0, 1, 2, 3]
+    assert next(e for e in applied if e["path"] == task["path"])["attempt"] == 1
+
+
+@pytest.mark.parametrize("max_staleness", [2, 0])
+def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path, max_staleness):
+    clock = Clock()
+    factory = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5",
+                                                "outer.grace_seconds=0", f"outer.max_staleness={max_staleness}",
+                                                "outer.staleness_power=1.0"])
+    store = factory.store
+    coordinator = Coordinator(factory, clock=clock)
+    slow = IslandWorker(factory, name="slow", pinned=[0], clock=clock)
+    fast = IslandWorker(factory, name="fast", pinned=[1, 2, 3], clock=clock)
+    coordinator.tick()
+    slow.heartbeat(), fast.heartbeat()
+    coordinator.tick()
+    held = slow.next_task()
+    assert held["path"] == 0 and held["base"] == 0
+    while coordinator.committed < 1:  # round 1 closes on a quorum, without path 0
+        slow.heartbeat()
+        fast.poll()
+        coordinator.tick()
+    assert all(e["path"] != 0 for e in manifests(store, 1)[0]["applied"])
+    slow.execute(held)  # path 0's result from version 0 arrives while round 2 is being built
+    drive(coordinator, [slow, fast], clock)
+
+    second = manifests(store, 2)[1]
+    if max_staleness == 0:
+        assert 0 in [e["path"] for e in second["dropped"] if e["staleness"] == 1]
+        assert all(e["staleness"] == 0 for e in second["applied"])
+    else:
+        stale = next(e for e in second["applied"] if e["path"] == 0)
+        assert stale["staleness"] == 1 and stale["factor"] == pytest.approx(0.5)
+    # the module update is the tokens x staleness-weighted average of exactly the applied results
+    deltas = {e["key"]: read_result(store, e["base"] + 1, e["path"], e["attempt"])[0] for e in second["applied"]}
+    for name in factory.topology.modules:
+        users = [e for e in second["applied"] if e["path"] in factory.topology.paths_of_module(name)]
+        before, after = store.read_module(1, name), store.read_module(2, name)
+        for param in before:
+            if not users:
+                torch.testing.assert_close(after[param], before[param], rtol=0, atol=0)
+                continue
+            weights = [e["tokens"] * e.get("factor", 1.0) for e in users]
+            mean = sum(w * deltas[e["key"]][f"{name}/{param}"] for w, e in zip(weights, users)) / sum(weights)
+            torch.testing.assert_close(after[param], before[param] - mean, rtol=1e-5, atol=1e-7)
+
+
+def test_torchrun_two_ranks_give_the_same_pseudo_gradient_as_one_process(tiny, tmp_path):
+    clock = Clock()
+    factory = make_run(tiny, tmp_path / "run", [])
+    coordinator = Coordinator(factory, clock=clock)
+    coordinator.tick()
+    task = dict(coordinator.tasks["path-0000-round-000001"])
+    single = train_task(factory, task)  # one process over the whole batch (writes nothing)
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "DIPACO_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+           "-m", "dipaco", "--", "island", "--config", str(factory.run.config), "--run", str(factory.run.root),
+           "--pull", "--path", "0", "--name", "ddp", "--max-tasks", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not factory.store.exists("results/round-000001/path-0000.json"):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the torchrun island did not report"
+            coordinator.tick()
+            time.sleep(0.2)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    tensors, meta = read_result(factory.store, 1, 0, 0)
+    assert meta["data_parallel_ranks"] == 2 and meta["tokens"] == single["meta"]["tokens"]
+    assert tensors.keys() == single["pseudo_gradient"].keys()
+    for key, expected in single["pseudo_gradient"].items():
+        torch.testing.assert_close(tensors[key], expected, rtol=1e-4, atol=2e-6)
