@@ -1,8 +1,11 @@
-"""Compressed pseudo-gradients: round-trip error within the bound the scales imply, exact byte counts."""
+"""Compressed pseudo-gradients against an independent numpy quantiser: one scale per row of a matrix, one
+per vector or scalar; round-trip error within half a step; reproducible bytes; exact byte counts."""
 
+import numpy as np
 import pytest
 import torch
 import zstandard
+from safetensors.torch import load as load_safetensors
 
 from dipaco.store.board import read_result, write_result
 from dipaco.store.compress import compress, decompress, pack_int4, unpack_int4
@@ -15,34 +18,69 @@ def _delta() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return {
         "level0.module1/w": torch.randn(33, 17, generator=g) * torch.logspace(-6, -2, 33)[:, None],  # rows of very different size
+        "level0.module1/b": torch.randn(1000, generator=g) * torch.logspace(-6, -2, 1000),  # a vector: one row, one scale
         "embeddings/b": torch.randn(7, generator=g) * 1e-3,  # odd length: int4 pads half a byte
         "embeddings/zero": torch.zeros(4, 3),
         "x/scalar": torch.tensor(0.5),
     }
 
 
+def reference_rows(x: np.ndarray) -> np.ndarray:
+    """The rows the format promises: a matrix's rows; a vector or a scalar is a single row."""
+    return x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
+
+
+def reference_quantise(x: np.ndarray, q_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scales (rows,), x as it comes back (rows, cols)) by numpy: scale = max|row| / q_max, values rounded to
+    the nearest multiple of the scale."""
+    rows = reference_rows(x.astype(np.float32))
+    scale = np.abs(rows).max(axis=1) / np.float32(q_max)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    back = np.clip(np.round(rows / safe[:, None]), -q_max, q_max) * scale[:, None]
+    return scale, back
+
+
+def stored_scales(data: bytes) -> dict[str, torch.Tensor]:
+    blob = load_safetensors(zstandard.ZstdDecompressor().decompress(data))
+    return {k.removesuffix("::scale"): v for k, v in blob.items() if k.endswith("::scale")}
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_round_trip_error_is_within_half_a_quantisation_step_per_row(method):
+def test_each_row_has_one_scale_and_the_error_is_within_half_its_step(method):
     delta = _delta()
+    q_max = Q_MAX[method]
     data, stats = compress(delta, method=method, level=1)
     back, _ = decompress(data, method=method)
-    assert back.keys() == delta.keys()
+    scales = stored_scales(data)
+    assert back.keys() == delta.keys() == scales.keys()
+    assert {name: s.numel() for name, s in scales.items()} == {
+        "level0.module1/w": 33, "level0.module1/b": 1, "embeddings/b": 1, "embeddings/zero": 4, "x/scalar": 1}
     for name, x in delta.items():
         assert back[name].dtype == torch.float32 and back[name].shape == x.shape
-        rows = x.reshape(x.shape[0] if x.dim() else 1, -1)
-        step = rows.abs().amax(dim=1, keepdim=True) / Q_MAX[method]  # the scale the method must use
-        err = (back[name].reshape(rows.shape) - rows).abs()
-        assert torch.all(err <= step / 2 * (1 + 1e-6) + 1e-12), name
+        x = x.numpy()
+        rows = reference_rows(x)
+        bound = np.abs(rows).max(axis=1, keepdims=True) / q_max / 2  # half a quantisation step, per row
+        err = np.abs(reference_rows(back[name].numpy()) - rows)
+        assert np.all(err <= bound * (1 + 1e-6)), name
+        scale, expected = reference_quantise(x, q_max)
+        np.testing.assert_allclose(scales[name].numpy(), scale, rtol=1e-6, atol=0, err_msg=name)
+        np.testing.assert_allclose(reference_rows(back[name].numpy()), expected, rtol=1e-6, atol=0, err_msg=name)
+    # one scale for the whole vector: its small elements round to zero (they would not with a scale each)
+    assert torch.count_nonzero(back["level0.module1/b"][:100]) == 0
     assert torch.count_nonzero(back["embeddings/zero"]) == 0
     assert stats["bytes"] == len(data) and stats["raw_bytes"] == sum(4 * t.numel() for t in delta.values())
 
 
-def test_none_is_exact_and_int4_is_smaller_than_int8():
+def test_none_is_exact():
     delta = _delta()
     back, _ = decompress(compress(delta, method="none")[0], method="none")
     for name in delta:
         torch.testing.assert_close(back[name], delta[name], rtol=0, atol=0)
-    big = {"w": torch.randn(256, 256)}
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (65536,)])
+def test_int4_is_smaller_than_int8_is_smaller_than_float32(shape):
+    big = {"w": torch.randn(shape, generator=torch.Generator().manual_seed(0))}
     sizes = {m: compress(big, method=m)[1]["bytes"] for m in ("none", "int8", "int4")}
     assert sizes["int4"] < sizes["int8"] < sizes["none"]
     assert sizes["int8"] < 0.3 * sizes["none"] and sizes["int4"] < 0.16 * sizes["none"]

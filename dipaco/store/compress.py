@@ -4,9 +4,10 @@
     data, stats = compress({"w": delta}, method="int8")        # bytes an island uploads
     tensors, _ = decompress(data, method="int8")               # float32 again, on the coordinator
 
-Each tensor is viewed as rows (its first dimension; a vector or scalar is one row). A row's scale is
-max|x| / q_max (q_max = 127 for int8, 7 for int4) and its values are rounded to the nearest integer
-multiple of the scale, so every element is off by at most scale / 2. int4 values are stored as
+Each tensor is viewed as rows: a tensor of two or more dimensions has one row per index of its first
+dimension, a vector or a scalar is one row. A row's scale is max|x| / q_max (q_max = 127 for int8,
+7 for int4) and its values are rounded to the nearest integer multiple of the scale, so every element
+is off by at most scale / 2. int4 values are stored as
 q + 8 in one nibble, two per byte. Quantised values and float32 scales go into one safetensors blob
 (shapes in its header), compressed with zstd (level `outer.zstd_level`). `none` is the plain float32
 safetensors file, as before compression existed. Decompression always yields float32, and the
@@ -30,9 +31,12 @@ Q_MAX = {"int8": 127, "int4": 7}
 
 
 def quantize_rows(x: torch.Tensor, *, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` (any shape) → (integers in [−q_max, q_max] as int8, shape (rows, cols); float32 scales (rows,))."""
+    """`x` (any shape) → (integers in [−q_max, q_max] as int8, shape (rows, cols); float32 scales (rows,)).
+
+    A tensor of two or more dimensions has rows = x.shape[0]; a vector or a scalar is one row."""
     q_max = Q_MAX[f"int{bits}"]
-    rows = x.detach().float().reshape(x.shape[0] if x.dim() >= 1 and x.shape[0] > 0 else 1, -1)
+    n_rows = x.shape[0] if x.dim() >= 2 and x.shape[0] > 0 else 1
+    rows = x.detach().float().reshape(n_rows, -1)  # (rows, cols)
     scale = rows.abs().amax(dim=1) / q_max
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(rows / safe[:, None]).clamp_(-q_max, q_max).to(torch.int8)
@@ -100,15 +104,6 @@ def decompress(data: bytes, *, method: str) -> tuple[dict[str, torch.Tensor], di
             q = unpack_int4(q, math.prod(shape) if shape else 1).reshape(scale.shape[0], -1)
         out[name] = dequantize_rows(q, scale, shape)
     return out, {"method": method, "bytes": len(data)}
-
-
-def error_bound(tensor: torch.Tensor, *, method: str) -> torch.Tensor:
-    """Per-element bound on |x − decompress(compress(x))|: half the row's quantisation step."""
-    if method == "none":
-        return torch.zeros_like(tensor, dtype=torch.float32)
-    _, scale = quantize_rows(tensor, bits=8 if method == "int8" else 4)
-    rows = scale.shape[0]
-    return (scale / 2)[:, None].expand(rows, max(1, tensor.numel() // rows)).reshape(tensor.shape)
 
 
 if __name__ == "__main__":
