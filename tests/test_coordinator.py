@@ -21,8 +21,6 @@ from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandWorker, train_task
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
-from dipaco.stages.route import route
-from dipaco.stages.shard import shard
 from dipaco.store.board import manifest_file, read_result
 from dipaco.store.module_store import ModuleStore
 
@@ -40,12 +38,8 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> RunDir:
-    run = RunDir(tmp_path_factory.mktemp("tiny-islands"))
-    config = load_config(TINY)
-    route(config, run)
-    shard(config, run)
-    return run
+def tiny(tiny_routed) -> RunDir:
+    return tiny_routed  # conftest's routed and sharded tiny run (read only: make_run copies it)
 
 
 def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> PathFactory:

@@ -1,6 +1,7 @@
 """End to end on the tiny config: eval modes, --best, export to transformers, generate, the report.
 
-One `dipaco run` (3 rounds, one module version kept, so pruning has to keep the best versions)."""
+The run is conftest's session-wide `tiny_trained`: one `dipaco run` with 3 rounds and one module version
+kept, so pruning has to keep the best versions, and every eval mode."""
 
 import json
 import re
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from cli_helpers import ENV, TINY, dipaco
+from cli_helpers import ENV
 
 from dipaco.cli import main
 from dipaco.config import load_config
@@ -20,11 +21,8 @@ from dipaco.stages.context import PathFactory
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> RunDir:
-    run = RunDir(tmp_path_factory.mktemp("tiny-inference"))
-    dipaco("run", "--config", str(TINY), "--run", str(run.root), "train.rounds=3", "train.keep_rounds=1",
-           "eval.baselines=false", "eval.best=true", "eval.modes=[prefix,every:16,every:64,oracle,all-paths]")
-    return run
+def run(tiny_trained) -> RunDir:
+    return tiny_trained  # read only
 
 
 def test_best_is_the_version_with_the_lowest_validation_loss_and_survives_pruning(run):

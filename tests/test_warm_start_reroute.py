@@ -21,6 +21,9 @@ from dipaco.config import load_config
 from dipaco.model.path_model import split_into_modules
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
+from dipaco.stages.pretrain import pretrain
+from dipaco.stages.route import route
+from dipaco.stages.shard import shard
 from dipaco.stages.train import initialise_store
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
@@ -33,9 +36,11 @@ OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "pretrai
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory) -> RunDir:
+    """`dipaco pretrain`, `route` and `shard` with OVERRIDES, through the Python API (no process start-ups)."""
     run = RunDir(tmp_path_factory.mktemp("warm"))
-    for stage in ("pretrain", "route", "shard"):
-        dipaco(stage, "--config", str(TINY), "--run", str(run.root), *OVERRIDES)
+    config = load_config(TINY, OVERRIDES)
+    for stage in (pretrain, route, shard):
+        stage(config, run)
     return run
 
 
