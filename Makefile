@@ -66,11 +66,11 @@ pretrain:  ## the dense warm start (ARGS='pretrain.steps=200'), before route
 reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds
 	$(DIPACO) reroute --config $(CONFIG) --run $(RUN) $(ARGS)
 
-test:  ## the test suite without the slow tests
-	$(OFFLINE) $(PYTHON) -m pytest -q
+test:  ## the test suite without the tests marked slow (offline, one torch thread: tests/conftest.py)
+	$(PYTHON) -m pytest -q --durations=10
 
-test-slow:
-	$(OFFLINE) $(PYTHON) -m pytest -q -m slow
+test-slow:  ## only the slow tests: killed / paused training resumed, a discriminative re-routing phase
+	$(PYTHON) -m pytest -q -m slow --durations=10
 
 bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done

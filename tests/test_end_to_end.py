@@ -66,7 +66,8 @@ def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_routed, tiny
     """Kill `dipaco train` (coordinator and islands) right after round 1 commits, then run it again:
     round-2 results that islands had finished are reused, and the last modules equal the uninterrupted run's."""
     run = copy_run(tiny_routed, tmp_path / "resumed")
-    common = ["--config", str(tiny_trained.config), "--run", str(run.root)]  # the uninterrupted run's settings
+    # the uninterrupted run's settings, keeping every round's results so that reuse can be checked
+    common = ["--config", str(tiny_trained.config), "--run", str(run.root), "train.keep_rounds=0"]
     proc = start_dipaco("train", *common)
     state = run.store / "state.json"
     deadline = time.monotonic() + 120
