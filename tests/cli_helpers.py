@@ -33,9 +33,9 @@ def dipaco(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     return result
 
 
-def dipaco_in_process(*args: str) -> tuple[int, str]:
+def dipaco_in_process(*args: str | Path) -> tuple[int, str]:
     """`dipaco <args>` through `dipaco.cli.main` in this process, without an interpreter's start-up (seconds
-    of imports): its exit code and the warnings and errors it logged."""
+    of imports): its exit code and what it logged (at least its warnings and errors)."""
     from dipaco.cli import main
 
     stream = io.StringIO()
