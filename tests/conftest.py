@@ -17,11 +17,13 @@ oversubscribed threads make a training step many times slower, so every process 
 import os
 
 import pytest
-from cli_helpers import TINY, copy_run, dipaco_in_process
+from cli_helpers import ROOT, TINY, copy_run, dipaco_in_process
 
 from dipaco.run_dir import RunDir
 
-# before anything imports huggingface_hub or datasets; subprocesses inherit it
+# before anything imports huggingface_hub or datasets; subprocesses inherit it. PYTHONPATH: every
+# `python -m dipaco` a test starts, directly or as an island, runs this checkout whatever its directory
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 for var in ("DIPACO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
