@@ -1,6 +1,7 @@
 """Benchmark: bytes per island per round with compressed pseudo-gradients, and goodput sync vs async.
 
     python bench/bench_islands.py            # or `make bench`; writes bench/results/islands.{json,md}
+    python bench/bench_islands.py --markdown-only   # re-render the table from bench/results/islands.json
     BENCH_MTBF_TASKS=3 python bench/bench_islands.py --failures-only   # redo (b) with failures only
 
 Budget (2 CPU cores, about 10 minutes when idle): the demo grid (2x2 paths of 1.3M parameters, 25 inner
@@ -32,12 +33,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.recording import RESULTS, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo.yaml"
 WORK = ROOT / "runs" / "bench-islands"
-RESULTS = ROOT / "bench" / "results"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ISLANDS = 4
 COMMON = [f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
@@ -188,10 +189,8 @@ def main() -> None:
                    "seconds": time.perf_counter() - started},
         "compression": compression, "goodput": goodput, "runs": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "islands.json").write_text(json.dumps(out, indent=1))
-    (RESULTS / "islands.md").write_text(markdown(out))
-    print(markdown(out))
+    path = write_results("islands", out, markdown(out))
+    print(path.with_suffix(".md").read_text())
 
 
 def markdown(out: dict) -> str:
@@ -235,6 +234,7 @@ def markdown(out: dict) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown-only"]:  # re-render the table from bench/results/islands.json
-        print(markdown(json.loads((RESULTS / "islands.json").read_text())))
+        record = json.loads((RESULTS / "islands.json").read_text())
+        print(with_source(record, markdown(record)))
     else:
         main()
