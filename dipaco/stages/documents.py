@@ -8,10 +8,10 @@ every document's prefix features and path.
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
+from dipaco.atomic import replacing
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
 from routing.corpus import TRAIN, assign_splits, load_corpus
@@ -42,18 +42,18 @@ def run_splits(config: Config, n: int) -> np.ndarray:
 
 
 def stream_features(router: Router, prefixes: list[str], out, *, batch_size: int = 8192) -> np.ndarray:
-    """Featurize in batches into a memory-mapped float32 .npy at `out`; returns the (read-only) map."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(prefixes), router.featurizer.dim))
+    """Featurize in batches into a memory-mapped float32 .npy at `out` (atomically); returns the
+    (read-only) map."""
     from tqdm.auto import tqdm
 
-    for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
-                      unit="batch", disable=None):
-        features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
-    features.flush()
-    del features
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
+                                             shape=(len(prefixes), router.featurizer.dim))
+        for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
+                          unit="batch", disable=None):
+            features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
+        features.flush()
+        del features
     return np.load(out, mmap_mode="r")
 
 
