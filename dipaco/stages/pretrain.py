@@ -38,10 +38,10 @@ def pretrain(config: Config, run: RunDir) -> dict:
         raise ValueError(f"pretrain.steps is {config.pretrain.steps}; set it to the number of dense steps")
     save_config(config, run.config)
     out = run.pretrain
-    dataset = load_run_corpus(config)
-    split = run_splits(config, len(dataset))
+    dataset = load_run_corpus(config.corpus)
+    split = run_splits(config.corpus, len(dataset))
     texts = dataset["text"]
-    tokenizer = run_tokenizer(config, run, [t for t, s in zip(texts, split) if s == TRAIN])
+    tokenizer = run_tokenizer(config.sharding, run, [t for t, s in zip(texts, split) if s == TRAIN])
     shards = out / "shards"
     if not (shards / "index.json").exists():
         build_shards(texts=texts, doc_ids=np.asarray(dataset["doc_id"], dtype=np.int64),

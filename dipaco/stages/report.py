@@ -25,6 +25,7 @@ import numpy as np
 from dipaco.atomic import write_bytes, write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,6 @@ def _bytes_section(train: dict, figures: Path) -> list[str]:
 
 def _best(config: Config, run: RunDir) -> dict:
     from dipaco.eval.early_stopping import BEST_FILE
-    from dipaco.stages.context import PathFactory
-
     try:
         store = PathFactory(config, run).store
         return store.read_json(BEST_FILE) if store.exists(BEST_FILE) else {}

@@ -67,8 +67,8 @@ def reroute(config: Config, run: RunDir) -> dict:
         raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
     router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
     old = Assignments.load(run.routing)
-    dataset = load_run_corpus(config)
-    split = run_splits(config, len(dataset))
+    dataset = load_run_corpus(config.corpus)
+    split = run_splits(config.corpus, len(dataset))
     if len(split) != len(old.split) or (split != old.split).any():
         raise ValueError(f"{run.routing / ASSIGN_JSON} was made with other corpus / split settings: route again")
     router_docs = np.flatnonzero(split == ROUTER)
