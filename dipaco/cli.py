@@ -179,7 +179,11 @@ def cmd_reroute(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.shard import shard
 
     record = reroute(config, run)
-    shard(config, run)
+    try:
+        shard(config, run)
+    except ValueError as err:
+        raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
+                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
     print(format_phase(record))
 
 
