@@ -15,6 +15,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.config import Config
+from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
@@ -61,6 +62,12 @@ class PathFactory:
         """The shape of every path model of this run (vocabulary from the run's tokenizer)."""
         return PathSpec(model=self.config.model, vocab_size=len(self.tokenizer), seq_len=self.config.sharding.seq_len,
                         eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+
+    @property
+    def validation(self) -> ValidationData:
+        """Each path's validation batches, as the islands score them (early stopping)."""
+        return ValidationData(reader=self.reader, batch_size=self.config.inner.batch_size,
+                              max_batches=self.config.inner.val_batches, precision=self.config.train.precision)
 
     def new_model(self, *, seed: int | None = None) -> LlamaForCausalLM:
         """A path-shaped model (random weights, seeded when `seed` is given)."""

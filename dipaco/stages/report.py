@@ -202,15 +202,13 @@ def _bytes_section(train: dict, figures: Path) -> list[str]:
 
 
 def _best(config: Config, run: RunDir) -> dict:
-    from dipaco.eval.early_stopping import BEST_FILE
-    from dipaco.store.module_store import ModuleStore
+    from dipaco.eval.early_stopping import read_best
+    from dipaco.stages.context import PathFactory
 
-    store_url = config.train.store_url or str(run.store)
     try:
-        store = ModuleStore(store_url)
-        return store.read_json(BEST_FILE) if store.exists(BEST_FILE) else {}
+        return read_best(PathFactory(config, run).store)
     except Exception as err:  # a report is still useful without the store
-        log.warning("cannot read %s from %s: %s", BEST_FILE, store_url, err)
+        log.warning("cannot read the validation-loss history from the store of %s: %s", run.root, err)
         return {}
 
 
