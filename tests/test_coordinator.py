@@ -106,12 +106,29 @@ class Crash(Exception):
     pass
 
 
-def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(tiny, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory) -> TinyRun:
+    """Two rounds run without interruption by two islands."""
     clock = Clock()
-    straight = make_run(tiny, tmp_path / "straight", [])
-    islands = [straight.island(f"i{k}", clock) for k in range(2)]
-    drive(straight.coordinator(clock), islands, clock)
+    run = make_run(tiny, tmp_path_factory.mktemp("straight") / "run", [])
+    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
+    return run
 
+
+def assert_same_modules(resumed: TinyRun, straight: TinyRun, round: int) -> None:
+    for name in resumed.topology.modules:
+        for kind in ("read_module", "read_outer_state"):
+            a, b = getattr(resumed.store, kind)(round, name), getattr(straight.store, kind)(round, name)
+            assert a.keys() == b.keys()
+            for key in a:
+                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    for manifest in manifests(resumed.store, round):
+        assert sorted(e.path for e in manifest.applied) == [0, 1, 2, 3]  # each result applied once
+
+
+def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(tiny, straight, tmp_path,
+                                                                                 monkeypatch):
+    clock = Clock()
     resumed = make_run(tiny, tmp_path / "resumed", [])
     islands = [resumed.island(f"i{k}", clock) for k in range(2)]
     written = []
@@ -133,14 +150,31 @@ def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(
 
     drive(resumed.coordinator(clock), islands, clock)  # a new coordinator process, same store
     assert store.current_round() == 2
-    for name in resumed.topology.modules:
-        for kind in ("read_module", "read_outer_state"):
-            a, b = getattr(store, kind)(2, name), getattr(straight.store, kind)(2, name)
-            assert a.keys() == b.keys()
-            for key in a:
-                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
-    for manifest in manifests(store, 2):
-        assert sorted(e.path for e in manifest.applied) == [0, 1, 2, 3]  # each result applied once
+    assert_same_modules(resumed, straight, 2)
+
+
+def test_a_coordinator_killed_right_after_a_commit_resumes_to_the_same_modules(tiny, straight, tmp_path,
+                                                                                monkeypatch):
+    """The results received in the tick that closes the round must survive a crash before the board is
+    written again: their paths continue from them (steps done, inner state) in the next round."""
+    clock = Clock()
+    resumed = make_run(tiny, tmp_path / "resumed", [])
+    islands = [resumed.island(f"i{k}", clock) for k in range(2)]
+    original = ModuleStore.commit
+
+    def crash_after_committing_round_1(self, *, round, **meta):
+        original(self, round=round, **meta)
+        if round == 1:
+            raise Crash("killed right after committing round 1")
+
+    monkeypatch.setattr(ModuleStore, "commit", crash_after_committing_round_1)
+    with pytest.raises(Crash):
+        drive(resumed.coordinator(clock), islands, clock)
+    monkeypatch.undo()
+    assert resumed.store.current_round() == 1
+
+    drive(resumed.coordinator(clock), islands, clock)
+    assert_same_modules(resumed, straight, 2)
 
 
 def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tmp_path):

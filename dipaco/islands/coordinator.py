@@ -19,7 +19,8 @@
 
 Restarting after a crash resumes from the store: rounds up to the committed one are final, the
 applied set is rebuilt from their manifests (nothing is applied twice), and a half-written round t is
-written again from the same inputs (in sync mode exactly the same modules).
+written again from the same inputs (in sync mode exactly the same modules). The board is written
+before a round is committed, so every path state a committed round depends on is on the board.
 
 The coordinator's state is the store's records (`dipaco.store.records`), held frozen: a task that
 changes is replaced in `tasks` (`dataclasses.replace`), so what was last written is never aliased.
@@ -254,6 +255,7 @@ class Coordinator:
         self._close()
 
     def _close(self) -> None:
+        self._write_board()  # the results received this tick, before the commit: a restart continues from them
         round = self.committed + 1
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer)

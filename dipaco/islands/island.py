@@ -5,10 +5,10 @@
     dipaco island ... --fail-mtbf 120 --return-after 30                      # with injected failures
     torchrun --nproc-per-node 2 -m dipaco -- island ...                         # DDP inside the island
 
-The island writes only `heartbeats/<name>.json` (a background thread bumps `seq` every
-`train.heartbeat_seconds`; status idle / training), its results and its inner optimiser states
-(`dipaco.store.board` names them). It reads `tasks.json`, and runs the task assigned to it (by name and
-incarnation) that it has not finished yet:
+The island writes only its `Heartbeat` (a background thread bumps `seq` every
+`train.heartbeat_seconds`; status idle / training / done), its results and its inner optimiser
+states (`dipaco.store.board` names the files). It reads the task board, and runs the task assigned
+to it (by name and incarnation) that it has not finished yet:
 
 - pull modules at the task's base version and the inner AdamW state the task names (from memory when
   this island wrote it, from the store otherwise: that is how inner state moves between islands);
@@ -17,7 +17,12 @@ incarnation) that it has not finished yet:
 - upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
   `outer.compression`, then the result JSON (the commit), with the bytes it moved.
 
-It stops when the store has committed the run's last round.
+It stops when the store has committed the run's last round. In Python (the `dipaco island` stage
+builds the `IslandSetup` from the config):
+
+    setup = IslandSetup(store=store, topology=topology, spec=spec, reader=reader,
+                        inner=cfg.inner, outer=cfg.outer, train=cfg.train)
+    IslandWorker(setup, name="island-0").run()          # or, once: run_pinned_task(setup, path=3, island="x")
 """
 
 from __future__ import annotations
