@@ -210,9 +210,11 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
 def _rounds(factory, args) -> dict[int, int]:
     """The module version of each path that `--round` / `--best` ask for."""
     if getattr(args, "best", False):
+        from dipaco.device import resolve_device
         from dipaco.eval.early_stopping import best_of_run
 
-        return best_of_run(factory)[0]
+        return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
+                           device=resolve_device(factory.config.train.device))[0]
     last = factory.store.current_round()
     round = last if args.round is None else args.round
     if not 0 <= round <= last:

@@ -19,6 +19,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.config import Config
 from dipaco.eval.baselines import baseline_steps
+from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
@@ -64,6 +65,12 @@ class PathFactory:
     def spec(self) -> PathSpec:
         """The shape of every path model of this run (vocabulary from the run's tokenizer)."""
         return path_spec(self.config, self.tokenizer)
+
+    @property
+    def validation(self) -> ValidationData:
+        """Each path's validation batches, as the islands score them (early stopping)."""
+        return ValidationData(reader=self.reader, batch_size=self.config.inner.batch_size,
+                              max_batches=self.config.inner.val_batches, precision=self.config.train.precision)
 
     def new_model(self, *, seed: int | None = None) -> LlamaForCausalLM:
         """A path-shaped model (random weights, seeded when `seed` is given)."""

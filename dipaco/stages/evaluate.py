@@ -91,7 +91,8 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     if modes:
         from dipaco.eval.early_stopping import best_of_run
 
-        best_rounds = best_of_run(factory)[0] if best else None
+        best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
+                                  device=resolve_device(config.train.device))[0] if best else None
         results["modes"] = evaluate_modes(table, route=router, paths=paths, modes=modes, rounds=last,
                                           best=best_rounds, n_paths=topology.n_paths, prefix=prefix)
     write_json(run.eval_results, results)

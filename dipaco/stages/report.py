@@ -200,12 +200,12 @@ def _bytes_section(train: dict, figures: Path) -> list[str]:
 
 
 def _best(config: Config, run: RunDir) -> dict:
-    from dipaco.eval.early_stopping import BEST_FILE
+    from dipaco.eval.early_stopping import read_best
+
     try:
-        store = PathFactory(config, run).store
-        return store.read_json(BEST_FILE) if store.exists(BEST_FILE) else {}
+        return read_best(PathFactory(config, run).store)
     except Exception as err:  # a report is still useful without the store
-        log.warning("cannot read %s from the store of %s: %s", BEST_FILE, run.root, err)
+        log.warning("cannot read the validation-loss history from the store of %s: %s", run.root, err)
         return {}
 
 
