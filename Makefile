@@ -75,8 +75,9 @@ test-slow:  ## only the slow tests: killed / paused training resumed, a discrimi
 bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done
 
-lint:
+lint:  ## ruff, then the import contracts in pyproject.toml (layers, no cycles)
 	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench
+	lint-imports
 
 corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc and perl-doc
 	$(PYTHON) scripts/build_corpus.py

@@ -1,6 +1,7 @@
 """Benchmark: bytes per island per round with compressed pseudo-gradients, and goodput sync vs async.
 
     python bench/bench_islands.py            # or `make bench`; writes bench/results/islands.{json,md}
+    python bench/bench_islands.py --markdown-only   # re-render the table from bench/results/islands.json
     BENCH_MTBF_TASKS=3 python bench/bench_islands.py --failures-only   # redo (b) with failures only
 
 Budget (2 CPU cores, about 10 minutes when idle): the demo grid (2x2 paths of 1.3M parameters, 25 inner
@@ -32,12 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.recording import RESULTS, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
+from dipaco.store.board import read_heartbeats, read_manifest, read_result_meta  # noqa: E402
+from dipaco.store.module_store import ModuleStore  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo.yaml"
 WORK = ROOT / "runs" / "bench-islands"
-RESULTS = ROOT / "bench" / "results"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ISLANDS = 4
 COMMON = [f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
@@ -94,17 +97,15 @@ def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
     evaluation = json.loads(run.eval_results.read_text())
     perplexity = next(m["perplexity"] for m in evaluation["models"] if m["model"].startswith("DiPaCo"))
     config = load_config(run.config)
-    tasks = _applied_tasks(run)
-    store_root = run.store
-    failures = 0
-    for beat in (store_root / "heartbeats").glob("*.json"):
-        failures += json.loads(beat.read_text()).get("failures", 0)
+    store = ModuleStore(str(run.store))
+    tasks = _applied_tasks(store)
+    failures = sum(beat.failures for beat in read_heartbeats(store).values())
     n = max(1, len(tasks))
     row = {
         "name": name, "overrides": overrides, "perplexity": perplexity, "wall_seconds": wall,
         "goodput": summary.get("goodput", {}).get("goodput"), "rounds": config.train.rounds,
         "applied_tasks": len(tasks), "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
-        "dropped_tasks": sum(len(json.loads(p.read_text())["dropped"]) for p in (store_root / "rounds").glob("*.json")),
+        "dropped_tasks": sum(len(m.dropped) for m in _manifests(store)),
         "injected_failures": failures,
         "pseudo_gradient_bytes_up": sum(t["bytes"] for t in tasks) / n,
         "inner_state_bytes_up": sum(t["bytes_up_inner"] for t in tasks) / n,
@@ -119,16 +120,19 @@ def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
     return row
 
 
-def _applied_tasks(run: RunDir) -> list[dict]:
+def _applied_tasks(store: ModuleStore) -> list[dict]:
+    """Every applied result's manifest entry, with the bytes its island moved besides the pseudo-gradient."""
     tasks = []
-    for manifest in sorted((run.store / "rounds").glob("round-*.json")):
-        for entry in json.loads(manifest.read_text())["applied"]:
-            stem = run.store / "results" / f"round-{entry['base'] + 1:06d}"
-            suffix = "" if entry["attempt"] == 0 else f".a{entry['attempt']}"
-            meta = json.loads((stem / f"path-{entry['path']:04d}{suffix}.json").read_text())
-            tasks.append({**entry, **{k: meta.get(k, 0) for k in ("bytes_up_inner", "bytes_down_modules",
-                                                                  "bytes_down_inner")}})
+    for manifest in _manifests(store):
+        for entry in manifest.applied:
+            meta = read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt)
+            tasks.append({**entry.to_json(), "bytes_up_inner": meta.bytes_up_inner,
+                          "bytes_down_modules": meta.bytes_down_modules, "bytes_down_inner": meta.bytes_down_inner})
     return tasks
+
+
+def _manifests(store: ModuleStore) -> list:
+    return [m for m in (read_manifest(store, r) for r in range(1, store.current_round() + 1)) if m is not None]
 
 
 def path_parameters(base: RunDir) -> int:
@@ -188,10 +192,8 @@ def main() -> None:
                    "seconds": time.perf_counter() - started},
         "compression": compression, "goodput": goodput, "runs": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "islands.json").write_text(json.dumps(out, indent=1))
-    (RESULTS / "islands.md").write_text(markdown(out))
-    print(markdown(out))
+    path = write_results("islands", out, markdown(out))
+    print(path.with_suffix(".md").read_text())
 
 
 def markdown(out: dict) -> str:
@@ -235,6 +237,7 @@ def markdown(out: dict) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown-only"]:  # re-render the table from bench/results/islands.json
-        print(markdown(json.loads((RESULTS / "islands.json").read_text())))
+        record = json.loads((RESULTS / "islands.json").read_text())
+        print(with_source(record, markdown(record)))
     else:
         main()

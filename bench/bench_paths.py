@@ -16,7 +16,8 @@ averaging (outer.lr=1, momentum=0, no sqrt rescale), the setting measured to wor
 
 Reduced budget (default): `--rounds 4` x 25 inner steps of batch 8 x 256 tokens per path (the demo
 runs 8). Compute is reported as training tokens and FLOPs ≈ 6 x (parameters a token passes through)
-x tokens. Writes bench/results/paths.json and bench/results/paths.md.
+x tokens. Writes bench/results/paths.json and bench/results/paths.md, with the machine they were
+measured on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.recording import write_results  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_paths")
@@ -68,12 +70,9 @@ def main() -> None:
            "eval.baselines=false", "eval.modes=[prefix]")
     results = collect(dipaco_run, diloco_run)
     results.update(rounds=args.rounds, inner_steps=25, seconds=time.perf_counter() - started)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "paths.json").write_text(json.dumps(results, indent=1))
-    (out / "paths.md").write_text(markdown(results))
-    print(markdown(results))
-    print(f"results in {out / 'paths.json'} and {out / 'paths.md'}")
+    path = write_results("paths", results, markdown(results))
+    print(path.with_suffix(".md").read_text())
+    print(f"results in {path} and {path.with_suffix('.md')}")
 
 
 def collect(dipaco_run: Path, diloco_run: Path) -> dict:

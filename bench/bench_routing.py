@@ -22,7 +22,7 @@ Side by side in one run, on 2 cores (torch and faiss threads = 2):
    setting), `corpus.max_documents` documents; the discriminative run trains rounds/2 rounds on the
    flat k-means routing, re-routes (router split of 5%, never trained on, scored by all 4 paths),
    and trains the remaining rounds. All three hold out the same 5% router split and the same test split.
-Writes bench/results/routing.json and bench/results/routing.md.
+Writes bench/results/routing.json and bench/results/routing.md, with the machine they were measured on.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.recording import write_results  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_routing")
@@ -271,7 +272,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     set_threads()
     started = time.perf_counter()
-    results: dict = {"threads": THREADS, "load_average_at_start": os.getloadavg()[0]}
+    results: dict = {"args": vars(args), "threads": THREADS, "load_average_at_start": os.getloadavg()[0]}
     log.info("featurizers on %d corpus prefixes", args.featurize_docs)
     results["featurize"] = bench_featurizers(args.featurize_docs)
     prefixes, _ = corpus_prefixes(args.featurize_docs)
@@ -286,9 +287,6 @@ def main() -> None:
         results["perplexity"] = bench_perplexity(Path(args.runs), args.rounds, args.max_documents, args.keep)
     results["seconds"] = time.perf_counter() - started
     results["load_average_at_end"] = os.getloadavg()[0]
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "routing.json").write_text(json.dumps(results, indent=1) + "\n")
     md = [f"# Routing benchmark ({THREADS} threads; load average {results['load_average_at_start']:.1f} at start, "
           f"{results['load_average_at_end']:.1f} at end; {results['seconds']:.0f}s)", "",
           "## Featurizing (documents / s)", "",
@@ -314,8 +312,9 @@ def main() -> None:
                               f"{r['path_balance']:.2f}", f"{r['nmi_vs_source']:.3f}" if r["nmi_vs_source"] is not None else "-",
                               f"{r['changed']:.1%}" if "changed" in r else "-", f"{r['seconds']:.0f}"]
                              for r in results["perplexity"]])]
-    (out / "routing.md").write_text("\n".join(md) + "\n")
+    path = write_results("routing", results, "\n".join(md) + "\n")
     print("\n".join(md))
+    print(f"results in {path} and {path.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

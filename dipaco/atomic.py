@@ -1,6 +1,6 @@
 """Atomic local writes: readers see the old file or the whole new one, never a half-written file.
 
-    from dipaco.atomic import write_json, write_text, write_bytes
+    from dipaco.atomic import write_json, write_text, write_bytes, replacing
     write_json(run.eval_results, results)
 
 The data goes to a temporary sibling (`<name>.tmp-<random>`), is flushed, then renamed over the
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +40,21 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1) -> Path:
     return write_text(path, json.dumps(obj, indent=indent))
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling of `path` for writers that need a file name (a memory-mapped array, a
+    safetensors file): renamed over `path` when the block ends, removed if the block raises.
+
+        with replacing(out) as tmp:
+            features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, d))
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

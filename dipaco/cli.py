@@ -174,9 +174,17 @@ def cmd_pretrain(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_reroute(config: Config, run: RunDir, args) -> None:
+    """One re-routing phase, then the shards rewritten for the new assignments."""
     from dipaco.stages.reroute import format_phase, reroute
+    from dipaco.stages.shard import shard
 
-    print(format_phase(reroute(config, run)))
+    record = reroute(config, run)
+    try:
+        shard(config, run)
+    except ValueError as err:
+        raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
+                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
+    print(format_phase(record))
 
 
 def cmd_run(config: Config, run: RunDir, args) -> None:
@@ -202,9 +210,11 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
 def _rounds(factory, args) -> dict[int, int]:
     """The module version of each path that `--round` / `--best` ask for."""
     if getattr(args, "best", False):
+        from dipaco.device import resolve_device
         from dipaco.eval.early_stopping import best_of_run
 
-        return best_of_run(factory)[0]
+        return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
+                           device=resolve_device(factory.config.train.device))[0]
     last = factory.store.current_round()
     round = last if args.round is None else args.round
     if not 0 <= round <= last:
@@ -235,7 +245,7 @@ def cmd_generate(config: Config, run: RunDir, args) -> None:
 
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
-    text, path = generate(factory, args.prompt, round=0, rounds=rounds, max_new_tokens=args.max_new_tokens,
+    text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, seed=args.seed)
     print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
     print(text)

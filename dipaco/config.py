@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from dipaco.atomic import write_text
 from routing.config import CorpusConfig, RoutingConfig
 from sharding.config import ShardingConfig
 
@@ -332,11 +333,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
 
 def save_config(config: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML (atomically), so islands and later stages read the same values."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def _build(cls: type, raw: dict[str, Any], *, source: str, prefix: str) -> Any:

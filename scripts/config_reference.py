@@ -1,7 +1,7 @@
-"""Write the README's configuration reference from the config dataclasses' inline comments.
+"""Write docs/configuration.md's reference tables from the config dataclasses' inline comments.
 
-    python scripts/config_reference.py          # rewrite the section of README.md between the markers
-    python scripts/config_reference.py --check  # exit 1 if README.md is out of date (tests call this)
+    python scripts/config_reference.py          # rewrite the part of docs/configuration.md between the markers
+    python scripts/config_reference.py --check  # exit 1 if docs/configuration.md is out of date (tests call this)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "configuration.md"
 sys.path.insert(0, str(ROOT))
 
 from dipaco.config import Config  # noqa: E402
@@ -42,22 +43,23 @@ def reference() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check that README.md is up to date")
+    parser.add_argument("--check", action="store_true", help=f"only check that {PAGE.relative_to(ROOT)} is up to date")
     args = parser.parse_args()
-    readme = (ROOT / "README.md").read_text()
-    if START not in readme or END not in readme:
-        print(f"README.md lacks the markers {START} ... {END}", file=sys.stderr)
+    name = PAGE.relative_to(ROOT)
+    page = PAGE.read_text()
+    if START not in page or END not in page:
+        print(f"{name} lacks the markers {START} ... {END}", file=sys.stderr)
         return 1
-    head, rest = readme.split(START, 1)
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     updated = f"{head}{START}\n{reference()}\n{END}{tail}"
     if args.check:
-        if updated != readme:
-            print("README.md's configuration reference is out of date: run python scripts/config_reference.py",
+        if updated != page:
+            print(f"{name}'s configuration reference is out of date: run python scripts/config_reference.py",
                   file=sys.stderr)
             return 1
         return 0
-    (ROOT / "README.md").write_text(updated)
+    PAGE.write_text(updated)
     return 0
 
 

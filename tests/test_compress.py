@@ -1,6 +1,8 @@
 """Compressed pseudo-gradients against an independent numpy quantiser: one scale per row of a matrix, one
 per vector or scalar; round-trip error within half a step; reproducible bytes; exact byte counts."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from safetensors.torch import load as load_safetensors
 from dipaco.store.board import read_result, write_result
 from dipaco.store.compress import compress, decompress, pack_int4, unpack_int4
 from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import ResultMeta, Task
 
 Q_MAX = {"int8": 127, "int4": 7}
 
@@ -102,20 +105,22 @@ def test_int4_packs_two_values_per_byte():
 @pytest.mark.parametrize("method", ["none", "int8", "int4"])
 def test_the_byte_counter_equals_the_compressed_bytes_on_disk(tmp_path, method):
     store = ModuleStore(str(tmp_path / "store"))
-    task = {"round": 3, "path": 1, "attempt": 2}
+    task = replace(Task.open(path=1, base=2, step_offset=0, inner_from=None), attempt=2)  # round 3
+    meta = ResultMeta(path=1, round=3, base=2, attempt=2, tokens=10, train_loss=2.5, losses=(3.0, 2.0),
+                      val_loss_start=3.5, seconds=1.5, bytes_down_modules=0, bytes_down_inner=0,
+                      inner_state_local=False, data_parallel_ranks=1)
     delta = _delta()
     expected, _ = compress(delta, method=method, level=1)
     before = store.bytes_written
-    stats = write_result(store, task, delta, {"tokens": 10}, compression=method, level=1)
-    meta = store.read_json("results/round-000003/path-0001.a2.json")
-    data_file = tmp_path / "store" / "results" / "round-000003" / meta["file"]
-    json_file = tmp_path / "store" / "results" / "round-000003" / "path-0001.a2.json"
-    assert stats["bytes"] == meta["bytes"] == len(expected) == data_file.stat().st_size
+    written, stats = write_result(store, task, delta, meta, compression=method, level=1)
+    folder = tmp_path / "store" / "results" / "round-000003"
+    data_file, json_file = folder / written.file, folder / "path-0001.a2.json"
+    assert stats["bytes"] == written.bytes == len(expected) == data_file.stat().st_size
     assert store.bytes_written - before == data_file.stat().st_size + json_file.stat().st_size
     if method != "none":
         zstandard.ZstdDecompressor().decompress(data_file.read_bytes())  # it is a zstd frame
     before = store.bytes_read
-    back, meta = read_result(store, 3, 1, 2)
+    back, _ = read_result(store, round=3, path=1, attempt=2)
     assert store.bytes_read - before == data_file.stat().st_size + json_file.stat().st_size
     ref, _ = decompress(expected, method=method)
     for name in delta:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dipaco.config import Config, load_config
+from dipaco.config import Config, load_config, save_config
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
 
@@ -63,3 +63,11 @@ def test_cross_section_check_names_both_values():
 def test_malformed_override():
     with pytest.raises(ValueError, match="section.key=value"):
         load_config(None, ["steps=3"])
+
+
+def test_saved_config_loads_back_the_same_and_leaves_no_temporary_file(tmp_path):
+    cfg = load_config(None, ["inner.steps=7", "topology.levels=[4,4]", "eval.modes=[prefix,every:16]"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    save_config(cfg, tmp_path / "run" / "config.yaml")  # over an existing file
+    assert load_config(tmp_path / "run" / "config.yaml") == cfg
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["config.yaml"]

@@ -10,19 +10,24 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from dipaco.config import load_config, save_config
+from dipaco.config import Config, load_config, save_config
 from dipaco.islands.coordinator import Coordinator
 from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandWorker, train_task
+from dipaco.islands.island import IslandSetup, IslandWorker, train_task
+from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
-from dipaco.store.board import manifest_file, read_result
+from dipaco.stages.island import island_setup
+from dipaco.stages.train import initialise_store
+from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists
 from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import RoundManifest, task_key
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -42,13 +47,38 @@ def tiny(tiny_routed) -> RunDir:
     return tiny_routed  # conftest's routed and sharded tiny run (read only: make_run copies it)
 
 
-def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> PathFactory:
+@dataclass
+class TinyRun:
+    """A run with the tiny shards and an initialised store, and the pieces the islands and coordinator take."""
+
+    dir: RunDir
+    config: Config
+    setup: IslandSetup
+
+    @property
+    def store(self) -> ModuleStore:
+        return self.setup.store
+
+    @property
+    def topology(self) -> Topology:
+        return self.setup.topology
+
+    def coordinator(self, clock: Clock) -> Coordinator:
+        return Coordinator(self.store, self.topology, train=self.config.train, outer=self.config.outer,
+                           inner_steps=self.config.inner.steps, clock=clock)
+
+    def island(self, name: str, clock: Clock, **kwargs) -> IslandWorker:
+        return IslandWorker(self.setup, name=name, clock=clock, **kwargs)
+
+
+def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
     run = RunDir(root)
     for part in ("tokenizer", "routing", "shards"):
         shutil.copytree(tiny.root / part, run.root / part)
     config = load_config(TINY, ["train.device=cpu", *overrides])
     save_config(config, run.config)
-    return PathFactory(config, run)
+    initialise_store(PathFactory(config, run))
+    return TinyRun(dir=run, config=config, setup=island_setup(config, run))
 
 
 def drive(coordinator: Coordinator, islands: list[IslandWorker], clock: Clock, *, dt: float = 0.5,
@@ -62,22 +92,39 @@ def drive(coordinator: Coordinator, islands: list[IslandWorker], clock: Clock, *
     raise AssertionError(f"the run did not finish in {turns} turns (round {coordinator.committed})")
 
 
-def manifests(store: ModuleStore, rounds: int) -> list[dict]:
-    return [store.read_json(manifest_file(r)) for r in range(1, rounds + 1)]
+def manifests(store: ModuleStore, rounds: int) -> list[RoundManifest]:
+    return [read_manifest(store, r) for r in range(1, rounds + 1)]
 
 
 class Crash(Exception):
     pass
 
 
-def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(tiny, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory) -> TinyRun:
+    """Two rounds run without interruption by two islands."""
     clock = Clock()
-    straight = make_run(tiny, tmp_path / "straight", [])
-    islands = [IslandWorker(straight, name=f"i{k}", clock=clock) for k in range(2)]
-    drive(Coordinator(straight, clock=clock), islands, clock)
+    run = make_run(tiny, tmp_path_factory.mktemp("straight") / "run", [])
+    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
+    return run
 
+
+def assert_same_modules(resumed: TinyRun, straight: TinyRun, round: int) -> None:
+    for name in resumed.topology.modules:
+        for kind in ("read_module", "read_outer_state"):
+            a, b = getattr(resumed.store, kind)(round, name), getattr(straight.store, kind)(round, name)
+            assert a.keys() == b.keys()
+            for key in a:
+                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    for manifest in manifests(resumed.store, round):
+        assert sorted(e.path for e in manifest.applied) == [0, 1, 2, 3]  # each result applied once
+
+
+def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(tiny, straight, tmp_path,
+                                                                                 monkeypatch):
+    clock = Clock()
     resumed = make_run(tiny, tmp_path / "resumed", [])
-    islands = [IslandWorker(resumed, name=f"i{k}", clock=clock) for k in range(2)]
+    islands = [resumed.island(f"i{k}", clock) for k in range(2)]
     written = []
     original = ModuleStore.write_module
 
@@ -90,52 +137,69 @@ def test_a_coordinator_killed_between_module_writes_resumes_to_the_same_modules(
 
     monkeypatch.setattr(ModuleStore, "write_module", crash_on_second_write)
     with pytest.raises(Crash):
-        drive(Coordinator(resumed, clock=clock), islands, clock)
+        drive(resumed.coordinator(clock), islands, clock)
     monkeypatch.undo()
     store = resumed.store
-    assert store.current_round() == 1 and store.exists(f"modules/round-000002/{written[0]}.safetensors")
+    assert store.current_round() == 1 and store.has_module(2, written[0])
 
-    drive(Coordinator(resumed, clock=clock), islands, clock)  # a new coordinator process, same store
+    drive(resumed.coordinator(clock), islands, clock)  # a new coordinator process, same store
     assert store.current_round() == 2
-    for name in resumed.topology.modules:
-        for kind in ("read_module", "read_outer_state"):
-            a, b = getattr(store, kind)(2, name), getattr(straight.store, kind)(2, name)
-            assert a.keys() == b.keys()
-            for key in a:
-                torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
-    for manifest in manifests(store, 2):
-        assert sorted(e["path"] for e in manifest["applied"]) == [0, 1, 2, 3]  # each result applied once
+    assert_same_modules(resumed, straight, 2)
+
+
+def test_a_coordinator_killed_right_after_a_commit_resumes_to_the_same_modules(tiny, straight, tmp_path,
+                                                                                monkeypatch):
+    """The results received in the tick that closes the round must survive a crash before the board is
+    written again: their paths continue from them (steps done, inner state) in the next round."""
+    clock = Clock()
+    resumed = make_run(tiny, tmp_path / "resumed", [])
+    islands = [resumed.island(f"i{k}", clock) for k in range(2)]
+    original = ModuleStore.commit
+
+    def crash_after_committing_round_1(self, *, round, **meta):
+        original(self, round=round, **meta)
+        if round == 1:
+            raise Crash("killed right after committing round 1")
+
+    monkeypatch.setattr(ModuleStore, "commit", crash_after_committing_round_1)
+    with pytest.raises(Crash):
+        drive(resumed.coordinator(clock), islands, clock)
+    monkeypatch.undo()
+    assert resumed.store.current_round() == 1
+
+    drive(resumed.coordinator(clock), islands, clock)
+    assert_same_modules(resumed, straight, 2)
 
 
 def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tmp_path):
     clock = Clock()
-    factory = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10"])
-    coordinator = Coordinator(factory, clock=clock)
+    run = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10"])
+    coordinator = run.coordinator(clock)
     faults = FaultClock(mtbf=5.0, return_after=1000.0, mode="die", seed=0, island="a", clock=clock)
-    a = IslandWorker(factory, name="a", clock=clock, faults=faults)
-    b = IslandWorker(factory, name="b", clock=clock)
+    a = run.island("a", clock, faults=faults)
+    b = run.island("b", clock)
     coordinator.tick()
     a.heartbeat(), b.heartbeat()
     coordinator.tick()
     task = a.next_task()
-    assert task is not None and task["attempt"] == 0
+    assert task is not None and task.attempt == 0
     clock.t = faults.next_at  # the failure falls due inside the task's inner steps
     assert a.execute(task) is None and faults.failures == 1
-    assert not factory.store.exists(f"results/round-{task['round']:06d}/path-{task['path']:04d}.json")
+    assert not result_exists(run.store, round=task.round, path=task.path, attempt=0)
 
     drive(coordinator, [a, b], clock)
-    assert factory.store.current_round() == factory.config.train.rounds
-    first = manifests(factory.store, 1)[0]
-    rerun = next(e for e in first["applied"] if e["key"] == task["key"])
-    assert rerun["attempt"] == 1
-    assert factory.store.read_json(f"results/round-000001/path-{task['path']:04d}.a1.json")["island"] == "b"
+    assert run.store.current_round() == run.config.train.rounds
+    first = manifests(run.store, 1)[0]
+    rerun = next(e for e in first.applied if e.key == task.key)
+    assert rerun.attempt == 1
+    assert read_result_meta(run.store, round=1, path=task.path, attempt=1).island == "b"
 
 
 def test_a_late_result_of_a_reassigned_task_is_applied_once(tiny, tmp_path):
     clock = Clock()
-    factory = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10", "train.rounds=1"])
-    coordinator = Coordinator(factory, clock=clock)
-    a, b = IslandWorker(factory, name="a", clock=clock), IslandWorker(factory, name="b", clock=clock)
+    run = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10", "train.rounds=1"])
+    coordinator = run.coordinator(clock)
+    a, b = run.island("a", clock), run.island("b", clock)
     coordinator.tick()
     a.heartbeat(), b.heartbeat()
     coordinator.tick()
@@ -144,76 +208,76 @@ def test_a_late_result_of_a_reassigned_task_is_applied_once(tiny, tmp_path):
         clock.t += 1.0
         coordinator.tick()
         b.poll()
-        if factory.store.exists(f"results/round-000001/path-{task['path']:04d}.a1.json"):
+        if result_exists(run.store, round=1, path=task.path, attempt=1):
             break
     assert a.execute(task) is not None  # a wakes up and pushes its (now duplicate) result
     drive(coordinator, [a, b], clock)
-    applied = manifests(factory.store, 1)[0]["applied"]
-    assert sorted(e["path"] for e in applied) == [0, 1, 2, 3]
-    assert next(e for e in applied if e["path"] == task["path"])["attempt"] == 1
+    applied = manifests(run.store, 1)[0].applied
+    assert sorted(e.path for e in applied) == [0, 1, 2, 3]
+    assert next(e for e in applied if e.path == task.path).attempt == 1
 
 
 @pytest.mark.parametrize("max_staleness", [2, 0])
 def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path, max_staleness):
     clock = Clock()
-    factory = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5",
+    run = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5",
                                                 "outer.grace_seconds=0", f"outer.max_staleness={max_staleness}",
                                                 "outer.staleness_power=1.0"])
-    store = factory.store
-    coordinator = Coordinator(factory, clock=clock)
-    slow = IslandWorker(factory, name="slow", pinned=[0], clock=clock)
-    fast = IslandWorker(factory, name="fast", pinned=[1, 2, 3], clock=clock)
+    store = run.store
+    coordinator = run.coordinator(clock)
+    slow = run.island("slow", clock, pinned=[0])
+    fast = run.island("fast", clock, pinned=[1, 2, 3])
     coordinator.tick()
     slow.heartbeat(), fast.heartbeat()
     coordinator.tick()
     held = slow.next_task()
-    assert held["path"] == 0 and held["base"] == 0
+    assert held.path == 0 and held.base == 0
     while coordinator.committed < 1:  # round 1 closes on a quorum, without path 0
         slow.heartbeat()
         fast.poll()
         coordinator.tick()
-    assert all(e["path"] != 0 for e in manifests(store, 1)[0]["applied"])
+    assert all(e.path != 0 for e in manifests(store, 1)[0].applied)
     slow.execute(held)  # path 0's result from version 0 arrives while round 2 is being built
     drive(coordinator, [slow, fast], clock)
 
     second = manifests(store, 2)[1]
     if max_staleness == 0:
-        assert 0 in [e["path"] for e in second["dropped"] if e["staleness"] == 1]
-        assert all(e["staleness"] == 0 for e in second["applied"])
+        assert 0 in [e.path for e in second.dropped if e.staleness == 1]
+        assert all(e.staleness == 0 for e in second.applied)
     else:
-        stale = next(e for e in second["applied"] if e["path"] == 0)
-        assert stale["staleness"] == 1 and stale["factor"] == pytest.approx(0.5)
+        stale = next(e for e in second.applied if e.path == 0)
+        assert stale.staleness == 1 and stale.factor == pytest.approx(0.5)
     # the module update is the tokens x staleness-weighted average of exactly the applied results
-    deltas = {e["key"]: read_result(store, e["base"] + 1, e["path"], e["attempt"])[0] for e in second["applied"]}
-    for name in factory.topology.modules:
-        users = [e for e in second["applied"] if e["path"] in factory.topology.paths_of_module(name)]
+    deltas = {e.key: read_result(store, round=e.base + 1, path=e.path, attempt=e.attempt)[0] for e in second.applied}
+    for name in run.topology.modules:
+        users = [e for e in second.applied if e.path in run.topology.paths_of_module(name)]
         before, after = store.read_module(1, name), store.read_module(2, name)
         for param in before:
             if not users:
                 torch.testing.assert_close(after[param], before[param], rtol=0, atol=0)
                 continue
-            weights = [e["tokens"] * e.get("factor", 1.0) for e in users]
-            mean = sum(w * deltas[e["key"]][f"{name}/{param}"] for w, e in zip(weights, users)) / sum(weights)
+            weights = [e.tokens * e.factor for e in users]
+            mean = sum(w * deltas[e.key][f"{name}/{param}"] for w, e in zip(weights, users)) / sum(weights)
             torch.testing.assert_close(after[param], before[param] - mean, rtol=1e-5, atol=1e-7)
 
 
 def test_torchrun_two_ranks_give_the_same_pseudo_gradient_as_one_process(tiny, tmp_path):
     clock = Clock()
-    factory = make_run(tiny, tmp_path / "run", [])
-    coordinator = Coordinator(factory, clock=clock)
+    run = make_run(tiny, tmp_path / "run", [])
+    coordinator = run.coordinator(clock)
     coordinator.tick()
-    task = dict(coordinator.tasks["path-0000-round-000001"])
-    single = train_task(factory, task)  # one process over the whole batch (writes nothing)
+    task = coordinator.tasks[task_key(0, 0)]
+    single = train_task(run.setup, task)  # one process over the whole batch (writes nothing)
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "DIPACO_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-           "-m", "dipaco", "--", "island", "--config", str(factory.run.config), "--run", str(factory.run.root),
+           "-m", "dipaco", "--", "island", "--config", str(run.dir.config), "--run", str(run.dir.root),
            "--pull", "--path", "0", "--name", "ddp", "--max-tasks", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
-        while not factory.store.exists("results/round-000001/path-0000.json"):
+        while not result_exists(run.store, round=1, path=0, attempt=0):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "the torchrun island did not report"
             coordinator.tick()
@@ -223,8 +287,8 @@ def test_torchrun_two_ranks_give_the_same_pseudo_gradient_as_one_process(tiny, t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, output[-3000:]
-    tensors, meta = read_result(factory.store, 1, 0, 0)
-    assert meta["data_parallel_ranks"] == 2 and meta["tokens"] == single["meta"]["tokens"]
-    assert tensors.keys() == single["pseudo_gradient"].keys()
-    for key, expected in single["pseudo_gradient"].items():
+    tensors, meta = read_result(run.store, round=1, path=0, attempt=0)
+    assert meta.data_parallel_ranks == 2 and meta.tokens == single.meta.tokens
+    assert tensors.keys() == single.pseudo_gradient.keys()
+    for key, expected in single.pseudo_gradient.items():
         torch.testing.assert_close(tensors[key], expected, rtol=1e-4, atol=2e-6)

@@ -1,4 +1,5 @@
-"""The inner loop: the schedule, and AdamW state that survives a trip through the store."""
+"""The inner loop: the schedule, AdamW state that survives a trip through the store, and dense training
+(the warm start and the baselines) saved and loaded back."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,8 @@ import torch
 
 from dipaco.config import InnerConfig, ModelConfig
 from dipaco.device import resolve_device
-from dipaco.model.path_model import build_path_model, path_parameters
+from dipaco.model.path_model import PathSpec, build_path_model, path_parameters
+from dipaco.optim.dense import load_dense, train_dense
 from dipaco.optim.inner import (
     load_optimizer_state,
     lr_at,
@@ -62,3 +64,22 @@ def test_device_resolution():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(ValueError, match="cuda"):
             resolve_device("cuda")
+
+
+def test_dense_training_is_the_inner_recipe_over_its_own_steps_and_loads_back(tmp_path):
+    cfg = InnerConfig(batch_size=2, warmup_steps=1)
+    spec = PathSpec(model=ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    cpu = torch.device("cpu")
+    model, summary = train_dense(spec, _batches(1), steps=3, inner=cfg, seed=4, device=cpu, precision="fp32",
+                                 out=tmp_path / "dense", info={"name": "x"})
+    reference = build_path_model(spec.model, vocab_size=30, seq_len=12, seed=4)  # written out by hand
+    stats = train_steps(reference, make_optimizer(reference, cfg), _batches(1), start_step=0, steps=3, total_steps=3,
+                        config=cfg, device=cpu, precision="fp32")
+    assert summary["name"] == "x" and summary["steps"] == 3 and summary["tokens"] == 3 * 2 * 12
+    assert summary["losses"] == stats["losses"]
+    loaded, saved = load_dense(tmp_path / "dense", spec)
+    assert saved == {**summary, "seconds": saved["seconds"]}
+    for name, param in path_parameters(loaded).items():
+        torch.testing.assert_close(param, path_parameters(reference)[name], rtol=0, atol=0)
+        torch.testing.assert_close(param, path_parameters(model)[name], rtol=0, atol=0)
+    assert sorted(p.name for p in (tmp_path / "dense").iterdir()) == ["model.safetensors", "summary.json"]

@@ -1,5 +1,7 @@
 """Eval modes against direct references: re-routing, oracle, all-paths, on small real path models."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -9,8 +11,10 @@ from dipaco.eval.modes import (
     LossTable,
     all_paths_table,
     chunk_spans,
+    evaluate_modes,
     oracle_scores,
     parse_mode,
+    prefix_routes,
     route_chunks,
     routed_scores,
 )
@@ -59,14 +63,29 @@ def test_chunks_cover_the_scored_tokens_once():
             parse_mode(bad)
 
 
-def test_every_window_at_least_the_sequence_equals_prefix(setup):
-    _, docs, table = setup
+def reference_prefix(models, docs):
+    """The `prefix` mode computed directly: each document routed once from its first PREFIX tokens,
+    that path's model run on the document alone, the losses of tokens PREFIX.. summed."""
+    paths = [int(route([doc], [PREFIX])[0]) for doc in docs]
+    nll = [reference_span_nll(models[p], doc, PREFIX, len(doc)) if len(doc) > PREFIX else 0.0
+           for p, doc in zip(paths, docs)]
+    return np.array(paths), np.array(nll)
+
+
+def test_every_window_at_least_the_sequence_equals_a_direct_prefix_computation(setup):
+    models, docs, table = setup
+    paths, nll = reference_prefix(models, docs)
+    tokens = np.array([max(0, len(d) - PREFIX) for d in docs])
     longest = max(len(d) for d in docs)
-    prefix = routed_scores(table, route_chunks(route, docs, prefix=PREFIX, window=longest), ROUNDS, N_PATHS)
-    for window in (longest, longest + 1, 10 * longest):
-        every = routed_scores(table, route_chunks(route, docs, prefix=PREFIX, window=window), ROUNDS, N_PATHS)
-        for key in prefix:
-            np.testing.assert_array_equal(every[key], prefix[key])
+    prefix = routed_scores(table, prefix_routes(docs, route(docs, [PREFIX] * len(docs)), prefix=PREFIX), ROUNDS,
+                           N_PATHS)
+    for scores in [prefix] + [routed_scores(table, route_chunks(route, docs, prefix=PREFIX, window=window), ROUNDS,
+                                            N_PATHS) for window in (longest, longest + 1, 10 * longest)]:
+        np.testing.assert_allclose(scores["nll"], nll, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(scores["tokens"], tokens)
+        np.testing.assert_array_equal(scores["path_documents"], np.bincount(paths[tokens > 0], minlength=N_PATHS))
+        for key in scores:  # all windows >= the longest document are one and the same routing
+            np.testing.assert_array_equal(scores[key], prefix[key])
 
 
 def test_rerouting_scores_each_chunk_with_the_path_chosen_before_it(setup):
@@ -103,6 +122,43 @@ def test_all_paths_diagonal_is_each_paths_routed_perplexity(setup):
     prefix = routed_scores(table, routes, ROUNDS, N_PATHS)
     for p in range(N_PATHS):
         if prefix["path_tokens"][p]:
-            assert grid[p, p] == pytest.approx(np.exp(prefix["path_nll"][p] / prefix["path_tokens"][p]))
+            assert grid[p, p] == pytest.approx(math.exp(prefix["path_nll"][p] / prefix["path_tokens"][p]))
         else:
             assert np.isnan(grid[:, p]).all()
+
+
+def test_evaluate_modes_rows_match_direct_computations_and_reuse_the_table(setup):
+    models, docs, _ = setup
+    loads = []
+
+    def load(path, round):
+        loads.append((path, round))
+        return models[path]
+
+    table = LossTable(docs=docs, load=load,
+                      score=lambda m, batch: token_losses(m, batch, batch_size=3, device=CPU, precision="fp32"))
+    paths, nll = reference_prefix(models, docs)
+    tokens = sum(max(0, len(d) - PREFIX) for d in docs)
+    # the caller scores the prefix routing first (dipaco eval's headline row) ...
+    routed_scores(table, prefix_routes(docs, paths, prefix=PREFIX), ROUNDS, N_PATHS)
+    scored = len(loads)
+    kwargs = dict(route=route, paths=paths, rounds=ROUNDS, best=None, n_paths=N_PATHS, prefix=PREFIX)
+    (only,) = evaluate_modes(table, modes=["prefix"], **kwargs)["rows"]
+    assert len(loads) == scored  # ... and the prefix row reads those losses: no path model is loaded again
+    out = evaluate_modes(table, modes=["prefix", "every:8", "oracle", "all-paths"], **kwargs)
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert rows["prefix"] == only
+    assert rows["prefix"]["perplexity"] == pytest.approx(math.exp(nll.sum() / tokens), rel=1e-5)
+    every = 0.0
+    for doc in docs:
+        for start, end in chunk_spans(len(doc), prefix=PREFIX, window=8):
+            every += reference_span_nll(models[route([doc], [start])[0]], doc, start, end)
+    assert rows["every:8"]["perplexity"] == pytest.approx(math.exp(every / tokens), rel=1e-5)
+    oracle = sum(min(reference_span_nll(m, doc, PREFIX, len(doc)) for m in models) for doc in docs if len(doc) > PREFIX)
+    assert rows["oracle"]["perplexity"] == pytest.approx(math.exp(oracle / tokens), rel=1e-5)
+    assert all(r["tokens"] == tokens and r["checkpoints"] == "last" for r in rows.values())
+    assert len(out["all_paths"]) == N_PATHS and out["best_rounds"] is None
+    # at `best` versions equal to the last ones, every row repeats (all-paths only at the last)
+    both = evaluate_modes(table, modes=["prefix", "every:8", "oracle", "all-paths"], **{**kwargs, "best": ROUNDS})
+    assert [r["checkpoints"] for r in both["rows"]] == ["last"] * 3 + ["best"] * 3
+    assert [{**r, "checkpoints": "last"} for r in both["rows"][3:]] == out["rows"]

@@ -38,12 +38,8 @@ def test_missing_and_corrupt_files_name_the_file(tmp_path):
         store.state()
 
 
-def test_results_and_inner_state(tmp_path):
+def test_tensors_with_metadata_in_one_file(tmp_path):
     store = ModuleStore(str(tmp_path))
-    assert not store.has_result(1, 2)
-    sent = store.write_result(1, 2, {"m/w": torch.ones(2)}, {"tokens": 10})
-    tensors, meta = store.read_result(1, 2)
-    assert store.has_result(1, 2) and meta["tokens"] == 10 and meta["bytes"] == sent > 0
     store.write_tensors_with_meta("islands/path-0002/inner.safetensors", {"w.exp_avg": torch.full((2,), 2.0)},
                                   {"round": 2})
     tensors, meta = store.read_tensors_with_meta("islands/path-0002/inner.safetensors")
@@ -53,9 +49,17 @@ def test_results_and_inner_state(tmp_path):
         store.read_tensors_with_meta("plain.safetensors")
 
 
-def test_prune_keeps_recent_rounds(tmp_path):
+def test_versions_are_listed_and_pruned_by_round(tmp_path):
     store = ModuleStore(str(tmp_path))
-    for round in range(4):
-        store.write_module(round, "m", {"w": torch.ones(1)})
-    store.prune(keep_from=2)
-    assert sorted(p.name for p in (tmp_path / "modules").iterdir()) == ["round-000002", "round-000003"]
+    for round in (3, 0, 12):
+        store.write_module(round, "a", {"w": torch.ones(4)})
+        store.write_module(round, "b", {"w": torch.ones(1)})
+    store.write_outer_state(3, "a", {"w": torch.ones(1)})
+    assert store.versions("modules") == [0, 3, 12] and store.versions("outer") == [3]
+    assert store.has_module(3, "a") and not store.has_module(4, "a")
+    kept = store.prune_version("modules", 3, keep={"a"})
+    assert kept == (tmp_path / "modules" / "round-000003" / "a.safetensors").stat().st_size
+    assert store.has_module(3, "a") and not store.has_module(3, "b")
+    assert store.prune_version("modules", 0) == 0 and store.versions("modules") == [3, 12]
+    with pytest.raises(ValueError, match="not 'results'"):
+        store.versions("results")

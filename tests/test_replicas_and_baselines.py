@@ -1,14 +1,19 @@
-"""DiLoCo replicas (islands sharing every module, on random shares of the data) and the dense-large baseline."""
+"""DiLoCo replicas (islands sharing every module, on random shares of the data; routing answers with a
+routed path's first replica) and the dense-large baseline."""
 
 import numpy as np
+import pytest
 import torch
 
 from dipaco.config import Config, ModelConfig, TopologyConfig, load_config
+from dipaco.eval.baselines import baseline_model_config, baseline_steps
+from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.model.path_model import build_path_model, count_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_pseudo_gradients, outer_update
-from dipaco.stages.baselines import baseline_model_config, baseline_steps
+from dipaco.stages.context import baseline_budgets
 from dipaco.stages.route import assign_replicas
+from sharding.tokenizer import encode_batch, train_tokenizer
 
 
 def test_replicas_share_every_module_and_the_outer_step_averages_them():
@@ -37,15 +42,51 @@ def test_replica_assignment_keeps_the_route_and_spreads_documents_evenly():
     assert np.array_equal(assign_replicas(routed, replicas=1, seed=0), routed)
 
 
+class FirstLetterRouter:
+    """A stand-in router over 2 routed paths: path 1 for text starting with "B", else 0; it keeps
+    the texts it was shown."""
+
+    levels = [2]
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def route(self, texts: list[str]) -> np.ndarray:
+        self.seen += texts
+        return np.array([int(t.startswith("B")) for t in texts], dtype=np.int64)
+
+
+def test_prefix_router_shows_the_prefix_text_and_answers_with_the_first_replica(tmp_path):
+    texts = ["Behold the fowls of the air", "And God said, Let there be light", "By the rivers of Babylon"] * 5
+    tokenizer = train_tokenizer(texts, vocab_size=300, out_dir=tmp_path / "tok")
+    top = Topology.from_config(TopologyConfig(levels=[2], replicas=3), n_layers=2)
+    fake = FirstLetterRouter()
+    router = PrefixRouter(fake, tokenizer, top, prefix_tokens=2)
+    assert router.route_texts(texts[:3]).tolist() == [3, 0, 3]  # routed path q -> its first replica 3q
+    docs = encode_batch(tokenizer, texts[:3])
+    assert fake.seen == [tokenizer.decode(d[:2].tolist()) for d in docs]  # the text of the first 2 tokens
+    assert router([docs[1], docs[2]], [1, 5]).tolist() == [0, 3]
+    assert fake.seen[-2:] == [tokenizer.decode(docs[1][:1].tolist()), tokenizer.decode(docs[2][:5].tolist())]
+    plain = PrefixRouter(fake, tokenizer, Topology.from_config(TopologyConfig(levels=[2]), n_layers=2),
+                         prefix_tokens=2)
+    assert plain.route_texts(texts[:3]).tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="4"):
+        PrefixRouter(fake, tokenizer, Topology.from_config(TopologyConfig(levels=[2, 2]), n_layers=2), prefix_tokens=2)
+
+
 def test_dense_large_is_about_eight_times_a_path():
     config = load_config(None, ["model.hidden_size=128", "model.n_layers=4", "model.n_heads=4",
                                 "topology.blocks_per_level=[2,2]", "eval.large_hidden_size=256",
                                 "eval.large_n_layers=12"])
-    assert baseline_steps(config, 4)["dense-large"] == config.train.rounds * config.inner.steps
-    large = baseline_model_config(config, "dense-large")
-    assert large.hidden_size // large.n_heads == 32 and baseline_model_config(config, "dense-equal-steps") == config.model
+    per_path = config.train.rounds * config.inner.steps
+    assert baseline_budgets(config, 4) == {"dense-equal-steps": per_path, "dense-equal-compute": 4 * per_path,
+                                           "dense-large": per_path}
+    large = baseline_model_config(config.model, config.eval, "dense-large")
+    assert large.hidden_size // large.n_heads == 32
+    assert baseline_model_config(config.model, config.eval, "dense-equal-steps") == config.model
     ratio = (count_parameters(build_path_model(large, vocab_size=4096, seq_len=256))
              / count_parameters(build_path_model(config.model, vocab_size=4096, seq_len=256)))
     assert 7 < ratio < 9
-    assert "dense-large" not in baseline_steps(load_config(None, []), 4)
+    assert "dense-large" not in baseline_budgets(load_config(None, []), 4)
+    assert "dense-large" not in baseline_steps(steps_per_path=1, n_paths=4, large=False)
     assert isinstance(large, ModelConfig)

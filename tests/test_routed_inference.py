@@ -1,9 +1,11 @@
-"""End to end on the tiny config: eval modes, --best, export to transformers, generate, the report.
+"""End to end on the tiny config: routed eval and eval modes against a direct computation, --best,
+export to transformers, generate (replica-aware routing), the report.
 
 The run is conftest's session-wide `tiny_trained`: one `dipaco run` with 3 rounds and one module version
 kept, so pruning has to keep the best versions, and every eval mode."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -18,6 +20,9 @@ from dipaco.config import load_config
 from dipaco.eval.early_stopping import best_rounds, read_history
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
+from dipaco.stages.generate import generate
+from routing.router import Router
+from sharding.tokenizer import decode_prefix, encode_batch, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +47,63 @@ def test_best_is_the_version_with_the_lowest_validation_loss_and_survives_prunin
     assert {int(p): r for p, r in results["modes"]["best_rounds"].items()} == best
 
 
-def test_modes_score_the_same_tokens_and_prefix_matches_the_routed_eval(run):
+def chunk_nll(model, doc: np.ndarray, start: int, end: int) -> float:
+    """Summed loss of tokens start..end-1, the model reading only the document's first `end` tokens."""
+    ids = torch.as_tensor(doc[:end], dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1]
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")[start - 1 : end - 1].sum())
+
+
+def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[int, tuple[float, int]], bool]:
+    """Routed evaluation computed directly, without dipaco.eval: each test document's tokens after the
+    prefix P are cut in chunks [P, P+W), [P+W, P+2W), ...; the router picks a chunk's path from the
+    text of the tokens before it; that path's model scores the chunk (`chunk_nll`, unbatched).
+    Returns (total loss, tokens, {path of the first chunk: (loss, tokens)}, whether some document
+    changed path between chunks)."""
+    config = load_config(run.config)
+    factory = PathFactory(config, run)
+    docs, _, _ = factory.reader.test_documents()
+    prefix, last = config.routing.prefix_tokens, factory.store.current_round()
+    router, tokenizer = Router.load(run.routing), load_tokenizer(run.tokenizer)
+    chunks = [(d, s, min(s + window, len(doc))) for d, doc in enumerate(docs) for s in range(prefix, len(doc), window)]
+    paths = router.route([decode_prefix(tokenizer, docs[d], s) for d, s, _ in chunks]).tolist()  # replicas = 1
+    models = {p: factory.load_path(path=p, round=last).eval() for p in set(paths)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many tiny forward passes: more threads only contend on a shared machine
+    try:
+        losses = [chunk_nll(models[p], docs[d], s, e) for (d, s, e), p in zip(chunks, paths)]
+    finally:
+        torch.set_num_threads(threads)
+    per_path, first = {}, {}
+    for (d, s, e), p, loss in zip(chunks, paths, losses):
+        q = first.setdefault(d, p)
+        nll, count = per_path.get(q, (0.0, 0))
+        per_path[q] = (nll + loss, count + e - s)
+    rerouted = any(p != first[d] for (d, _, _), p in zip(chunks, paths))
+    return sum(losses), sum(e - s for _, s, e in chunks), per_path, rerouted
+
+
+def test_routed_eval_and_every_mode_match_a_direct_computation(run):
     results = json.loads(run.eval_results.read_text())
     rows = {(r["mode"], r["checkpoints"]): r for r in results["modes"]["rows"]}
     assert all(r["tokens"] == results["scored_tokens"] for r in rows.values())
     routed = next(m for m in results["models"] if m["model"].startswith("DiPaCo"))
-    assert rows["prefix", "last"]["perplexity"] == pytest.approx(routed["perplexity"], rel=1e-6)
-    assert rows["every:64", "last"]["perplexity"] == rows["prefix", "last"]["perplexity"]  # 64 = seq_len
+    nll, tokens, per_path, _ = reference_routed_nll(run, window=10_000)  # prefix: one chunk per document
+    assert tokens == results["scored_tokens"]
+    assert routed["perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    assert rows["prefix", "last"]["perplexity"] == routed["perplexity"]  # the headline is the prefix mode
+    for p in results["per_path"]:
+        loss, count = per_path.get(p["path"], (0.0, 0))
+        assert (p["documents"] > 0) == (count > 0) and p["tokens"] == count
+        if count:
+            assert p["perplexity"] == pytest.approx(math.exp(loss / count), rel=1e-5)
+    # every:16 re-routes the 56 scored tokens of a 64-token document 3 times
+    nll, tokens, _, rerouted = reference_routed_nll(run, window=16)
+    assert rerouted, "some document should change path between chunks, or every:16 checks nothing more than prefix"
+    assert rows["every:16", "last"]["perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    # a window of the sequence length (64) or more leaves one chunk: the prefix routing again
+    assert rows["every:64", "last"]["perplexity"] == rows["prefix", "last"]["perplexity"]
     for checkpoints in ("last", "best"):
         assert rows["oracle", checkpoints]["perplexity"] <= rows["prefix", checkpoints]["perplexity"]
     grid = np.array(results["modes"]["all_paths"], dtype=float)
@@ -98,6 +153,23 @@ def test_export_all_and_generate_name_the_path(run, tmp_path, capsys):
     out = capsys.readouterr().out
     match = re.match(r"\[path (\d) \(\d,\d\), round \d\]\n(.*)", out, re.S)
     assert match and match.group(2).startswith("In the beginning")
+
+
+def test_generate_uses_the_first_replica_of_the_routed_path(run):
+    """With DiLoCo replicas (here 2 per routed path; they share every module, so this run's store
+    serves them) a prompt routed to path q is generated by path 2q, the replica evaluation loads."""
+    docs, _, _ = PathFactory(load_config(run.config), run).reader.test_documents()
+    config = load_config(run.config, ["topology.replicas=2"])
+    factory = PathFactory(config, run)
+    router, tokenizer = Router.load(run.routing), load_tokenizer(run.tokenizer)
+    prompts = [tokenizer.decode(doc[:12].tolist()) for doc in docs]
+    routed = {int(router.route([decode_prefix(tokenizer, ids, config.routing.prefix_tokens)])[0]): prompt
+              for prompt, ids in zip(prompts, encode_batch(tokenizer, prompts))}
+    assert set(routed) - {0}, "a prompt routed to a path other than 0 tells replica 2q from path q"
+    rounds = {p: factory.store.current_round() for p in range(factory.topology.n_paths)}
+    for q, prompt in sorted(routed.items()):
+        text, path = generate(factory, prompt, rounds=rounds, max_new_tokens=2)
+        assert path == 2 * q and text.startswith(prompt[:8])
 
 
 def test_report_is_written_and_every_image_exists(run):

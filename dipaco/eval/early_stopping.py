@@ -1,37 +1,58 @@
-"""Per-path early stopping: each path's validation loss per module version, its best version, and
-pruning that keeps the modules of every path's best version.
+"""Per-path early stopping: each path's validation loss per module version, and its best version.
 
     dipaco eval --config configs/demo.yaml --run runs/demo --best      # each path at its best round
 
-The island of round t scores its path on its validation blocks before training (`val_loss_start`):
-that is the loss of module version t − 1. After the last round the coordinator scores version R the
-same way (`record_final_val_losses`), so every version 0..R has a loss and the last round can win.
-The store's `best.json` (written by the coordinator) holds
+The island of round t scores its path on its validation blocks before training (`val_loss_start`,
+with `ValidationData.loss`): that is the loss of module version t − 1. After the last round the
+coordinator scores version R the same way (`final_val_losses`), so every version 0..R has a loss and
+the last round can win. The store's best.json (written by the coordinator) holds
 
     {"history": {"3": {"0": 8.31, "1": 6.90, ...}},   # path → module version → validation loss
      "best": {"3": {"round": 6, "val_loss": 5.41}},    # lowest loss so far (the earliest on ties)
      "kept_bytes": 123456}                             # disk held only for best versions
 
-Pruning (`train.keep_rounds`) deletes old module versions except, in a version that is some path's
-best, the modules of that path (a shared module once, however many paths need it).
+Pruning (`dipaco.store.retention`, `train.keep_rounds`) keeps the modules `needed_modules` names: in
+a version that is some path's best, the modules of that path.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
-from dipaco.device import resolve_device
 from dipaco.eval.scoring import mean_loss
+from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
-from dipaco.stages.context import PathFactory
 from dipaco.store.module_store import ModuleStore
+from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
 
-BEST_FILE = "best.json"
+
+@dataclass(frozen=True)
+class ValidationData:
+    """Each path's validation blocks, batched as the islands score them for `val_loss_start`."""
+
+    reader: ShardReader
+    batch_size: int  # inner.batch_size
+    max_batches: int  # inner.val_batches
+    precision: str  # train.precision
+
+    def batches(self, path: int) -> list[np.ndarray]:
+        """The first `max_batches` batches `(batch_size, seq_len)` of the path's validation blocks (fixed order)."""
+        n = min(self.max_batches, -(-self.reader.num_blocks(path, "val") // self.batch_size))
+        batches = self.reader.iter_batches(path, "val", batch_size=self.batch_size, seed=0)
+        return [next(batches) for _ in range(n)]
+
+    def loss(self, model: torch.nn.Module, *, path: int) -> float:
+        """A path model's mean loss on its validation batches, on the device the model is on."""
+        device = next(model.parameters()).device
+        return mean_loss(model, self.batches(path), device=device, precision=self.precision)
 
 
 def best_rounds(history: dict[int, dict[int, float]]) -> dict[int, int]:
@@ -44,126 +65,80 @@ def best_rounds(history: dict[int, dict[int, float]]) -> dict[int, int]:
     return best
 
 
-def read_history(store: ModuleStore) -> dict[int, dict[int, float]]:
-    """The recorded validation losses `{path: {version: loss}}` ({} when none are recorded)."""
-    if not store.exists(BEST_FILE):
-        return {}
-    raw = store.read_json(BEST_FILE)["history"]
-    return {int(p): {int(v): float(x) for v, x in losses.items()} for p, losses in raw.items()}
-
-
-def record_val_losses(store: ModuleStore, topology: Topology, *, version: int, losses: dict[int, float],
-                      keep_from: int | None) -> dict:
-    """Add the validation losses of module `version`, then prune versions older than `keep_from`
-    (None = keep all) except what some path's best version needs. Returns what `best.json` holds."""
-    history = read_history(store)
-    for path, loss in losses.items():
-        history.setdefault(int(path), {})[version] = float(loss)
-    best = best_rounds(history)
-    kept = prune_keeping_best(store, topology, keep_from=keep_from, best=best) if keep_from is not None else 0
-    state = {
-        "history": {str(p): {str(v): x for v, x in sorted(h.items())} for p, h in sorted(history.items())},
-        "best": {str(p): {"round": v, "val_loss": history[p][v]} for p, v in sorted(best.items())},
-        "kept_bytes": kept,
-    }
-    store.write_json(BEST_FILE, state)
-    return state
-
-
 def needed_modules(topology: Topology, best: dict[int, int]) -> dict[int, set[str]]:
-    """`{version: module names}` that the paths' best versions need."""
+    """`{version: module names}` that the paths' best versions `{path: version}` need."""
     needed: dict[int, set[str]] = {}
     for path, version in best.items():
         needed.setdefault(version, set()).update(topology.modules_of_path(path))
     return needed
 
 
-def prune_keeping_best(store: ModuleStore, topology: Topology, *, keep_from: int, best: dict[int, int]) -> int:
-    """Delete module, outer-state and result versions older than `keep_from`, but keep the module
-    files some path's best version needs. Returns the bytes of the module files kept that way."""
-    store.prune(keep_from=keep_from, folders=("outer", "results"))
-    needed = needed_modules(topology, best)
-    kept = 0
-    if not store.exists("modules"):
-        return 0
-    for entry in store.fs.ls(store._path("modules"), detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not name.startswith("round-") or int(name[6:]) >= keep_from:
-            continue
-        keep = needed.get(int(name[6:]), set())
-        if not keep:
-            store.fs.rm(entry, recursive=True)
-            continue
-        for file in store.fs.ls(entry, detail=True):
-            module = file["name"].rstrip("/").rsplit("/", 1)[-1].removesuffix(".safetensors")
-            if module in keep:
-                kept += int(file["size"])
-            else:
-                store.fs.rm(file["name"])
-    return kept
+def read_best(store: ModuleStore) -> dict[str, Any]:
+    """What best.json holds ({} when nothing is recorded)."""
+    return store.read_best() or {}
 
 
-def path_val_loss(factory: PathFactory, model, *, path: int) -> float:
-    """A path model's loss on its validation batches: the same batches and precision an island uses
-    for `val_loss_start`."""
-    config, reader = factory.config, factory.reader
-    n = min(config.inner.val_batches, -(-reader.num_blocks(path, "val") // config.inner.batch_size))
-    batches = reader.iter_batches(path, "val", batch_size=config.inner.batch_size, seed=0)
-    device = next(model.parameters()).device
-    return mean_loss(model, [next(batches) for _ in range(n)], device=device, precision=config.train.precision)
+def read_history(store: ModuleStore) -> dict[int, dict[int, float]]:
+    """The recorded validation losses `{path: {version: loss}}` ({} when none are recorded)."""
+    raw = read_best(store).get("history", {})
+    return {int(p): {int(v): float(x) for v, x in losses.items()} for p, losses in raw.items()}
 
 
-def final_val_losses(factory: PathFactory, *, version: int) -> dict[int, float]:
-    """Every path's validation loss at module `version` (one model in memory at a time)."""
-    device = resolve_device(factory.config.train.device)
+def record_val_losses(store: ModuleStore, losses: dict[int, dict[int, float]]) -> dict[str, Any]:
+    """Add validation losses `{version: {path: loss}}` to best.json (the bytes kept for best versions
+    stay as recorded last). Returns what best.json holds."""
+    history = read_history(store)
+    for version, by_path in losses.items():
+        for path, loss in by_path.items():
+            history.setdefault(int(path), {})[int(version)] = float(loss)
+    best = best_rounds(history)
+    state = {
+        "history": {str(p): {str(v): x for v, x in sorted(h.items())} for p, h in sorted(history.items())},
+        "best": {str(p): {"round": v, "val_loss": history[p][v]} for p, v in sorted(best.items())},
+        "kept_bytes": read_best(store).get("kept_bytes", 0),
+    }
+    store.write_best(state)
+    return state
+
+
+def record_kept_bytes(store: ModuleStore, kept: int) -> None:
+    """Record the bytes of module files pruning kept only because they are some path's best."""
+    state = read_best(store)
+    store.write_best({"history": {}, "best": {}, **state, "kept_bytes": kept})
+
+
+def final_val_losses(store: ModuleStore, topology: Topology, spec: PathSpec, validation: ValidationData, *,
+                     version: int, device: torch.device, paths: list[int] | None = None) -> dict[int, float]:
+    """The validation loss of each of `paths` (default all) at module `version`, one model in memory at a time."""
     losses = {}
-    for path in range(factory.topology.n_paths):
-        model = factory.load_path(path=path, round=version, device=device)
-        losses[path] = path_val_loss(factory, model, path=path)
+    for path in range(topology.n_paths) if paths is None else paths:
+        model = assemble_path(spec, store.read_modules(version, topology.modules_of_path(path)), device=device)
+        losses[path] = validation.loss(model, path=path)
         del model
     return losses
 
 
-def record_final_val_losses(factory: PathFactory) -> dict:
-    """After the last round: score the last module version per path (unless recorded) and prune."""
-    store, config = factory.store, factory.config
-    version = store.current_round()
+def unscored_paths(store: ModuleStore, topology: Topology, *, version: int) -> list[int]:
+    """The paths with no recorded validation loss at `version`."""
     history = read_history(store)
-    missing = [p for p in range(factory.topology.n_paths) if version not in history.get(p, {})]
-    if not missing:
-        return store.read_json(BEST_FILE)
-    losses = final_val_losses(factory, version=version)
-    log.info("validation loss after the last round (%d): %s", version,
-             ", ".join(f"path {p} {x:.3f}" for p, x in losses.items()))
-    keep_from = version - config.train.keep_rounds + 1 if config.train.keep_rounds else None
-    return record_val_losses(store, factory.topology, version=version, losses=losses, keep_from=keep_from)
+    return [p for p in range(topology.n_paths) if version not in history.get(p, {})]
 
 
-def best_of_run(factory: PathFactory) -> tuple[dict[int, int], dict[int, dict[int, float]]]:
+def best_of_run(store: ModuleStore, topology: Topology, spec: PathSpec, validation: ValidationData, *,
+                device: torch.device) -> tuple[dict[int, int], dict[int, dict[int, float]]]:
     """Each path's best module version and the loss history. The last version is scored here (not
     recorded) if the coordinator has not; a chosen version whose modules were pruned is an error."""
-    store = factory.store
     version = store.current_round()
     history = read_history(store)
-    missing = [p for p in range(factory.topology.n_paths) if version not in history.get(p, {})]
+    missing = unscored_paths(store, topology, version=version)
     if missing:
         log.info("scoring the last module version (%d) on validation data for paths %s", version, missing)
-        for path, loss in final_val_losses(factory, version=version).items():
+        for path, loss in final_val_losses(store, topology, spec, validation, version=version, device=device).items():
             history.setdefault(path, {})[version] = loss
     best = best_rounds(history)
     for path, v in best.items():
-        for module in factory.topology.modules_of_path(path):
-            if not store.exists(f"modules/round-{v:06d}/{module}.safetensors"):
+        for module in topology.modules_of_path(path):
+            if not store.has_module(v, module):
                 raise ValueError(f"path {path}'s best version {v} lost module {module} to pruning in {store.url}; "
                                  f"this store was pruned before best versions were kept (train.keep_rounds=0 keeps all)")
     return best, history
-
-
-def history_array(history: dict[int, dict[int, float]], n_paths: int, n_versions: int) -> np.ndarray:
-    """`(n_paths, n_versions)` validation losses, NaN where unknown."""
-    out = np.full((n_paths, n_versions), np.nan)
-    for path, losses in history.items():
-        for v, loss in losses.items():
-            if path < n_paths and v < n_versions:
-                out[path, v] = loss
-    return out

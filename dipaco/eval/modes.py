@@ -16,8 +16,13 @@ the dense baselines.
   bound on what any router that picks one path per sequence could do.
 - `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns).
 
-Per-token losses are computed once per (path, module round) and shared by the modes; only one path
-model is in memory at a time.
+Per-token losses are computed once per (path, module round) in a `LossTable` and shared by the modes
+and by `dipaco eval`'s headline row (the `prefix` mode at the last round); only one path model is in
+memory at a time. Documents are routed by `dipaco.eval.prefix_routing.PrefixRouter`.
+
+    table = LossTable(docs=docs, load=lambda p, r: load_path(p, r), score=partial(token_losses, batch_size=16, ...))
+    modes = evaluate_modes(table, route=prefix_router, paths=prefix_router(docs), modes=["prefix", "every:64"],
+                           rounds={p: last for p in evaluated}, best=None, n_paths=topology.n_paths, prefix=32)
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import torch
 
 from dipaco.config import EVAL_MODES as MODES  # noqa: F401 - re-exported
 from dipaco.config import parse_mode
-from dipaco.eval.scoring import token_losses
+from dipaco.eval.prefix_routing import RouteFn
+from dipaco.eval.scoring import perplexity
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class LossTable:
@@ -71,7 +78,7 @@ def chunk_spans(length: int, *, prefix: int, window: int) -> list[tuple[int, int
     return [(s, min(s + window, length)) for s in range(prefix, length, window)]
 
 
-def route_chunks(route: Callable[[list[np.ndarray], list[int]], np.ndarray], docs: list[np.ndarray], *,
+def route_chunks(route: RouteFn, docs: list[np.ndarray], *,
                  prefix: int, window: int) -> list[list[tuple[int, int, int]]]:
     """Each document's spans with the path that scores them: `[(start, end, path)]`.
 
@@ -142,66 +149,58 @@ def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int]
         if not count:
             continue
         for i, p in enumerate(paths):
-            out[i, j] = np.exp(sum(float(table.get(p, rounds[p], d)[prefix:].sum()) for d in docs) / count)
+            out[i, j] = perplexity(sum(float(table.get(p, rounds[p], d)[prefix:].sum()) for d in docs), count)
     return out
 
 
-def evaluate_modes(factory, *, router, docs: list[np.ndarray], modes: list[str], best: dict[int, int] | None,
-                   device: torch.device) -> dict:
-    """Every requested mode at the last module version, and again at each path's best version when
-    `best` is given (`{path: version}`); `all-paths` only at the last version. Returns the JSON-able
-    `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
-    from sharding.tokenizer import decode_prefix
+def prefix_routes(docs: list[np.ndarray], paths: np.ndarray, *, prefix: int) -> list[list[tuple[int, int, int]]]:
+    """The `prefix` mode's spans: each document's tokens from `prefix` on, all scored by `paths[d]`, its
+    path routed from the first `prefix` tokens (no span when nothing is left to score)."""
+    return [[(s, e, int(p)) for s, e in chunk_spans(len(d), prefix=prefix, window=max(1, len(d)))]
+            for d, p in zip(docs, paths, strict=True)]
 
-    config, topology, tokenizer = factory.config, factory.topology, factory.tokenizer
+
+def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes: list[str], rounds: dict[int, int],
+                   best: dict[int, int] | None, n_paths: int, prefix: int) -> dict:
+    """Every requested mode with each evaluated path at `rounds[path]` (the last module version), and
+    again at `best[path]` when `best` is given; `all-paths` only at `rounds`.
+
+    `table` holds the test documents' losses (filled on demand, shared with the caller: what it has
+    already scored is not scored again); `paths` (D,) is each document's path routed from its first
+    `prefix` tokens (the `prefix` mode); `route` re-routes for `every:W`; `n_paths` sizes the per-path
+    arrays. Returns the JSON-able `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
+    docs = table.docs
     parsed = [(mode, *parse_mode(mode)) for mode in modes]
-    prefix = config.routing.prefix_tokens
-    final = factory.store.current_round()
-    pad_id = tokenizer.pad_token_id or 0
-    table = LossTable(
-        docs=docs,
-        load=lambda path, round: factory.load_path(path=path, round=round, device=device),
-        score=lambda model, batch: token_losses(model, batch, batch_size=config.eval.batch_size, device=device,
-                                                precision=config.eval.precision, pad_id=pad_id),
-    )
-
-    def route(batch: list[np.ndarray], n_tokens: list[int]) -> np.ndarray:
-        return topology.representative(router.route([decode_prefix(tokenizer, d, n) for d, n in zip(batch, n_tokens, strict=True)]))
-
-    longest = max((len(d) for d in docs), default=1)
-    n_paths = topology.n_paths
-    evaluated = [topology.representative(q) for q in range(topology.n_routed)]  # replicas are one model
-    settings = [("last", {p: final for p in evaluated})]
+    settings = [("last", rounds)]
     if best is not None:
-        settings.append(("best", {p: int(best[p]) for p in evaluated}))
+        settings.append(("best", {p: int(best[p]) for p in rounds}))
+    routes_of_prefix = prefix_routes(docs, paths, prefix=prefix)
     rows, all_paths = [], None
-    prefix_routes = route_chunks(route, docs, prefix=prefix, window=longest)
-    for checkpoints, rounds in settings:
+    for checkpoints, versions in settings:
         for mode, kind, window in parsed:
             if kind == "all-paths":
                 if checkpoints == "last":
-                    routed = np.array([spans[0][2] if spans else -1 for spans in prefix_routes])
-                    all_paths = all_paths_table(table, routed, rounds, prefix=prefix).tolist()
+                    all_paths = all_paths_table(table, np.asarray(paths), versions, prefix=prefix).tolist()
                 continue
             if kind == "oracle":
-                scores = oracle_scores(table, len(docs), rounds, prefix=prefix)
+                scores = oracle_scores(table, len(docs), versions, prefix=prefix)
             else:
-                routes = prefix_routes if kind == "prefix" else route_chunks(route, docs, prefix=prefix, window=window)
-                scores = routed_scores(table, routes, rounds, n_paths)
-            rows.append(_mode_row(mode, checkpoints, scores, rounds))
+                routes = (routes_of_prefix if kind == "prefix"
+                          else route_chunks(route, docs, prefix=prefix, window=window))
+                scores = routed_scores(table, routes, versions, n_paths)
+            rows.append(mode_row(mode, checkpoints, scores, versions))
             log.info("eval %s (%s checkpoints): perplexity %.3f", mode, checkpoints, rows[-1]["perplexity"])
     return {"rows": rows, "all_paths": all_paths, "best_rounds": settings[1][1] if best is not None else None}
 
 
-def _mode_row(mode: str, checkpoints: str, scores: dict, rounds: dict[int, int]) -> dict:
-    tokens = int(scores["tokens"].sum())
+def mode_row(mode: str, checkpoints: str, scores: dict, rounds: dict[int, int]) -> dict:
+    """One row of the mode table: the perplexity over all scored tokens, and per evaluated path."""
     per_path = [{"path": p, "round": rounds[p], "documents": int(scores["path_documents"][p]),
                  "tokens": int(scores["path_tokens"][p]),
-                 "perplexity": float(np.exp(scores["path_nll"][p] / scores["path_tokens"][p]))
+                 "perplexity": perplexity(scores["path_nll"][p], scores["path_tokens"][p])
                  if scores["path_tokens"][p] else None} for p in sorted(rounds)]
-    return {"mode": mode, "checkpoints": checkpoints, "tokens": tokens,
-            "perplexity": float(np.exp(scores["nll"].sum() / tokens)) if tokens else float("nan"),
-            "per_path": per_path}
+    return {"mode": mode, "checkpoints": checkpoints, "tokens": int(scores["tokens"].sum()),
+            "perplexity": perplexity(scores["nll"].sum(), scores["tokens"].sum()), "per_path": per_path}
 
 
 def format_modes(modes: dict) -> str:

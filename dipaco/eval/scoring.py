@@ -4,8 +4,9 @@
     nll, counts = score_documents(model, docs, skip=32, ...)   # summed after a routing prefix
     perplexity(nll.sum(), counts.sum()); mean_loss(model, val_batches, ...)   # validation loss
 
-Islands and early stopping score validation blocks with `mean_loss`; evaluation, re-routing and the
-baselines score held-out documents with `token_losses`.
+Islands and early stopping score validation blocks with `mean_loss`; evaluation and re-routing score
+held-out documents with `token_losses` (kept per path in `dipaco.eval.modes.LossTable`), the
+baselines with `score_documents`; every perplexity is `perplexity`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def score_documents(model: torch.nn.Module, docs: list[np.ndarray], *, skip: int
 
 
 def perplexity(nll: float, tokens: int) -> float:
+    """`exp(nll / tokens)`: the perplexity of `tokens` tokens of summed loss `nll` (NaN for none)."""
     return math.exp(nll / tokens) if tokens else float("nan")
 
 

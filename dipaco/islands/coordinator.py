@@ -13,14 +13,25 @@
    version is replaced by one from the newest version);
 5. assigns open tasks to idle islands: an island pinned with `--path` only takes its paths, and an
    island prefers the path it trained last (its inner optimiser state is then already local);
-6. closes the round when `dipaco.async_outer.round_ready` says so: applies the outer step, writes
+6. closes the round when `dipaco.islands.rounds.round_ready` says so: applies the outer step, writes
    module version t, the round manifest `rounds/round-t.json` (which results were applied), then
    `state.json` (the commit point).
 
 Restarting after a crash resumes from the store: rounds up to the committed one are final, the
 applied set is rebuilt from their manifests (nothing is applied twice), and a half-written round t is
-written again from the same inputs (in sync mode exactly the same modules).
+written again from the same inputs (in sync mode exactly the same modules). The board is written
+before a round is committed, so every path state a committed round depends on is on the board.
+
+The coordinator's state is the store's records (`dipaco.store.records`), held frozen: a task that
+changes is replaced in `tasks` (`dataclasses.replace`), so what was last written is never aliased.
+After each round it records the validation losses the islands reported (`dipaco.eval.early_stopping`)
+and applies retention (`dipaco.store.retention`); `finish_run` does the same for the last version.
+
+    store = ModuleStore("runs/tiny/store")
+    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps)
+    while not coordinator.tick(): time.sleep(0.1)
 """
+
 
 from __future__ import annotations
 
@@ -28,100 +39,124 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
 
-from dipaco.eval.early_stopping import record_val_losses
+import torch
+
+from dipaco.config import OuterConfig, TrainConfig
+from dipaco.eval.early_stopping import (
+    ValidationData,
+    best_rounds,
+    final_val_losses,
+    needed_modules,
+    read_history,
+    record_kept_bytes,
+    record_val_losses,
+    unscored_paths,
+)
 from dipaco.islands.rounds import apply_round, round_ready
-from dipaco.model.path_model import load_parameters, split_into_modules
-from dipaco.stages.context import PathFactory
+from dipaco.model.path_model import PathSpec, split_into_modules
+from dipaco.model.topology import Topology
 from dipaco.store.board import (
-    TASKS,
-    inner_file,
-    manifest_file,
-    new_task,
+    inner_ref,
     read_board,
     read_heartbeats,
+    read_manifest,
     result_exists,
+    write_board,
+    write_manifest,
 )
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Board, Heartbeat, ManifestEntry, PathState, RoundStats, Task, task_key
+from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
 
 log = logging.getLogger(__name__)
 
 
-def initialise_store(factory: PathFactory) -> int:
-    """Write module version 0 (every module from one seeded dense init, or from the `dipaco pretrain`
-    dense model) unless the store has a run.
-
-    Returns the last completed round. A store made for another grid is refused."""
-    store, topology = factory.store, factory.topology
+def committed_round(store: ModuleStore, topology: Topology) -> int | None:
+    """The store's last completed round, None for an empty store; a store made for another grid is refused."""
     state = store.state()
-    if state is not None:
-        if state.get("levels") != list(topology.levels) or state.get("modules") != topology.modules:
-            raise ValueError(
-                f"store {store.url} holds a run with levels {state.get('levels')}, "
-                f"but the config asks for {list(topology.levels)}; use another --run or train.store_url"
-            )
-        return int(state["round"])
-    model = factory.new_model(seed=factory.config.train.seed)
-    warm_start = factory.run.pretrain / "model.safetensors"
-    if factory.config.pretrain.warm_start and warm_start.exists():  # version 0 = the dense pretrained model
-        load_parameters(model, warm_start)
-        log.info("every module starts from the dense warm start %s", warm_start)
+    if state is None:
+        return None
+    if state.get("levels") != list(topology.levels) or state.get("modules") != topology.modules:
+        raise ValueError(
+            f"store {store.url} holds a run with levels {state.get('levels')}, "
+            f"but the config asks for {list(topology.levels)}; use another --run or train.store_url"
+        )
+    return int(state["round"])
+
+
+def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Module) -> None:
+    """Write module version 0 from one path-shaped `model` (every path's modules are cut from it) and
+    commit round 0."""
     written: set[str] = set()
     for path in range(topology.n_paths):
         for name, tensors in split_into_modules(model, topology, path=path).items():
             if name not in written:
                 store.write_module(0, name, tensors)
                 written.add(name)
-    store.commit(round=0, levels=list(topology.levels), modules=topology.modules)
+    _commit(store, topology, 0)
     log.info("initialised %d modules for %d paths in %s", len(written), topology.n_paths, store.url)
-    return 0
+
+
+def _commit(store: ModuleStore, topology: Topology, round: int) -> None:
+    store.commit(round=round, levels=list(topology.levels), modules=topology.modules)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An island's heartbeat as the coordinator last saw it change, and when (coordinator clock)."""
+
+    beat: Heartbeat
+    changed_at: float
 
 
 class Coordinator:
-    def __init__(self, factory: PathFactory, *, clock: Callable[[], float] = time.monotonic):
-        self.factory = factory
-        self.config = factory.config
-        self.store = factory.store
-        self.topology = factory.topology
+    def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
+                 inner_steps: int, clock: Callable[[], float] = time.monotonic):
+        """Resume from the store's committed round (`initialise_store` must have run)."""
+        self.store, self.topology = store, topology
+        self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
-        self.committed = initialise_store(factory)
-        board = read_board(self.store) or {"tasks": {}, "paths": {}}
-        self.tasks: dict[str, dict] = board["tasks"]
-        self.paths: dict[str, dict] = {str(p): board["paths"].get(str(p), {"steps_done": 0, "inner": None})
-                                       for p in range(self.topology.n_paths)}
+        self.committed = store.current_round()
+        board = read_board(store)
+        self.tasks: dict[str, Task] = dict(board.tasks) if board else {}
+        self.paths: dict[int, PathState] = {
+            p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=None)
+            for p in range(topology.n_paths)}
         self.used: set[str] = set()  # task keys applied or dropped by committed rounds
         for r in range(1, self.committed + 1):
-            if self.store.exists(manifest_file(r)):
-                manifest = self.store.read_json(manifest_file(r))
-                self.used |= {e["key"] for e in manifest["applied"] + manifest["dropped"]}
+            manifest = read_manifest(store, r)
+            if manifest is not None:
+                self.used |= manifest.keys
         for key in [k for k in self.tasks if k in self.used]:
             del self.tasks[key]  # applied by a committed round whose board update was lost in a crash
-        self.seen: dict[str, tuple[str, int, float, dict]] = {}  # island -> (incarnation, seq, changed at, beat)
+        self.seen: dict[str, Seen] = {}
         self.quorum_since: float | None = None
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
-        self.last_stats: dict[str, Any] | None = None
-        self._board_written = _copy(board)  # a copy: self.tasks is mutated in place
+        self.last_stats: RoundStats | None = None
+        self._board_written = board.to_json() if board else None
 
     # --- one pass ----------------------------------------------------------------------------------
     def tick(self) -> bool:
         """One pass of the loop; returns True when the run's last round is committed."""
         now = self.clock()
         for name, beat in read_heartbeats(self.store).items():
-            key = (beat["incarnation"], beat["seq"])
             if self.first_beat is None:
                 self.first_beat = now
-            if name not in self.seen or self.seen[name][:2] != key:
-                self.seen[name] = (*key, now, beat)
+            seen = self.seen.get(name)
+            if seen is None or (seen.beat.incarnation, seen.beat.seq) != (beat.incarnation, beat.seq):
+                self.seen[name] = Seen(beat=beat, changed_at=now)
         self._receive()
-        if self.committed < self.config.train.rounds:
+        if self.committed < self.train.rounds:
             self._open_tasks()
             self._reassign_lost(now)
             self._assign(now)
             self._maybe_close(now)
         self._write_board()
-        return self.committed >= self.config.train.rounds
+        return self.committed >= self.train.rounds
 
-    def run_round(self, round: int, *, poll_seconds: float = 0.1, check: Callable[[], None] | None = None) -> dict:
+    def run_round(self, round: int, *, poll_seconds: float = 0.1, check: Callable[[], None] | None = None) -> RoundStats:
         """Tick until `round` is committed; returns its stats."""
         while self.committed < round:
             self.tick()
@@ -130,168 +165,169 @@ class Coordinator:
             if check:
                 check()
             time.sleep(poll_seconds)
-        return self.last_stats or {}
+        if self.last_stats is None or self.last_stats.round != round:
+            raise RuntimeError(f"round {round} was committed before this coordinator started")
+        return self.last_stats
 
     # --- steps ---------------------------------------------------------------------------------------
     def alive(self, island: str, now: float) -> bool:
         seen = self.seen.get(island)
-        return seen is not None and seen[3].get("status") != "down" and now - seen[2] < self.config.train.heartbeat_timeout
+        return seen is not None and now - seen.changed_at < self.train.heartbeat_timeout
 
     def _receive(self) -> None:
-        steps = self.config.inner.steps
-        for task in self.tasks.values():
-            if task["status"] not in ("open", "assigned"):
+        for key, task in list(self.tasks.items()):
+            if task.status not in ("open", "assigned"):
                 continue
-            for attempt in range(task["attempt"], -1, -1):  # the current attempt first, then late older ones
-                if result_exists(self.store, task["round"], task["path"], attempt):
-                    task.update(status="received", result_attempt=attempt)
-                    self.paths[str(task["path"])] = {"steps_done": task["step_offset"] + steps,
-                                                      "inner": inner_file(task["path"], task["round"], attempt)}
-                    log.info("received %s (attempt %d)", task["key"], attempt)
+            for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
+                if result_exists(self.store, round=task.round, path=task.path, attempt=attempt):
+                    self.tasks[key] = replace(task, status="received", result_attempt=attempt)
+                    self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
+                                                      inner=inner_ref(path=task.path, round=task.round, attempt=attempt))
+                    log.info("received %s (attempt %d)", key, attempt)
                     break
 
-    def _in_flight(self, path: int) -> dict | None:
+    def _in_flight(self, path: int) -> Task | None:
         for task in self.tasks.values():
-            if task["path"] == path and task["status"] in ("open", "assigned"):
+            if task.path == path and task.status in ("open", "assigned"):
                 return task
         return None
+
+    def _new_task(self, path: int) -> Task:
+        """A task for `path` from the newest version, continuing the path's steps and inner state."""
+        state = self.paths[path]
+        return Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner)
 
     def _open_tasks(self) -> None:
         for path in range(self.topology.n_paths):
             if self._in_flight(path) is not None:
                 continue
-            key = new_task(path=path, base=self.committed, step_offset=0, inner_from=None)["key"]
-            if key in self.tasks:
+            if task_key(path, self.committed) in self.tasks:
                 continue  # this path already reported from the newest version; it waits for the round
-            state = self.paths[str(path)]
-            self.tasks[key] = new_task(path=path, base=self.committed, step_offset=state["steps_done"],
-                                       inner_from=state["inner"])
+            task = self._new_task(path)
+            self.tasks[task.key] = task
 
     def _reassign_lost(self, now: float) -> None:
         for key, task in list(self.tasks.items()):
-            if task["status"] != "assigned":
+            if task.status != "assigned":
                 continue
-            island = task["island"]
-            seen = self.seen.get(island)
-            lost = not self.alive(island, now) or seen[0] != task["incarnation"]
+            lost = not self.alive(task.island, now) or self.seen[task.island].beat.incarnation != task.incarnation
             if not lost:
                 continue
-            if self.config.outer.mode == "async" and task["base"] < self.committed:
-                log.warning("%s: island %s lost it; replaced by a task from version %d", key, island, self.committed)
-                task["status"] = "lost"
-                state = self.paths[str(task["path"])]
-                fresh = new_task(path=task["path"], base=self.committed, step_offset=state["steps_done"],
-                                 inner_from=state["inner"])
-                self.tasks[fresh["key"]] = fresh
+            if self.outer.mode == "async" and task.base < self.committed:
+                log.warning("%s: island %s lost it; replaced by a task from version %d", key, task.island, self.committed)
+                self.tasks[key] = replace(task, status="lost")
+                fresh = self._new_task(task.path)
+                self.tasks[fresh.key] = fresh
             else:
-                log.warning("%s: island %s lost it; attempt %d is open", key, island, task["attempt"] + 1)
-                task.update(status="open", island=None, incarnation=None, attempt=task["attempt"] + 1)
+                log.warning("%s: island %s lost it; attempt %d is open", key, task.island, task.attempt + 1)
+                self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
     def _assign(self, now: float) -> None:
-        busy = {t["island"] for t in self.tasks.values() if t["status"] == "assigned"}
+        busy = {t.island for t in self.tasks.values() if t.status == "assigned"}
         idle = sorted(name for name, seen in self.seen.items()
-                      if name not in busy and self.alive(name, now) and seen[3].get("status") == "idle")
-        for task in sorted((t for t in self.tasks.values() if t["status"] == "open"), key=lambda t: (t["base"], t["path"])):
-            path = task["path"]
+                      if name not in busy and self.alive(name, now) and seen.beat.status == "idle")
+        for task in sorted((t for t in self.tasks.values() if t.status == "open"), key=lambda t: (t.base, t.path)):
+            path = task.path
 
             def rank(name: str, path: int = path) -> tuple:
-                beat = self.seen[name][3]
-                pinned = beat.get("pinned") or []
-                return (0 if path in pinned else 1, 0 if beat.get("last_path") == path else 1, name)
+                beat = self.seen[name].beat
+                return (0 if path in beat.pinned else 1, 0 if beat.last_path == path else 1, name)
 
-            candidates = [n for n in idle if not self.seen[n][3].get("pinned") or path in self.seen[n][3]["pinned"]]
+            candidates = [n for n in idle if not self.seen[n].beat.pinned or path in self.seen[n].beat.pinned]
             if not candidates:
                 continue
             island = min(candidates, key=rank)
             idle.remove(island)
-            task.update(status="assigned", island=island, incarnation=self.seen[island][0])
-            log.info("%s attempt %d -> island %s", task["key"], task["attempt"], island)
+            self.tasks[task.key] = replace(task, status="assigned", island=island,
+                                           incarnation=self.seen[island].beat.incarnation)
+            log.info("%s attempt %d -> island %s", task.key, task.attempt, island)
 
     def _maybe_close(self, now: float) -> None:
-        fresh = {t["path"] for t in self.tasks.values() if t["status"] == "received" and t["base"] == self.committed}
-        all_in, quorum = round_ready(self.topology, fresh, config=self.config.outer)
+        fresh = {t.path for t in self.tasks.values() if t.status == "received" and t.base == self.committed}
+        all_in, quorum = round_ready(self.topology, fresh, config=self.outer)
         if not quorum:
             self.quorum_since = None
             return
         if self.quorum_since is None:
             self.quorum_since = now
-        if not all_in and now - self.quorum_since < self.config.outer.grace_seconds:
+        if not all_in and now - self.quorum_since < self.outer.grace_seconds:
             return
         self._close()
 
     def _close(self) -> None:
+        self._write_board()  # the results received this tick, before the commit: a restart continues from them
         round = self.committed + 1
-        pending = [t for t in self.tasks.values() if t["status"] == "received" and t["key"] not in self.used]
-        outcome = apply_round(self.factory, round, pending)
-        manifest = {"round": round, **outcome}
-        self.store.write_json(manifest_file(round), manifest)
-        self.store.commit(round=round, levels=list(self.topology.levels), modules=self.topology.modules)
+        pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer)
+        write_manifest(self.store, manifest)
+        _commit(self.store, self.topology, round)
         self.committed = round
-        self.used |= {e["key"] for e in outcome["applied"] + outcome["dropped"]}
-        for key in [k for k, t in self.tasks.items() if k in self.used or t["status"] == "lost"]:
+        self.used |= manifest.keys
+        for key in [k for k, t in self.tasks.items() if k in self.used or t.status == "lost"]:
             del self.tasks[key]  # finished business: the manifests keep the record
         self.quorum_since = None
-        self._prune(round, outcome["applied"])
-        applied = outcome["applied"]
-        self.last_stats = {
-            "round": round,
-            "tokens": sum(e["tokens"] for e in applied),
-            "bytes_up": sum(e["bytes"] for e in applied),
-            "train_loss": {e["path"]: e["train_loss"] for e in applied},
-            "val_loss_start": {e["path"]: e["val_loss_start"] for e in applied},
-            "island_seconds": {e["path"]: e["seconds"] for e in applied},
-            "applied": len(applied),
-            "dropped": len(outcome["dropped"]),
-            "stale": sum(1 for e in applied if e["staleness"] > 0),
-            "in_flight": sum(1 for t in self.tasks.values() if t["status"] == "assigned"),
-        }
-        log.info("round %d committed: %d results applied (%d stale), %d dropped", round, len(applied),
-                 self.last_stats["stale"], len(outcome["dropped"]))
+        self._retain(round, manifest.applied)
+        in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
+        self.last_stats = RoundStats.of(manifest, in_flight=in_flight)
+        log.info("round %d committed: %d results applied (%d stale), %d dropped", round, len(manifest.applied),
+                 self.last_stats.stale, len(manifest.dropped))
 
-    def _prune(self, round: int, applied: list[dict]) -> None:
-        """Record each applied result's validation loss for the version it started from, then delete
-        versions older than `train.keep_rounds` except the modules some path's best version needs."""
-        keep = self.config.train.keep_rounds
-        if keep and self.config.outer.mode == "async":
-            keep = max(keep, self.config.outer.max_staleness + 2)
-        keep_from = round - keep + 1 if keep else None
-        by_version: dict[int, dict[int, float]] = {}
+    def _retain(self, round: int, applied: tuple[ManifestEntry, ...]) -> None:
+        """Record each applied result's validation loss for the version it started from, then apply
+        retention: versions older than `train.keep_rounds` (in async mode at least the versions a
+        stale result may still start from) except the modules some path's best version needs, and
+        the inner states no task or path state names."""
+        losses: dict[int, dict[int, float]] = {}
         for entry in applied:
-            by_version.setdefault(entry["base"], {})[entry["path"]] = entry["val_loss_start"]
-        for version, losses in sorted(by_version.items()):
-            record_val_losses(self.store, self.topology, version=version, losses=losses, keep_from=None)
-        if keep_from is None:
+            losses.setdefault(entry.base, {})[entry.path] = entry.val_loss_start
+        if losses:
+            record_val_losses(self.store, losses)
+        at_least = self.outer.max_staleness + 2 if self.outer.mode == "async" else 0
+        keep = keep_from(round, keep_rounds=self.train.keep_rounds, at_least=at_least)
+        if keep is None:
             return
-        record_val_losses(self.store, self.topology, version=round - 1, losses={}, keep_from=keep_from)
-        referenced = {s["inner"] for s in self.paths.values()} | {t["inner_from"] for t in self.tasks.values()}
-        for path in range(self.topology.n_paths):
-            folder = f"islands/path-{path:04d}"
-            if not self.store.exists(folder):
-                continue
-            for entry in self.store.fs.ls(self.store._path(folder), detail=False):
-                name = entry.rstrip("/").rsplit("/", 1)[-1]
-                relative = f"{folder}/{name}"
-                if name.startswith("inner-round-") and int(name[12:18]) < keep_from and relative not in referenced:
-                    self.store.fs.rm(entry)
+        prune_keeping_best(self.store, self.topology, keep_from=keep)
+        referenced = {s.inner for s in self.paths.values()} | {t.inner_from for t in self.tasks.values()}
+        prune_inner_states(self.store, n_paths=self.topology.n_paths, keep_from=keep, referenced=referenced)
 
     def _write_board(self) -> None:
-        board = {"round": self.committed, "tasks": self.tasks, "paths": self.paths}
-        if board != self._board_written:
-            self.store.write_json(TASKS, board)
-            self._board_written = _copy(board)
+        board = Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
+        written = board.to_json()
+        if written != self._board_written:
+            write_board(self.store, board)
+            self._board_written = written
 
 
-def goodput(store, *, rounds: int, islands: int, seconds: float) -> dict:
+def prune_keeping_best(store: ModuleStore, topology: Topology, *, keep_from: int) -> None:
+    """Delete versions older than `keep_from` except the modules of every path's best version; the
+    bytes kept that way go to best.json."""
+    best = best_rounds(read_history(store))
+    kept = prune_versions(store, keep_from=keep_from, keep_modules=needed_modules(topology, best))
+    record_kept_bytes(store, kept)
+
+
+def finish_run(store: ModuleStore, topology: Topology, spec: PathSpec, validation: ValidationData, *,
+               keep_rounds: int, device: torch.device) -> None:
+    """After the last round: score the last module version of every path (unless recorded), so it can
+    be a path's best (`dipaco eval --best`), then prune to the last `keep_rounds` versions."""
+    version = store.current_round()
+    if not unscored_paths(store, topology, version=version):
+        return
+    losses = final_val_losses(store, topology, spec, validation, version=version, device=device)
+    log.info("validation loss after the last round (%d): %s", version,
+             ", ".join(f"path {p} {x:.3f}" for p, x in losses.items()))
+    record_val_losses(store, {version: losses})
+    keep = keep_from(version, keep_rounds=keep_rounds)
+    if keep is not None:
+        prune_keeping_best(store, topology, keep_from=keep)
+
+
+def goodput(store: ModuleStore, *, rounds: int, islands: int, seconds: float) -> dict[str, float]:
     """Share of the islands' time (islands × wall seconds) spent on inner steps whose results were applied."""
     useful = 0.0
     for r in range(1, rounds + 1):
-        if store.exists(manifest_file(r)):
-            useful += sum(e["seconds"] for e in store.read_json(manifest_file(r))["applied"])
+        manifest = read_manifest(store, r)
+        if manifest is not None:
+            useful += sum(e.seconds for e in manifest.applied)
     total = islands * seconds
     return {"useful_island_seconds": useful, "island_seconds": total, "goodput": useful / total if total else math.nan}
-
-
-def _copy(obj: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(obj))

@@ -5,10 +5,10 @@
     dipaco island ... --fail-mtbf 120 --return-after 30                      # with injected failures
     torchrun --nproc-per-node 2 -m dipaco -- island ...                         # DDP inside the island
 
-The island writes only `heartbeats/<name>.json` (a background thread bumps `seq` every
-`train.heartbeat_seconds`; status idle / training), its results and its inner optimiser states
-(`dipaco.store.board` names them). It reads `tasks.json`, and runs the task assigned to it (by name and
-incarnation) that it has not finished yet:
+The island writes only its `Heartbeat` (a background thread bumps `seq` every
+`train.heartbeat_seconds`; status idle / training / done), its results and its inner optimiser
+states (`dipaco.store.board` names the files). It reads the task board, and runs the task assigned
+to it (by name and incarnation) that it has not finished yet:
 
 - pull modules at the task's base version and the inner AdamW state the task names (from memory when
   this island wrote it, from the store otherwise: that is how inner state moves between islands);
@@ -17,141 +17,178 @@ incarnation) that it has not finished yet:
 - upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
   `outer.compression`, then the result JSON (the commit), with the bytes it moved.
 
-It stops when the store has committed the run's last round.
+It stops when the store has committed the run's last round. In Python (the `dipaco island` stage
+builds the `IslandSetup` from the config):
+
+    setup = IslandSetup(store=store, topology=topology, spec=spec, reader=reader,
+                        inner=cfg.inner, outer=cfg.outer, train=cfg.train)
+    IslandWorker(setup, name="island-0").run()          # or, once: run_pinned_task(setup, path=3, island="x")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from dipaco.config import Config
+from dipaco.config import InnerConfig, OuterConfig, TrainConfig
 from dipaco.device import resolve_device
-from dipaco.eval.scoring import mean_loss
+from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
-from dipaco.model.path_model import load_modules, path_parameters, split_into_modules
+from dipaco.model.path_model import PathSpec, load_modules, path_parameters, split_into_modules
+from dipaco.model.topology import Topology
 from dipaco.optim.inner import (
     load_optimizer_state,
     make_optimizer,
     optimizer_state,
     train_steps,
 )
-from dipaco.stages.context import PathFactory
 from dipaco.store.board import (
-    heartbeat_file,
-    inner_file,
-    new_task,
+    inner_exists,
+    inner_ref,
     read_board,
     read_inner,
+    read_result_meta,
     result_exists,
-    result_stem,
+    write_heartbeat,
     write_inner,
     write_result,
 )
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Heartbeat, PathState, ResultMeta, Task
+from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
 
+InnerState = tuple[dict[str, torch.Tensor], dict]  # an AdamW state: tensors and metadata (dipaco.optim.inner)
 
-def data_seed(config: Config, *, path: int) -> int:
+
+@dataclass(frozen=True)
+class IslandSetup:
+    """What an island needs to train paths: the store, the grid, the shape of a path model, the shards,
+    and the settings it reads from three config sections."""
+
+    store: ModuleStore
+    topology: Topology
+    spec: PathSpec
+    reader: ShardReader
+    inner: InnerConfig  # steps, batch size, AdamW, validation batches
+    outer: OuterConfig  # compression of the pseudo-gradients it uploads
+    train: TrainConfig  # device, precision, rounds (the LR schedule), seed (data order), heartbeat_seconds
+
+    @property
+    def validation(self) -> ValidationData:
+        return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
+                              max_batches=self.inner.val_batches, precision=self.train.precision)
+
+
+@dataclass(frozen=True)
+class TrainedTask:
+    """One task's outcome before it is uploaded."""
+
+    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end
+    inner: InnerState  # the AdamW state after the task
+    meta: ResultMeta  # without the upload fields (island, bytes, ...)
+
+
+def data_seed(seed: int, *, path: int) -> int:
     """One data order per path for the whole run (tasks continue it, so each epoch is exact)."""
-    return config.train.seed * 1_000_003 + path * 7919 + 17
+    return seed * 1_000_003 + path * 7919 + 17
 
 
-def train_task(factory: PathFactory, task: dict, *, ctx: ddp_mod.DDPContext | None = None,
+def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
                cached_inner: tuple[str, dict, dict] | None = None,
-               check: Callable[[], None] | None = None) -> dict:
-    """Run one task's inner steps; returns the pseudo-gradient, metadata and the new inner state."""
-    config, store, topology = factory.config, factory.store, factory.topology
+               check: Callable[[], None] | None = None) -> TrainedTask:
+    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state."""
+    store, inner, train = setup.store, setup.inner, setup.train
     read_before = store.bytes_read
-    device = resolve_device(config.train.device)
+    device = resolve_device(train.device)
     if ctx is not None:
         device = ddp_mod.local_device(device)
-    path, steps = task["path"], config.inner.steps
-    start = {name: store.read_module(task["base"], name) for name in topology.modules_of_path(path)}
+    path = task.path
+    start = store.read_modules(task.base, setup.topology.modules_of_path(path))
     module_bytes = store.bytes_read - read_before
-    model = factory.new_model()
+    model = setup.spec.new_model()
     load_modules(model, start)
     model.to(device)
     params = path_parameters(model)
-    optimizer = make_optimizer(model, config.inner)
+    optimizer = make_optimizer(model, inner)
     inner_local = False
-    if task["inner_from"]:
-        if cached_inner is not None and cached_inner[0] == task["inner_from"]:
+    if task.inner_from:
+        if cached_inner is not None and cached_inner[0] == task.inner_from:
             saved, inner_local = cached_inner[1:], True
         else:
-            saved = read_inner(store, task["inner_from"])
+            saved = read_inner(store, task.inner_from)
         load_optimizer_state(optimizer, params, *saved)
 
-    reader = factory.reader
-    n_val = min(config.inner.val_batches, -(-reader.num_blocks(path, "val") // config.inner.batch_size))
-    val_iter = reader.iter_batches(path, "val", batch_size=config.inner.batch_size, seed=0)
-    val_loss = mean_loss(model, [next(val_iter) for _ in range(n_val)], device=device, precision=config.train.precision)
-    batches: Iterator[np.ndarray] = reader.iter_batches(path, "train", batch_size=config.inner.batch_size,
-                                                        seed=data_seed(config, path=path),
-                                                        skip_batches=task["step_offset"])
+    val_loss = setup.validation.loss(model, path=path)
+    batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
+                                                              seed=data_seed(train.seed, path=path),
+                                                              skip_batches=task.step_offset)
     if ctx is not None:
-        batches = ddp_mod.shard_batches(batches, ctx, batch_size=config.inner.batch_size)
+        batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
     if check is not None:
         batches = _checked(batches, check)
     trained = ddp_mod.wrap(model, device) if ctx is not None else model
-    stats = train_steps(trained, optimizer, batches, start_step=task["step_offset"], steps=steps,
-                        total_steps=config.train.rounds * steps, config=config.inner, device=device,
-                        precision=config.train.precision)
+    stats = train_steps(trained, optimizer, batches, start_step=task.step_offset, steps=inner.steps,
+                        total_steps=train.rounds * inner.steps, config=inner, device=device,
+                        precision=train.precision)
     losses = stats["losses"]
     train_loss = sum(losses[-5:]) / len(losses[-5:])
     tokens = stats["tokens"]
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
-    end = split_into_modules(model, topology, path=path)
+    end = split_into_modules(model, setup.topology, path=path)
     pseudo_gradient = {f"{module}/{name}": start[module][name] - tensor.detach().cpu()
                        for module, tensors in end.items() for name, tensor in tensors.items()}
     names = {param: name for name, param in params.items()}
-    inner_tensors, inner_meta = optimizer_state(optimizer, names)
-    meta = {"path": path, "round": task["round"], "base": task["base"], "tokens": tokens, "train_loss": train_loss,
-            "losses": losses, "val_loss_start": val_loss, "seconds": stats["seconds"],
-            "bytes_down_modules": module_bytes, "bytes_down_inner": store.bytes_read - read_before - module_bytes,
-            "inner_state_local": inner_local, "data_parallel_ranks": ctx.world if ctx else 1}
-    return {"pseudo_gradient": pseudo_gradient, "meta": meta, "inner": (inner_tensors, inner_meta)}
+    meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
+                      train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=stats["seconds"],
+                      bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
+                      inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=optimizer_state(optimizer, names), meta=meta)
 
 
-def push_result(store, config, task: dict, out: dict, *, island: str) -> tuple[dict, dict, str]:
+def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str) -> tuple[ResultMeta, dict, str]:
     """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
-    JSON (the commit). Returns (metadata, compression stats, the inner state's store path)."""
-    inner_path = inner_file(task["path"], task["round"], task["attempt"])
-    inner_bytes = write_inner(store, inner_path, *out["inner"])
-    meta = {**out["meta"], "island": island, "attempt": task["attempt"], "bytes_up_inner": inner_bytes,
-            "finished": time.time()}
-    stats = write_result(store, task, out["pseudo_gradient"], meta, compression=config.outer.compression,
-                         level=config.outer.zstd_level)
-    return meta, stats, inner_path
+    metadata (the commit). Returns (the metadata as written, compression stats, the inner state's reference)."""
+    ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt)
+    inner_bytes = write_inner(setup.store, ref, *out.inner)
+    meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
+    meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.outer.compression,
+                               level=setup.outer.zstd_level)
+    return meta, stats, ref
 
 
-def run_pinned_task(factory: PathFactory, *, path: int, island: str) -> dict:
+def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta:
     """Train `path` once for the next round, outside the board's assignment (`dipaco island --path P`).
 
     It runs the task the coordinator opens for that path (attempt 0, continuing the path's data order
     and inner state), so the coordinator picks the result up; a result already there is not redone."""
-    store, config = factory.store, factory.config
+    store, rounds = setup.store, setup.train.rounds
     committed = store.current_round()
-    if committed >= config.train.rounds:
-        raise ValueError(f"the run has completed all {config.train.rounds} rounds (train.rounds); nothing to train")
-    if result_exists(store, committed + 1, path, 0):
+    if committed >= rounds:
+        raise ValueError(f"the run has completed all {rounds} rounds (train.rounds); nothing to train")
+    if result_exists(store, round=committed + 1, path=path, attempt=0):
         log.info("round %d path %d already has a result; nothing to do", committed + 1, path)
-        return store.read_json(result_stem(committed + 1, path, 0) + ".json")
-    board = read_board(store) or {"paths": {}}
-    state = board["paths"].get(str(path))
+        return read_result_meta(store, round=committed + 1, path=path, attempt=0)
+    board = read_board(store)
+    state = board.paths.get(path) if board else None
     if state is None:  # no coordinator has run: the path has trained every committed round
-        previous = inner_file(path, committed, 0)
-        state = {"steps_done": committed * config.inner.steps, "inner": previous if store.exists(previous) else None}
-    task = new_task(path=path, base=committed, step_offset=state["steps_done"], inner_from=state["inner"])
-    meta, _, _ = push_result(store, config, task, train_task(factory, task), island=island)
+        previous = inner_ref(path=path, round=committed, attempt=0)
+        state = PathState(steps_done=committed * setup.inner.steps,
+                          inner=previous if inner_exists(store, previous) else None)
+    task = Task.open(path=path, base=committed, step_offset=state.steps_done, inner_from=state.inner)
+    meta, _, _ = push_result(setup, task, train_task(setup, task), island=island)
     return meta
 
 
@@ -162,10 +199,10 @@ def _checked(batches: Iterator[np.ndarray], check: Callable[[], None]) -> Iterat
 
 
 class IslandWorker:
-    def __init__(self, factory: PathFactory, *, name: str, pinned: list[int] | None = None,
+    def __init__(self, setup: IslandSetup, *, name: str, pinned: list[int] | None = None,
                  clock: Callable[[], float] = time.monotonic, faults: FaultClock | None = None,
                  ctx: ddp_mod.DDPContext | None = None):
-        self.factory, self.store, self.config = factory, factory.store, factory.config
+        self.setup, self.store = setup, setup.store
         self.name, self.pinned, self.clock = name, sorted(pinned or []), clock
         self.faults = faults or no_faults()
         self.ctx = ctx
@@ -187,43 +224,42 @@ class IslandWorker:
             return
         with self._lock:
             self.seq += 1
-            self.store.write_json(heartbeat_file(self.name), {
-                "island": self.name, "incarnation": self.incarnation, "seq": self.seq, "status": self.status,
-                "task": self.current, "pinned": self.pinned, "last_path": self.last_path,
-                "finished": self.finished[-8:], "time": time.time(), "failures": self.faults.failures,
-            })
+            write_heartbeat(self.store, Heartbeat(
+                island=self.name, incarnation=self.incarnation, seq=self.seq, status=self.status,
+                task=self.current, pinned=tuple(self.pinned), last_path=self.last_path,
+                finished=tuple(self.finished[-8:]), time=time.time(), failures=self.faults.failures))
 
     # --- work --------------------------------------------------------------------------------------
-    def next_task(self) -> dict | None:
+    def next_task(self) -> Task | None:
         board = read_board(self.store)
         if board is None:
             return None
-        for task in sorted(board["tasks"].values(), key=lambda t: (t["base"], t["path"])):
-            if (task["status"] == "assigned" and task["island"] == self.name and task["incarnation"] == self.incarnation
-                    and f"{task['key']}#{task['attempt']}" not in self.finished):
+        for task in sorted(board.tasks.values(), key=lambda t: (t.base, t.path)):
+            if (task.status == "assigned" and task.island == self.name and task.incarnation == self.incarnation
+                    and f"{task.key}#{task.attempt}" not in self.finished):
                 return task
         return None
 
-    def execute(self, task: dict) -> dict | None:
+    def execute(self, task: Task) -> ResultMeta | None:
         """Train `task` and push its result; None when an injected failure killed it."""
-        self.status, self.current = "training", task["key"]
+        self.status, self.current = "training", task.key
         self.heartbeat()
         if self.ctx is not None:
             ddp_mod.broadcast(self.ctx, task)
         try:
-            out = train_task(self.factory, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults)
+            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults)
         except IslandFailure:
             self._go_down()
             return None
-        meta, stats, inner_path = push_result(self.store, self.config, task, out, island=self.name)
-        self.cached_inner = (inner_path, *out["inner"])
-        self.finished.append(f"{task['key']}#{task['attempt']}")
-        self.last_path, self.status, self.current = task["path"], "idle", None
+        meta, stats, ref = push_result(self.setup, task, out, island=self.name)
+        self.cached_inner = (ref, *out.inner)
+        self.finished.append(f"{task.key}#{task.attempt}")
+        self.last_path, self.status, self.current = task.path, "idle", None
         self.tasks_done += 1
         self.heartbeat()
-        log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)", self.name, task["key"],
-                 task["attempt"], meta["seconds"], meta["train_loss"], stats["bytes"], self.config.outer.compression)
-        return {**meta, "bytes": stats["bytes"]}
+        log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)", self.name, task.key,
+                 task.attempt, meta.seconds, meta.train_loss, meta.bytes, meta.compression)
+        return meta
 
     def poll(self) -> bool:
         """One look at the board (running the assigned task, if any); True when a task ran."""
@@ -267,7 +303,7 @@ class IslandWorker:
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(self.config.train.heartbeat_seconds):
+            while not stop.wait(self.setup.train.heartbeat_seconds):
                 try:
                     self.heartbeat()
                 except Exception as err:  # a transient store error must not kill the island
@@ -276,7 +312,7 @@ class IslandWorker:
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            while self.store.current_round() < self.config.train.rounds:
+            while self.store.current_round() < self.setup.train.rounds:
                 if max_tasks is not None and self.tasks_done >= max_tasks:
                     break
                 if not self.poll():
@@ -290,10 +326,10 @@ class IslandWorker:
         return self.tasks_done
 
 
-def follow_leader(factory: PathFactory, ctx: ddp_mod.DDPContext) -> int:
+def follow_leader(setup: IslandSetup, ctx: ddp_mod.DDPContext) -> int:
     """A non-zero DDP rank: train whatever task rank 0 broadcasts, until it broadcasts None."""
     done = 0
     while (task := ddp_mod.broadcast(ctx, None)) is not None:
-        train_task(factory, task, ctx=ctx)
+        train_task(setup, task, ctx=ctx)
         done += 1
     return done

@@ -1,4 +1,7 @@
-"""Run worker processes (islands, baselines) on this machine, a bounded number at a time.
+"""Run worker processes (islands, baselines) on this machine: a batch a bounded number at a time
+(`run_tasks`), or long-running islands all at once (`WorkerPool`).
+
+    run_tasks([Task(name="help", args=["--help"], log=Path("help.log"))], processes=1, threads=1, desc="demo")
 
 Each process gets its share of the cores for torch's threads (oversubscribed threads slow a small
 machine many-fold), writes its own log file, and a failure stops the batch with an error that names
@@ -69,17 +72,12 @@ def _failure(task: Task, code: int) -> RuntimeError:
 
 
 class WorkerPool:
-    """Long-running worker processes (islands with --follow); `check()` raises if one has failed."""
+    """Long-running worker processes (pull-based islands, `dipaco island`), started at once."""
 
     def __init__(self, tasks: list[Task], *, threads: int):
         env = _env(threads)
         self.running = [(task, *_start(task, env)) for task in tasks]
-
-    def check(self) -> None:
-        for task, proc, _ in self.running:
-            code = proc.poll()
-            if code not in (None, 0):
-                raise _failure(task, code)
+        self._reported: set[str] = set()
 
     def check_any_alive(self) -> None:
         """Raise when every worker has exited (a fault-tolerant run survives single island deaths)."""
@@ -88,8 +86,8 @@ class WorkerPool:
             task, proc, _ = self.running[0]
             raise _failure(task, proc.returncode) if proc.returncode else RuntimeError("every island process has exited")
         for (task, _, _), code in zip(self.running, codes):
-            if code not in (None, 0) and task.name not in getattr(self, "_reported", set()):
-                self._reported = getattr(self, "_reported", set()) | {task.name}
+            if code not in (None, 0) and task.name not in self._reported:
+                self._reported.add(task.name)
                 log.warning("%s exited with code %s; the other islands carry on. Its log %s ends with:\n%s",
                             task.name, code, task.log, _tail(task.log, 5))
 

@@ -20,8 +20,9 @@ import torch
 from dipaco.config import OuterConfig
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_pseudo_gradients, outer_update
-from dipaco.stages.context import PathFactory
 from dipaco.store.board import read_result
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import ManifestEntry, RoundManifest, Task
 
 
 def staleness_weight(staleness: int, *, config: OuterConfig) -> float | None:
@@ -47,40 +48,39 @@ def round_ready(topology: Topology, fresh_paths: set[int], *, config: OuterConfi
     return all_in, quorum
 
 
-def apply_round(factory: PathFactory, round: int, pending: list[dict]) -> dict:
-    """Outer step for `round` from the received, not yet applied tasks `pending` (each with `base`,
-    `path` and `result_attempt`); writes module (and momentum) version `round`, returns what it used."""
-    config, store, topology = factory.config, factory.store, factory.topology
+def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
+                config: OuterConfig) -> RoundManifest:
+    """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
+    momentum) version `round` and returns the manifest of what it applied and dropped (not written)."""
     applied, dropped, results = [], [], {}
-    for task in sorted(pending, key=lambda t: (t["path"], t["base"])):
-        factor = staleness_weight(round - 1 - task["base"], config=config.outer)
-        tensors, meta = read_result(store, task["round"], task["path"], task["result_attempt"])
-        entry = {"key": task["key"], "path": task["path"], "base": task["base"], "attempt": task["result_attempt"],
-                 "staleness": round - 1 - task["base"], "tokens": meta["tokens"], "seconds": meta["seconds"],
-                 "bytes": meta["bytes"], "train_loss": meta["train_loss"], "val_loss_start": meta["val_loss_start"]}
+    for task in sorted(pending, key=lambda t: (t.path, t.base)):
+        staleness = round - 1 - task.base
+        factor = staleness_weight(staleness, config=config)
+        tensors, meta = read_result(store, round=task.round, path=task.path, attempt=task.result_attempt)
+        entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
+                              staleness=staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
+                              train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=factor)
         if factor is None:
             dropped.append(entry)
             continue
-        entry["factor"] = factor
         applied.append(entry)
-        results[task["key"]] = (_unflatten(tensors), meta, factor)
+        results[task.key] = _unflatten(tensors)
     for name in topology.modules:
         paths = set(topology.paths_of_module(name))
         contributions = []
         for entry in applied:
-            if entry["path"] in paths:
-                delta, meta, factor = results[entry["key"]]
-                base_weight = float(meta["tokens"]) if config.outer.weighting == "tokens" else 1.0
-                contributions.append((delta[name], base_weight * factor))
+            if entry.path in paths:
+                base_weight = float(entry.tokens) if config.weighting == "tokens" else 1.0
+                contributions.append((results[entry.key][name], base_weight * entry.factor))
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)
         if contributions:
-            outer_grad = combine_pseudo_gradients(contributions, rescale_by_paths=config.outer.rescale_by_paths)
-            params, momentum = outer_update(params, momentum, outer_grad, config.outer)
+            outer_grad = combine_pseudo_gradients(contributions, rescale_by_paths=config.rescale_by_paths)
+            params, momentum = outer_update(params, momentum, outer_grad, config)
         store.write_module(round, name, params)
         if momentum:
             store.write_outer_state(round, name, momentum)
-    return {"applied": applied, "dropped": dropped}
+    return RoundManifest(round=round, applied=tuple(applied), dropped=tuple(dropped))
 
 
 def _unflatten(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from dipaco.atomic import replacing
 from dipaco.config import ModelConfig
 from dipaco.model.topology import Topology
 
@@ -120,11 +120,8 @@ def assemble_path(spec: PathSpec, modules: dict[str, dict[str, torch.Tensor]], *
 
 def save_parameters(model: torch.nn.Module, file: str | os.PathLike) -> None:
     """Write a model's parameters to a safetensors file (atomically: a temporary name, then a rename)."""
-    file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(file.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in path_parameters(model).items()}, str(tmp))
-    os.replace(tmp, file)
+    with replacing(file) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in path_parameters(model).items()}, str(tmp))
 
 
 def load_parameters(model: torch.nn.Module, file: str | os.PathLike) -> None:

@@ -1,4 +1,4 @@
-"""The inner loop: AdamW steps on one path model, shared by islands and the dense baselines.
+"""The inner loop: AdamW steps on one path model, shared by islands and dense training (`dipaco.optim.dense`).
 
 The learning rate follows linear warmup then cosine decay over the whole run (every round's inner
 steps count), so an island that trains round t of R uses `start_step = (t - 1) * H`. The AdamW state

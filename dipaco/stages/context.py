@@ -2,9 +2,12 @@
 
     factory = PathFactory(config, RunDir("runs/demo"))
     model = factory.load_path(path=3, round=factory.store.current_round())
+    factory.topology, factory.store, factory.tokenizer, factory.reader, factory.router, factory.spec
 
 The vocabulary comes from the run's tokenizer, the sequence length from the shards, the grid from
-the topology; models are plain `LlamaForCausalLM`s holding one path's parameters at a time.
+the topology; models are plain `LlamaForCausalLM`s holding one path's parameters at a time. Stages
+build one at their entry point and hand their helpers the pieces they use; `path_spec` and
+`baseline_budgets` are the two other readings of the config that several stages share.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.config import Config
+from dipaco.eval.baselines import baseline_steps
+from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
@@ -59,8 +64,13 @@ class PathFactory:
     @cached_property
     def spec(self) -> PathSpec:
         """The shape of every path model of this run (vocabulary from the run's tokenizer)."""
-        return PathSpec(model=self.config.model, vocab_size=len(self.tokenizer), seq_len=self.config.sharding.seq_len,
-                        eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+        return path_spec(self.config, self.tokenizer)
+
+    @property
+    def validation(self) -> ValidationData:
+        """Each path's validation batches, as the islands score them (early stopping)."""
+        return ValidationData(reader=self.reader, batch_size=self.config.inner.batch_size,
+                              max_batches=self.config.inner.val_batches, precision=self.config.train.precision)
 
     def new_model(self, *, seed: int | None = None) -> LlamaForCausalLM:
         """A path-shaped model (random weights, seeded when `seed` is given)."""
@@ -70,3 +80,15 @@ class PathFactory:
         """Path `path` assembled from the store's modules after round `round`."""
         modules = self.store.read_modules(round, self.topology.modules_of_path(path))
         return assemble_path(self.spec, modules, device=device)
+
+
+def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
+    """The shape of a path model: `config.model` with the tokenizer's vocabulary, `sharding.seq_len` long."""
+    return PathSpec(model=config.model, vocab_size=len(tokenizer), seq_len=config.sharding.seq_len,
+                    eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+
+
+def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
+    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`)."""
+    return baseline_steps(steps_per_path=config.train.rounds * config.inner.steps, n_paths=n_paths,
+                          large=config.eval.large_hidden_size > 0)

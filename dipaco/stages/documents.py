@@ -1,59 +1,61 @@
 """What route, shard, pretrain and reroute read alike: the corpus, its splits, the run's tokenizer, and
 every document's prefix features and path.
 
-    dataset = load_run_corpus(config); split = run_splits(config, len(dataset))
-    tokenizer = run_tokenizer(config, run, train_texts)
+    dataset = load_run_corpus(config.corpus); split = run_splits(config.corpus, len(dataset))
+    tokenizer = run_tokenizer(config.sharding, run, train_texts)
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
-from dipaco.config import Config
+from dipaco.atomic import replacing
 from dipaco.run_dir import RunDir
+from routing.config import CorpusConfig
 from routing.corpus import TRAIN, assign_splits, load_corpus
 from routing.router import Router
+from sharding.config import ShardingConfig
 from sharding.tokenizer import load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def corpus_location(config: Config) -> str:
+def corpus_location(corpus: CorpusConfig) -> str:
     """The corpus path, with `demo` meaning the corpus bundled with dipaco."""
-    if config.corpus.path == "demo":
+    if corpus.path == "demo":
         from dipaco.data import demo_corpus_path
 
         return str(demo_corpus_path())
-    return config.corpus.path
+    return corpus.path
 
 
-def load_run_corpus(config: Config):
-    c = config.corpus
-    return load_corpus(path=corpus_location(config), text_field=c.text_field, split=c.split,
-                       max_documents=c.max_documents)
+def load_run_corpus(corpus: CorpusConfig):
+    """The run's documents (a `datasets.Dataset` with `text`, `doc_id` and maybe `source`)."""
+    return load_corpus(path=corpus_location(corpus), text_field=corpus.text_field, split=corpus.split,
+                       max_documents=corpus.max_documents)
 
 
-def run_splits(config: Config, n: int) -> np.ndarray:
-    c = config.corpus
-    return assign_splits(n, test_fraction=c.test_fraction, seed=c.seed, router_fraction=c.router_fraction)
+def run_splits(corpus: CorpusConfig, n: int) -> np.ndarray:
+    """The train / test / router split of each of `n` documents (seeded by `corpus.seed`)."""
+    return assign_splits(n, test_fraction=corpus.test_fraction, seed=corpus.seed,
+                         router_fraction=corpus.router_fraction)
 
 
 def stream_features(router: Router, prefixes: list[str], out, *, batch_size: int = 8192) -> np.ndarray:
-    """Featurize in batches into a memory-mapped float32 .npy at `out`; returns the (read-only) map."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(prefixes), router.featurizer.dim))
+    """Featurize in batches into a memory-mapped float32 .npy at `out` (atomically); returns the
+    (read-only) map."""
     from tqdm.auto import tqdm
 
-    for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
-                      unit="batch", disable=None):
-        features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
-    features.flush()
-    del features
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
+                                             shape=(len(prefixes), router.featurizer.dim))
+        for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
+                          unit="batch", disable=None):
+            features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
+        features.flush()
+        del features
     return np.load(out, mmap_mode="r")
 
 
@@ -71,13 +73,14 @@ def assign_all(router: Router, features: np.ndarray, split: np.ndarray, *, top_k
     return paths, (topk if top_k > 1 else None)
 
 
-def run_tokenizer(config: Config, run: RunDir, train_texts: list[str]):
-    if config.sharding.tokenizer:
-        tokenizer = load_tokenizer(config.sharding.tokenizer)
+def run_tokenizer(sharding: ShardingConfig, run: RunDir, train_texts: list[str]):
+    """The configured tokenizer (copied into the run), the run's own, or a BPE trained on `train_texts`."""
+    if sharding.tokenizer:
+        tokenizer = load_tokenizer(sharding.tokenizer)
         tokenizer.save_pretrained(run.tokenizer)  # the run keeps its own copy
         return tokenizer
     if (run.tokenizer / "tokenizer.json").exists():
         log.info("reusing the tokenizer in %s", run.tokenizer)
         return load_tokenizer(run.tokenizer)
-    log.info("training a %d-token byte-level BPE on %d documents", config.sharding.vocab_size, len(train_texts))
-    return train_tokenizer(train_texts, vocab_size=config.sharding.vocab_size, out_dir=run.tokenizer)
+    log.info("training a %d-token byte-level BPE on %d documents", sharding.vocab_size, len(train_texts))
+    return train_tokenizer(train_texts, vocab_size=sharding.vocab_size, out_dir=run.tokenizer)

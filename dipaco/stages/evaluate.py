@@ -3,39 +3,35 @@
     dipaco eval --config configs/tiny.yaml --run runs/tiny
 
 Each held-out test document is routed by the text of its first `routing.prefix_tokens` tokens to one
-path, and that path scores the tokens after the prefix. Only one path is in memory at a time. The
-baselines score the very same tokens, so the perplexities are comparable. Results go to `eval.json`
-and are printed as a table.
+path (`dipaco.eval.prefix_routing`), and that path scores the tokens after the prefix. Only one path
+is in memory at a time. The baselines score the very same tokens, so the perplexities are
+comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed from the same table
+of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
+`eval.json` and are printed as a table.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
+from functools import partial
 
 import numpy as np
-from tqdm import tqdm
 
+from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
-from dipaco.eval.modes import evaluate_modes, format_modes
-from dipaco.eval.scoring import perplexity, score_documents
+from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
+from dipaco.eval.prefix_routing import PrefixRouter
+from dipaco.eval.scoring import perplexity, score_documents, token_losses
 from dipaco.model.path_model import count_parameters
+from dipaco.model.topology import Topology
+from dipaco.optim.dense import is_trained, load_dense
 from dipaco.run_dir import RunDir
-from dipaco.stages.baselines import baseline_steps, load_baseline
-from dipaco.stages.context import PathFactory
+from dipaco.stages.context import PathFactory, baseline_budgets
 from dipaco.tables import format_table
-from routing.router import Router
-from sharding.tokenizer import decode_prefix
 
 log = logging.getLogger(__name__)
-
-
-def route_test_documents(router: Router, tokenizer, docs: list[np.ndarray], *, prefix_tokens: int) -> np.ndarray:
-    """The path of each document, chosen from the text of its first `prefix_tokens` tokens."""
-    prefixes = [decode_prefix(tokenizer, doc, prefix_tokens) for doc in docs]
-    return router.route(prefixes)
 
 
 def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
@@ -47,71 +43,72 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     round = store.current_round()
     if round == 0:
         raise ValueError(f"store {store.url} has no trained round: run `dipaco train --run {run.root}` first")
-    router = Router.load(run.require(run.routing / "router.json", "route").parent)
-    docs, doc_ids, shard_paths = factory.reader.test_documents()
-    skip = config.routing.prefix_tokens
-    paths = topology.representative(route_test_documents(router, factory.tokenizer, docs, prefix_tokens=skip))
-    score = dict(skip=skip, batch_size=config.eval.batch_size, device=device, precision=config.eval.precision,
-                 pad_id=factory.tokenizer.pad_token_id or 0)
-
-    nll = np.zeros(len(docs))
-    counts = np.zeros(len(docs), dtype=np.int64)
-    per_path = []
-    for path in tqdm(range(topology.n_paths), desc="routed eval", unit="path", leave=False, disable=None):
-        index = np.flatnonzero(paths == path)
-        if len(index) == 0:
-            per_path.append({"path": path, "documents": 0, "tokens": 0, "perplexity": None})
-            continue
-        model = factory.load_path(path=path, round=round, device=device)
-        nll[index], counts[index] = score_documents(model, [docs[i] for i in index], **score)
-        per_path.append({"path": path, "label": topology.path_label(path), "documents": int(len(index)),
-                         "tokens": int(counts[index].sum()),
-                         "perplexity": perplexity(nll[index].sum(), counts[index].sum())})
-        del model
-    params_per_path = count_parameters(factory.new_model())
-    total_params = sum(t.numel() for name in topology.modules for t in store.read_module(round, name).values())
+    docs, _, shard_paths = factory.reader.test_documents()
+    prefix = config.routing.prefix_tokens
+    router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
+    scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.eval.precision,
+                   pad_id=factory.tokenizer.pad_token_id or 0)
+    table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
+                      score=partial(token_losses, **scoring))
+    paths = router(docs)
+    last = {topology.representative(q): round for q in range(topology.n_routed)}  # replicas are one model
+    routed = routed_scores(table, prefix_routes(docs, paths, prefix=prefix), last, topology.n_paths)
+    nll, tokens = routed["nll"], routed["tokens"]
     summary = _load(run.train_summary)
     rows = [{
         "model": f"DiPaCo {'x'.join(map(str, topology.levels))} routed",
         "paths": topology.n_paths,
-        "params_per_path": params_per_path,
-        "params_total": total_params,
+        "params_per_path": count_parameters(factory.new_model()),
+        "params_total": sum(t.numel() for name in topology.modules for t in store.read_module(round, name).values()),
         "steps_per_path": round * config.inner.steps,
         "tokens_seen": summary.get("tokens"),
         "train_seconds": summary.get("seconds"),
-        "perplexity": perplexity(nll.sum(), counts.sum()),
+        "perplexity": perplexity(nll.sum(), tokens.sum()),
     }]
-    for name in baseline_steps(config, topology.n_paths):
-        if not (run.baselines / name / "summary.json").exists():
+    for name in baseline_budgets(config, topology.n_paths):
+        folder = run.baselines / name
+        if not is_trained(folder):
             log.info("baseline %s not trained; run `dipaco baselines` to compare with it", name)
             continue
-        model, info = load_baseline(factory, name)
-        b_nll, b_counts = score_documents(model.to(device), docs, **score)
+        model, info = load_dense(folder, factory.spec)
+        b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)
         rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
                      "params_total": info["parameters"], "steps_per_path": info["steps"],
                      "tokens_seen": info["tokens"], "train_seconds": info["seconds"],
-                     "perplexity": perplexity(b_nll.sum(), b_counts.sum())})
+                     "perplexity": perplexity(b_nll.sum(), b_tokens.sum())})
     results = {
         "round": round,
         "test_documents": len(docs),
-        "scored_tokens": int(counts.sum()),
-        "prefix_tokens": skip,
-        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths)))) if len(docs) else None,
+        "scored_tokens": int(tokens.sum()),
+        "prefix_tokens": prefix,
+        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths))))
+        if len(docs) else None,
         "models": rows,
-        "per_path": per_path,
+        "per_path": per_path_table(topology, paths, nll, tokens),
     }
     modes = config.eval.modes if modes is None else modes
     best = config.eval.best if best is None else best
     if modes:
         from dipaco.eval.early_stopping import best_of_run
 
-        best_rounds = best_of_run(factory)[0] if best else None
-        results["modes"] = evaluate_modes(factory, router=router, docs=docs, modes=modes, best=best_rounds,
-                                          device=device)
-    tmp = run.eval_results.with_name("eval.json.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, run.eval_results)
+        best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
+                                  device=resolve_device(config.train.device))[0] if best else None
+        results["modes"] = evaluate_modes(table, route=router, paths=paths, modes=modes, rounds=last,
+                                          best=best_rounds, n_paths=topology.n_paths, prefix=prefix)
+    write_json(run.eval_results, results)
     return results
+
+
+def per_path_table(topology: Topology, paths: np.ndarray, nll: np.ndarray, tokens: np.ndarray) -> list[dict]:
+    """Documents, scored tokens and perplexity of each path over the documents routed to it
+    (`paths`, `nll`, `tokens`: one entry per document)."""
+    table = []
+    for path in range(topology.n_paths):
+        index = np.flatnonzero(paths == path)
+        table.append({"path": path, "label": topology.path_label(path), "documents": int(len(index)),
+                      "tokens": int(tokens[index].sum()),
+                      "perplexity": perplexity(nll[index].sum(), tokens[index].sum()) if len(index) else None})
+    return table
 
 
 def format_results(results: dict) -> str:
@@ -131,7 +128,6 @@ def format_results(results: dict) -> str:
         + format_table(["path", "choice", "documents", "tokens", "perplexity"], paths)
     )
     if results.get("modes"):
-
         text += "\n\n" + format_modes(results["modes"])
     return text
 

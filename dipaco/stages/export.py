@@ -9,17 +9,18 @@ An exported path loads with no dipaco import:
     model = AutoModelForCausalLM.from_pretrained("out/path3"); tok = AutoTokenizer.from_pretrained("out/path3")
 
 `--round R` exports module version R (default the last), `--best` each path's best version by
-validation loss (dipaco.eval.early_stopping). Directories are written under a temporary name and renamed.
+validation loss (dipaco.eval.early_stopping). A directory is written whole under a temporary name
+(`<out>.tmp`), then renamed over `out`, so a reader never sees half an export.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
+from dipaco.atomic import write_json
 from dipaco.stages.context import PathFactory
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def export_path(factory: PathFactory, *, path: int, round: int, out: str | os.Pa
     info = {"path": path, "choice": topology.path_label(path), "round": round,
             "modules": topology.modules_of_path(path), "levels": list(topology.levels),
             "prefix_tokens": factory.config.routing.prefix_tokens}
-    (tmp / "dipaco_path.json").write_text(json.dumps(info, indent=1))
+    write_json(tmp / "dipaco_path.json", info)
     _replace_dir(tmp, out)
     log.info("exported path %d (round %d) to %s", path, round, out)
     return out
@@ -58,7 +59,7 @@ def export_all(factory: PathFactory, *, rounds: dict[int, int], out: str | os.Pa
              "prefix_tokens": factory.config.routing.prefix_tokens,
              "paths": {str(p): {"dir": f"path-{p:04d}", "round": rounds[p]} for p in range(factory.topology.n_paths)},
              "router": "router", "tokenizer": "tokenizer"}
-    (tmp / "paths.json").write_text(json.dumps(index, indent=1))
+    write_json(tmp / "paths.json", index)
     _replace_dir(tmp, out)
     return out
 

@@ -2,46 +2,52 @@
 
     dipaco generate --run runs/demo "def fibonacci(n):"
     dipaco generate --run runs/demo --best --temperature 0.8 "In the beginning"
+
+The prompt is routed by `dipaco.eval.prefix_routing.PrefixRouter`, as evaluation routes a test
+document (with DiLoCo replicas, to the routed path's first replica), then the chosen path continues
+it through `transformers`' `generate`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.stages.context import PathFactory
-from routing.router import Router
-from sharding.tokenizer import decode_prefix, encode_batch
+from sharding.tokenizer import encode_batch
 
 
-def route_prompt(factory: PathFactory, router: Router, prompt: str) -> int:
-    """The path the router picks for a prompt: from the text of its first `routing.prefix_tokens` tokens
-    (a shorter prompt is routed whole)."""
-    (tokens,) = encode_batch(factory.tokenizer, [prompt])
-    return int(router.route([decode_prefix(factory.tokenizer, tokens, factory.config.routing.prefix_tokens)])[0])
+def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_new_tokens: int = 64,
+             temperature: float = 0.0, seed: int = 0) -> tuple[str, int]:
+    """Route the prompt, then continue it with the chosen path at module version `rounds[path]`.
+
+    Returns (the prompt and its continuation as text, the path)."""
+    router = PrefixRouter(factory.router, factory.tokenizer, factory.topology,
+                          prefix_tokens=factory.config.routing.prefix_tokens)
+    path = int(router.route_texts([prompt])[0])
+    model = factory.load_path(path=path, round=rounds[path])
+    text = continue_text(model, factory.tokenizer, prompt, max_length=factory.config.sharding.seq_len,
+                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    return text, path
 
 
 @torch.no_grad()
-def generate(factory: PathFactory, prompt: str, *, round: int, max_new_tokens: int = 64, temperature: float = 0.0,
-             seed: int = 0, rounds: dict[int, int] | None = None) -> tuple[str, int]:
-    """Route the prompt, then generate with the chosen path through `transformers`' `generate`.
-
-    Greedy when `temperature` is 0. Returns (the prompt and its continuation as text, the path)."""
-    path = route_prompt(factory, factory.router, prompt)
-    round = rounds[path] if rounds else round
-    model = factory.load_path(path=path, round=round)
+def continue_text(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompt: str, *, max_length: int,
+                  max_new_tokens: int, temperature: float, seed: int) -> str:
+    """The prompt and up to `max_new_tokens` more tokens (no more than `max_length` in all), as text.
+    Greedy when `temperature` is 0, sampled with `seed` otherwise."""
     model.eval()
     model.config.use_cache = True
-    tokenizer = factory.tokenizer
     (tokens,) = encode_batch(tokenizer, [prompt])
     if len(tokens) == 0:
         raise ValueError("the prompt is empty after tokenization; give some text")
-    input_ids = torch.as_tensor(np.asarray(tokens)[None], dtype=torch.long)
+    input_ids = torch.as_tensor(np.asarray(tokens)[None], dtype=torch.long)  # (1, T)
     torch.manual_seed(seed)
-    limit = factory.config.sharding.seq_len - input_ids.shape[1]
+    limit = max_length - input_ids.shape[1]
     if limit < 1:
-        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; paths see at most sharding.seq_len "
-                         f"{factory.config.sharding.seq_len}")
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; paths see at most sharding.seq_len {max_length}")
     sample = temperature > 0
     output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                             max_new_tokens=min(max_new_tokens, limit), do_sample=sample,
@@ -49,4 +55,4 @@ def generate(factory: PathFactory, prompt: str, *, round: int, max_new_tokens: i
                             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                             else tokenizer.eos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(output[0].tolist(), skip_special_tokens=True), path
+    return tokenizer.decode(output[0].tolist(), skip_special_tokens=True)

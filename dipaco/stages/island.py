@@ -19,36 +19,42 @@ from dipaco.config import Config
 from dipaco.device import resolve_device
 from dipaco.islands import ddp
 from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandWorker, follow_leader, run_pinned_task
+from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
+
+
+def island_setup(config: Config, run: RunDir) -> IslandSetup:
+    """The pieces of the run an island uses, unpacked from the config once."""
+    factory = PathFactory(config, run)
+    return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
+                       inner=config.inner, outer=config.outer, train=config.train)
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,
            fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round."""
     if not pull:
-        factory = PathFactory(config, run)
+        setup = island_setup(config, run)
         for path in paths or []:
-            meta = run_pinned_task(factory, path=path, island=name or f"one-shot-path-{path}")
-            print(json.dumps({k: v for k, v in meta.items() if k != "losses"}))
+            meta = run_pinned_task(setup, path=path, island=name or f"one-shot-path-{path}")
+            print(json.dumps({k: v for k, v in meta.to_json().items() if k != "losses"}))
         return
     train_cfg = dataclasses.replace(
         config.train, fail_mtbf=config.train.fail_mtbf if fail_mtbf is None else fail_mtbf,
         return_after=config.train.return_after if return_after is None else return_after)
-    config = dataclasses.replace(config, train=train_cfg)
-    factory = PathFactory(config, run)
+    setup = island_setup(dataclasses.replace(config, train=train_cfg), run)
     ctx = ddp.init_from_env(resolve_device(train_cfg.device))
     if ctx is not None and train_cfg.fail_mtbf > 0:
         raise ValueError("fault injection (train.fail_mtbf) is not supported in a torchrun (DDP) island")
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     try:
         if ctx is not None and not ctx.leader:
-            follow_leader(factory, ctx)
+            follow_leader(setup, ctx)
             return
         faults = FaultClock(mtbf=train_cfg.fail_mtbf, return_after=train_cfg.return_after, mode=train_cfg.fail_mode,
                             seed=train_cfg.seed, island=name)
-        worker = IslandWorker(factory, name=name, pinned=paths, faults=faults, ctx=ctx)
+        worker = IslandWorker(setup, name=name, pinned=paths, faults=faults, ctx=ctx)
         done = worker.run(max_tasks=max_tasks)
         print(f"island {name}: {done} tasks, {faults.failures} injected failures")
     finally:

@@ -5,27 +5,25 @@
 Runs before routing, so it makes what it needs itself: the run's tokenizer (trained on the training
 documents, as `dipaco route` would, which then reuses it), and one all-documents shard set in
 `<run>/pretrain/shards` (every training document on a single path). It trains one path-shaped dense
-model for `pretrain.steps` AdamW steps (the inner recipe, schedule stretched over those steps) and
-saves it twice: `pretrain/model.safetensors` (path parameters: `dipaco train` initialises every module
-of the grid from it when `pretrain.warm_start`) and `pretrain/hf/` (a `save_pretrained` directory with
-the tokenizer: the `base-model` routing featurizer mean-pools its last hidden states over the first
-`routing.prefix_tokens` tokens). A `summary.json` records steps, tokens, losses and seconds.
+model for `pretrain.steps` AdamW steps (`dipaco.optim.dense.train_dense`: the inner recipe, schedule
+stretched over those steps) and saves it twice: `pretrain/model.safetensors` (path parameters:
+`dipaco train` initialises every module of the grid from it when `pretrain.warm_start`) and
+`pretrain/hf/` (a `save_pretrained` directory with the tokenizer: the `base-model` routing
+featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens). A
+`summary.json` records steps, tokens, losses and seconds.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 
 import numpy as np
 
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.model.path_model import count_parameters, save_parameters
-from dipaco.optim.inner import make_optimizer, train_steps
+from dipaco.optim.dense import train_dense
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
+from dipaco.stages.context import path_spec
 from dipaco.stages.documents import load_run_corpus, run_splits, run_tokenizer
 from routing.corpus import TRAIN
 from sharding.build import build_shards
@@ -40,10 +38,10 @@ def pretrain(config: Config, run: RunDir) -> dict:
         raise ValueError(f"pretrain.steps is {config.pretrain.steps}; set it to the number of dense steps")
     save_config(config, run.config)
     out = run.pretrain
-    dataset = load_run_corpus(config)
-    split = run_splits(config, len(dataset))
+    dataset = load_run_corpus(config.corpus)
+    split = run_splits(config.corpus, len(dataset))
     texts = dataset["text"]
-    tokenizer = run_tokenizer(config, run, [t for t, s in zip(texts, split) if s == TRAIN])
+    tokenizer = run_tokenizer(config.sharding, run, [t for t, s in zip(texts, split) if s == TRAIN])
     shards = out / "shards"
     if not (shards / "index.json").exists():
         build_shards(texts=texts, doc_ids=np.asarray(dataset["doc_id"], dtype=np.int64),
@@ -51,22 +49,12 @@ def pretrain(config: Config, run: RunDir) -> dict:
                      tokenizer=tokenizer, config=config.sharding, out_dir=shards,
                      router_fingerprint="pretrain: all training documents on one path",
                      min_test_tokens=config.routing.prefix_tokens + 1, overwrite=True)
-    factory = PathFactory(config, run)
-    device = resolve_device(config.train.device)
-    model = factory.new_model(seed=config.train.seed).to(device)
-    optimizer = make_optimizer(model, config.inner)
+    spec = path_spec(config, tokenizer)
     batches = ShardReader(shards).iter_batches(0, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
-    steps = config.pretrain.steps
-    log.info("pretraining the dense warm start for %d steps", steps)
-    started = time.perf_counter()
-    stats = train_steps(model, optimizer, batches, start_step=0, steps=steps, total_steps=steps,
-                        config=config.inner, device=device, precision=config.train.precision)
-    model = model.cpu()
-    save_parameters(model, out / "model.safetensors")
+    log.info("pretraining the dense warm start for %d steps", config.pretrain.steps)
+    model, summary = train_dense(spec, batches, steps=config.pretrain.steps, inner=config.inner,
+                                 seed=config.train.seed, device=resolve_device(config.train.device),
+                                 precision=config.train.precision, out=out)
     model.save_pretrained(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))
-    summary = {"steps": steps, "tokens": stats["tokens"], "seconds": time.perf_counter() - started,
-               "parameters": count_parameters(model),
-               "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

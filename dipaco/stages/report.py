@@ -14,16 +14,18 @@ Anything a stage has not produced yet is left out and said so.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
+from dipaco.atomic import write_bytes, write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
+from dipaco.stages.context import PathFactory
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -49,11 +51,7 @@ def write_report(config: Config, run: RunDir) -> Path:
     lines += _eval_section(evaluation, figures)
     lines += _paths_section(index, evaluation, figures)
     lines += _bytes_section(train, figures)
-    path = run.root / "report.md"
-    tmp = path.with_name("report.md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(run.root / "report.md", "\n".join(lines) + "\n")
 
 
 def _loss_section(train: dict, best: dict, figures: Path) -> list[str]:
@@ -202,15 +200,12 @@ def _bytes_section(train: dict, figures: Path) -> list[str]:
 
 
 def _best(config: Config, run: RunDir) -> dict:
-    from dipaco.eval.early_stopping import BEST_FILE
-    from dipaco.store.module_store import ModuleStore
+    from dipaco.eval.early_stopping import read_best
 
-    store_url = config.train.store_url or str(run.store)
     try:
-        store = ModuleStore(store_url)
-        return store.read_json(BEST_FILE) if store.exists(BEST_FILE) else {}
+        return read_best(PathFactory(config, run).store)
     except Exception as err:  # a report is still useful without the store
-        log.warning("cannot read %s from %s: %s", BEST_FILE, store_url, err)
+        log.warning("cannot read the validation-loss history from the store of %s: %s", run.root, err)
         return {}
 
 
@@ -222,7 +217,7 @@ def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    write_bytes(path, image.getvalue())

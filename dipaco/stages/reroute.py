@@ -11,8 +11,10 @@ on) is scored by the current modules with each candidate path — all paths, or 
 time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
 lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
 label (`routing.discriminative`), with a bias that matches the current training path sizes
-(`routing.reroute_target`); (4) every document is routed again by it, the train / val shards are
-rewritten, and training continues from the current modules (`dipaco train` with more rounds).
+(`routing.reroute_target`); (4) every document is routed again by it; the `dipaco reroute` command
+then rewrites the train / val shards (`dipaco shard`), and training continues from the current
+modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
+table (`dipaco.eval.modes.LossTable`).
 The replaced router and assignments are kept in `routing/phase-<n>/`; each phase appends a record
 to `routing/phases.json` and writes `routing/report-reroute-<n>.{json,md,png}`.
 """
@@ -21,20 +23,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
+from functools import partial
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from dipaco.atomic import write_json
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.eval.scoring import score_documents
+from dipaco.eval.modes import LossTable
+from dipaco.eval.scoring import token_losses
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, stream_features
-from dipaco.stages.shard import shard
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
 from routing.report import routing_report, write_report
@@ -44,21 +46,14 @@ from sharding.tokenizer import encode_batch, prefix_texts
 log = logging.getLogger(__name__)
 
 
-def score_candidates(factory: PathFactory, docs: list[np.ndarray], candidates: np.ndarray, *, round: int,
-                     skip: int, batch_size: int, device, precision: str) -> np.ndarray:
-    """Mean token NLL (D, paths) of each document under each of its candidate paths (inf elsewhere)."""
-    n_paths = factory.topology.n_paths
-    nll = np.full((len(docs), n_paths), np.inf)
-    for path in tqdm(range(n_paths), desc="score router docs", unit="path", disable=None):
-        rows = np.flatnonzero((candidates == path).any(axis=1))
-        if len(rows) == 0:
-            continue
-        model = factory.load_path(path=path, round=round, device=device)
-        total, counts = score_documents(model, [docs[i] for i in rows], skip=skip, batch_size=batch_size,
-                                        device=device, precision=precision,
-                                        pad_id=factory.tokenizer.pad_token_id or 0)
-        nll[rows, path] = total / np.maximum(counts, 1)
-        del model
+def candidate_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_paths: int, skip: int) -> np.ndarray:
+    """Mean token NLL (D, paths) of each document of `table` under each of its `candidates` (D, c)
+    paths at module version `round`, on its tokens after the first `skip` (inf where not a candidate)."""
+    nll = np.full((len(table.docs), n_paths), np.inf)
+    table.ensure({(p, round): set(np.flatnonzero((candidates == p).any(axis=1)).tolist()) for p in range(n_paths)})
+    for path in range(n_paths):
+        for d in np.flatnonzero((candidates == path).any(axis=1)):
+            nll[d, path] = table.get(path, round, d)[skip:].sum() / max(len(table.docs[d]) - skip, 1)
     return nll
 
 
@@ -72,11 +67,14 @@ def reroute(config: Config, run: RunDir) -> dict:
         raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
     router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
     old = Assignments.load(run.routing)
-    dataset = load_run_corpus(config)
-    split = run_splits(config, len(dataset))
+    dataset = load_run_corpus(config.corpus)
+    split = run_splits(config.corpus, len(dataset))
     if len(split) != len(old.split) or (split != old.split).any():
         raise ValueError(f"{run.routing / ASSIGN_JSON} was made with other corpus / split settings: route again")
     router_docs = np.flatnonzero(split == ROUTER)
+    if factory.topology.replicas > 1:
+        raise ValueError(f"discriminative re-routing picks among the routed paths; it does not support "
+                         f"topology.replicas {factory.topology.replicas} (DiLoCo replicas): set it to 1")
     if len(router_docs) < factory.topology.n_paths:
         raise ValueError(f"the router split has {len(router_docs)} documents; set corpus.router_fraction > 0 "
                          f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
@@ -96,8 +94,10 @@ def reroute(config: Config, run: RunDir) -> dict:
     c = config.routing.reroute_candidates or n_paths
     candidates = router.assign_topk(x, min(c, n_paths))
     device = resolve_device(config.eval.device)
-    nll = score_candidates(factory, docs, candidates, round=round, skip=skip, batch_size=config.eval.batch_size,
-                           device=device, precision=config.eval.precision)
+    table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
+                      score=partial(token_losses, batch_size=config.eval.batch_size, device=device,
+                                    precision=config.eval.precision, pad_id=tokenizer.pad_token_id or 0))
+    nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=skip)
     labels = np.argmin(nll, axis=1)
     sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
     target = np.full(n_paths, 1.0 / n_paths) if config.routing.reroute_target == "uniform" else np.maximum(sizes, 1)
@@ -121,7 +121,6 @@ def reroute(config: Config, run: RunDir) -> dict:
     report = routing_report(paths=paths, split=split, n_paths=n_paths, previous=old.path, labels=sources,
                             train_paths=assignments.train_paths(), name=f"reroute-{phase}")
     write_report(report, run.routing, name=f"report-reroute-{phase}")
-    shard(config, run)
     record = {
         "phase": phase,
         "after_round": round,
@@ -138,9 +137,7 @@ def reroute(config: Config, run: RunDir) -> dict:
         "seconds": time.perf_counter() - started,
     }
     phases.append(record)
-    tmp = phases_file.with_name(phases_file.name + ".tmp")
-    tmp.write_text(json.dumps(phases, indent=1))
-    os.replace(tmp, phases_file)
+    write_json(phases_file, phases)
     log.info("reroute phase %d: %.1f%% of documents changed path", phase, 100 * report["changed"])
     return record
 

@@ -48,11 +48,11 @@ def routing_config(config: Config, run: RunDir):
 def route(config: Config, run: RunDir) -> dict:
     """Tokenizer, router and document → path assignments; returns routing statistics."""
     save_config(config, run.config)
-    dataset = load_run_corpus(config)
-    split = run_splits(config, len(dataset))
+    dataset = load_run_corpus(config.corpus)
+    split = run_splits(config.corpus, len(dataset))
     texts = dataset["text"]
     train_texts = [t for t, s in zip(texts, split) if s == TRAIN]
-    tokenizer = run_tokenizer(config, run, train_texts)
+    tokenizer = run_tokenizer(config.sharding, run, train_texts)
     prefixes = prefix_texts(tokenizer, texts, n_tokens=config.routing.prefix_tokens)
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
     fit_docs = np.flatnonzero(split == TRAIN)

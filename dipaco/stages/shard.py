@@ -28,12 +28,12 @@ log = logging.getLogger(__name__)
 def shard(config: Config, run: RunDir) -> dict:
     """Write every path's train / val shards and the test documents; returns the shard index."""
     save_config(config, run.config)
-    dataset = load_run_corpus(config)
+    dataset = load_run_corpus(config.corpus)
     assignments = Assignments.load(run.require(run.routing / "assignments.json", "route").parent)
     if len(assignments.path) != len(dataset):
         raise ValueError(
             f"{run.routing / 'assignments.json'} routes {len(assignments.path)} documents, but the corpus "
-            f"{corpus_location(config)} now has {len(dataset)}: run `dipaco route` again"
+            f"{corpus_location(config.corpus)} now has {len(dataset)}: run `dipaco route` again"
         )
     tokenizer = load_tokenizer(run.require(run.tokenizer, "route"))
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)

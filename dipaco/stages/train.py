@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
+from dipaco import atomic
 from dipaco.config import Config, save_config
-from dipaco.eval.early_stopping import record_final_val_losses
-from dipaco.islands.coordinator import Coordinator, goodput, initialise_store
+from dipaco.device import resolve_device
+from dipaco.islands import coordinator
+from dipaco.islands.coordinator import Coordinator, finish_run, goodput
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
+from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
+from dipaco.store.records import RoundStats
 
 log = logging.getLogger(__name__)
 
@@ -40,56 +44,71 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     factory = PathFactory(config, run)
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
     done = initialise_store(factory)
-    topology = factory.topology
+    store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
-    summary["rounds"] = [r for r in summary["rounds"] if r["round"] <= done]  # drop rounds a reset store lost
+    rounds = summary["rounds"] = [r for r in summary["rounds"] if r.round <= done]  # drop rounds a reset store lost
     processes, threads = plan_parallelism(topology.n_paths, processes=config.train.islands,
                                           threads=config.train.threads_per_island)
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    service = Coordinator(factory)
+    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:
         islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
     try:
-        rounds = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
-                      total=config.train.rounds, dynamic_ncols=True, disable=None)
-        for round in rounds:
+        bar = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
+                   total=config.train.rounds, dynamic_ncols=True, disable=None)
+        for round in bar:
             round_started = time.perf_counter()
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
-            stats["seconds"] = time.perf_counter() - round_started
-            summary["rounds"].append(stats)
-            _write_json(run.train_summary, summary)
-            mean_train = sum(stats["train_loss"].values()) / len(stats["train_loss"])
-            rounds.set_postfix(train_loss=f"{mean_train:.3f}")
+            stats = replace(stats, seconds=time.perf_counter() - round_started)
+            rounds.append(stats)
+            _write_summary(run.train_summary, summary)
+            bar.set_postfix(train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
-                     "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, mean_train, stats["tokens"],
-                     stats["bytes_up"] / 1e6, stats.get("applied", 0), stats.get("stale", 0), stats.get("dropped", 0),
-                     stats.get("in_flight", 0), stats["seconds"])
+                     "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, stats.mean_train_loss, stats.tokens,
+                     stats.bytes_up / 1e6, stats.applied, stats.stale, stats.dropped, stats.in_flight, stats.seconds)
         finished_at = time.monotonic()
         if islands and last == config.train.rounds:
             islands.stop()  # they stop by themselves after the run's last round
-        if factory.store.current_round() == config.train.rounds:
-            record_final_val_losses(factory)  # so the last round can be a path's best (dipaco eval --best)
+        if store.current_round() == config.train.rounds:  # so the last round can be a path's best (eval --best)
+            finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.train.keep_rounds,
+                       device=resolve_device(config.train.device))
     finally:
         if islands:
             islands.terminate()
     summary.update(
         n_paths=topology.n_paths,
-        rounds_completed=factory.store.current_round(),
-        inner_steps_per_path=factory.store.current_round() * config.inner.steps,
-        tokens=sum(r["tokens"] for r in summary["rounds"]),
-        seconds=sum(r["seconds"] for r in summary["rounds"]),
+        rounds_completed=store.current_round(),
+        inner_steps_per_path=store.current_round() * config.inner.steps,
+        tokens=sum(r.tokens for r in rounds),
+        seconds=sum(r.seconds for r in rounds),
         last_session_seconds=time.perf_counter() - started,
-        bytes_up=sum(r.get("bytes_up", 0) for r in summary["rounds"]),
+        bytes_up=sum(r.bytes_up for r in rounds),
     )
     if islands:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
-        summary["goodput"] = goodput(factory.store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
-    _write_json(run.train_summary, summary)
-    return summary
+        summary["goodput"] = goodput(store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
+    return _write_summary(run.train_summary, summary)
+
+
+def initialise_store(factory: PathFactory) -> int:
+    """Write module version 0 unless the store has a run; returns the last completed round.
+
+    Version 0 is one seeded dense init (`train.seed`), or the `dipaco pretrain` dense model when
+    `pretrain.warm_start` is set and it exists; every path's modules are cut from it."""
+    done = coordinator.committed_round(factory.store, factory.topology)
+    if done is not None:
+        return done
+    model = factory.new_model(seed=factory.config.train.seed)
+    warm_start = factory.run.pretrain / "model.safetensors"
+    if factory.config.pretrain.warm_start and warm_start.exists():
+        load_parameters(model, warm_start)
+        log.info("every module starts from the dense warm start %s", warm_start)
+    coordinator.initialise_store(factory.store, factory.topology, model)
+    return 0
 
 
 def pull_island_tasks(run: RunDir, processes: int) -> list[Task]:
@@ -106,12 +125,17 @@ def _tokenizer_fingerprint(factory: PathFactory) -> str:
 
 
 def _load_summary(path: Path) -> dict:
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"rounds": []}
+    """What train.json holds, its rounds as `RoundStats` (no rounds when it does not exist)."""
+    if not path.exists():
+        return {"rounds": []}
+    summary = json.loads(path.read_text())
+    summary["rounds"] = [RoundStats.from_json(r, file=str(path), where=f"rounds[{i}]")
+                         for i, r in enumerate(summary["rounds"])]
+    return summary
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+def _write_summary(path: Path, summary: dict) -> dict:
+    """Write train.json (atomically); returns the summary as written (rounds as JSON objects)."""
+    summary = {**summary, "rounds": [r.to_json() for r in summary["rounds"]]}
+    atomic.write_json(path, summary)
+    return summary

@@ -1,128 +1,179 @@
 """The task board: the files through which the coordinator hands out work and islands report.
 
-Every file has exactly one writer:
+Every file has exactly one writer, and holds one record of `dipaco.store.records`:
 
-    tasks.json                                    coordinator: every task, its attempt and its island
-    rounds/round-000004.json                      coordinator: which results round 4's outer step applied
-    heartbeats/<island>.json                      island <island>: alive, idle or training, what it trained
-    results/round-000004/path-0002[.a1].json      the island running attempt 1 of (path 2, round 4)
+    tasks.json                                    coordinator: the `Board` (every `Task` and `PathState`)
+    rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
+    heartbeats/<island>.json                      island <island>: its `Heartbeat`
+    results/round-000004/path-0002[.a1].json      the island running attempt 1 of (path 2, round 4): `ResultMeta`
     results/round-000004/path-0002[.a1].<ext>     its pseudo-gradient (.safetensors, .int8.zst, .int4.zst)
     islands/path-0002/inner-round-000004[.a1].safetensors   its inner AdamW state after the task
 
-A task is "train path p for inner.steps steps from module version b" (it is meant for round b + 1).
-Attempt 0 keeps the pre-task-board file names, so a result written by `dipaco island --path P` is
-picked up. A task handed to another island (its island stopped heart-beating, or came back as a new
-incarnation) gets the next attempt number and so its own files: a late result from the old attempt
-never overwrites anything, and the coordinator accepts exactly one attempt per task.
+Attempt 0 has no suffix. A task handed to another island (its island stopped heart-beating, or came
+back as a new incarnation) gets the next attempt number and so its own files: a late result from the
+old attempt never overwrites anything, and the coordinator accepts exactly one attempt per task. A
+result's JSON is written after its pseudo-gradient, so a result whose JSON exists is complete.
 
-Islands say they are alive by bumping `seq` in their heartbeat; the coordinator times heartbeats with
-its own clock (when it last saw `seq` change), so island clocks need not agree.
+Tasks and path states name an inner state by its reference (`inner_ref`), which only this module
+turns into a file.
+
+    write_result(store, task, pseudo_gradient, meta, compression="int8", level=1)
+    tensors, meta = read_result(store, round=4, path=2, attempt=1)
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import torch
 
 from dipaco.store.compress import compress, decompress
-from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
+from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
 
 TASKS = "tasks.json"
 EXTENSIONS = {"none": ".safetensors", "int8": ".int8.zst", "int4": ".int4.zst"}
-
-
-def task_key(path: int, base: int) -> str:
-    return f"path-{path:04d}-round-{base + 1:06d}"
 
 
 def _suffix(attempt: int) -> str:
     return "" if attempt == 0 else f".a{attempt}"
 
 
-def result_stem(round: int, path: int, attempt: int) -> str:
-    return f"results/round-{round:06d}/path-{path:04d}{_suffix(attempt)}"
+def _result_stem(round: int, path: int, attempt: int) -> str:
+    return f"results/{round_dir(round)}/path-{path:04d}{_suffix(attempt)}"
 
 
-def inner_file(path: int, round: int, attempt: int) -> str:
-    return f"islands/path-{path:04d}/inner-round-{round:06d}{_suffix(attempt)}.safetensors"
-
-
-def heartbeat_file(island: str) -> str:
+def _heartbeat_file(island: str) -> str:
     return f"heartbeats/{island}.json"
 
 
-def manifest_file(round: int) -> str:
-    return f"rounds/round-{round:06d}.json"
+def _manifest_file(round: int) -> str:
+    return f"rounds/{round_dir(round)}.json"
 
 
-def new_task(*, path: int, base: int, step_offset: int, inner_from: str | None) -> dict[str, Any]:
-    return {
-        "key": task_key(path, base), "path": path, "base": base, "round": base + 1, "attempt": 0,
-        "status": "open", "island": None, "incarnation": None, "step_offset": step_offset,
-        "inner_from": inner_from, "result_attempt": None,
-    }
-
-
-# --- results ---------------------------------------------------------------------------------------
-def write_result(store: ModuleStore, task: dict, tensors: dict[str, torch.Tensor], meta: dict[str, Any], *,
-                 compression: str, level: int) -> dict:
-    """Upload a pseudo-gradient (compressed) then its JSON (the commit); returns the compression stats."""
-    stem = result_stem(task["round"], task["path"], task["attempt"])
-    data, stats = compress(tensors, method=compression, level=level)
-    name = stem + EXTENSIONS[compression]
-    store.write_bytes(name, data)
-    store.write_json(stem + ".json", {**meta, "bytes": len(data), "compression": compression,
-                                      "file": name.rsplit("/", 1)[-1], "attempt": task["attempt"]})
-    return stats
-
-
-def result_exists(store: ModuleStore, round: int, path: int, attempt: int) -> bool:
-    return store.exists(result_stem(round, path, attempt) + ".json")
-
-
-def read_result(store: ModuleStore, round: int, path: int, attempt: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """A result's float32 pseudo-gradient and metadata (a pre-task-board result is plain safetensors)."""
-    stem = result_stem(round, path, attempt)
-    meta = store.read_json(stem + ".json")
-    method = meta.get("compression", "none")
-    folder = stem.rsplit("/", 1)[0]
-    name = f"{folder}/{meta['file']}" if "file" in meta else stem + EXTENSIONS["none"]
-    data = store.read_bytes(name)
-    try:
-        tensors, _ = decompress(data, method=method)
-    except Exception as err:  # zstd / safetensors raise their own error types
-        raise StoreError(f"store file {store._path(name)} is not a valid {method} pseudo-gradient: {err}") from None
-    return tensors, meta
-
-
-# --- inner optimiser state -------------------------------------------------------------------------
-def write_inner(store: ModuleStore, relative: str, tensors: dict[str, torch.Tensor], meta: dict) -> int:
-    """An inner AdamW state: tensors, with its metadata in the safetensors header."""
-    return store.write_tensors_with_meta(relative, tensors, meta)
-
-
-def read_inner(store: ModuleStore, relative: str) -> tuple[dict[str, torch.Tensor], dict]:
-    return store.read_tensors_with_meta(relative)
+def _inner_folder(path: int) -> str:
+    return f"islands/path-{path:04d}"
 
 
 # --- the board -------------------------------------------------------------------------------------
-def read_board(store: ModuleStore) -> dict[str, Any] | None:
-    return store.read_json(TASKS) if store.exists(TASKS) else None
+def read_board(store: ModuleStore) -> Board | None:
+    return Board.from_json(store.read_json(TASKS), file=store.location(TASKS)) if store.exists(TASKS) else None
 
 
-def read_heartbeats(store: ModuleStore) -> dict[str, dict]:
+def write_board(store: ModuleStore, board: Board) -> None:
+    store.write_json(TASKS, board.to_json())
+
+
+# --- heartbeats ------------------------------------------------------------------------------------
+def write_heartbeat(store: ModuleStore, beat: Heartbeat) -> None:
+    store.write_json(_heartbeat_file(beat.island), beat.to_json())
+
+
+def read_heartbeats(store: ModuleStore) -> dict[str, Heartbeat]:
     """Every island's latest heartbeat, by island name."""
-    if not store.exists("heartbeats"):
-        return {}
     beats = {}
-    for entry in store.fs.ls(store._path("heartbeats"), detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
+    for name in store.listdir("heartbeats"):
         if not name.endswith(".json"):
             continue  # a temporary file of a write in progress
+        relative = f"heartbeats/{name}"
         try:
-            beat = store.read_json(f"heartbeats/{name}")
+            obj = store.read_json(relative)
         except StoreError:
             continue  # removed or half-visible on an eventually consistent store: next poll
-        beats[beat["island"]] = beat
+        beat = Heartbeat.from_json(obj, file=store.location(relative))
+        beats[beat.island] = beat
     return beats
+
+
+# --- results ---------------------------------------------------------------------------------------
+def write_result(store: ModuleStore, task: Task, tensors: dict[str, torch.Tensor], meta: ResultMeta, *,
+                 compression: str, level: int) -> tuple[ResultMeta, dict]:
+    """Upload a pseudo-gradient (compressed) then its metadata (the commit).
+
+    Returns the metadata as written (with the file, its bytes and the compression) and the compression stats."""
+    stem = _result_stem(task.round, task.path, task.attempt)
+    data, stats = compress(tensors, method=compression, level=level)
+    name = stem + EXTENSIONS[compression]
+    store.write_bytes(name, data)
+    meta = dataclasses.replace(meta, bytes=len(data), compression=compression, file=name.rsplit("/", 1)[-1],
+                               attempt=task.attempt)
+    store.write_json(stem + ".json", meta.to_json())
+    return meta, stats
+
+
+def result_exists(store: ModuleStore, *, round: int, path: int, attempt: int) -> bool:
+    return store.exists(_result_stem(round, path, attempt) + ".json")
+
+
+def read_result_meta(store: ModuleStore, *, round: int, path: int, attempt: int) -> ResultMeta:
+    relative = _result_stem(round, path, attempt) + ".json"
+    return ResultMeta.from_json(store.read_json(relative), file=store.location(relative))
+
+
+def read_result(store: ModuleStore, *, round: int, path: int, attempt: int) -> tuple[dict[str, torch.Tensor], ResultMeta]:
+    """A result's float32 pseudo-gradient `{"module/param": tensor}` and its metadata."""
+    meta = read_result_meta(store, round=round, path=path, attempt=attempt)
+    name = f"results/{round_dir(round)}/{meta.file}"
+    data = store.read_bytes(name)
+    try:
+        tensors, _ = decompress(data, method=meta.compression)
+    except Exception as err:  # zstd / safetensors raise their own error types
+        raise StoreError(f"store file {store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
+    return tensors, meta
+
+
+def result_rounds(store: ModuleStore) -> list[int]:
+    """The rounds that have a results folder, ascending."""
+    return sorted(r for r in map(parse_round, store.listdir("results")) if r is not None)
+
+
+def remove_results(store: ModuleStore, round: int) -> None:
+    store.remove(f"results/{round_dir(round)}")
+
+
+# --- round manifests -------------------------------------------------------------------------------
+def write_manifest(store: ModuleStore, manifest: RoundManifest) -> None:
+    store.write_json(_manifest_file(manifest.round), manifest.to_json())
+
+
+def read_manifest(store: ModuleStore, round: int) -> RoundManifest | None:
+    """Round `round`'s manifest; None when the round was committed without one (or not at all)."""
+    relative = _manifest_file(round)
+    if not store.exists(relative):
+        return None
+    return RoundManifest.from_json(store.read_json(relative), file=store.location(relative))
+
+
+# --- inner optimiser states ------------------------------------------------------------------------
+def inner_ref(*, path: int, round: int, attempt: int) -> str:
+    """The reference of the inner state the task (path, round, attempt) leaves (in tasks and path states)."""
+    return f"{_inner_folder(path)}/inner-{round_dir(round)}{_suffix(attempt)}.safetensors"
+
+
+def write_inner(store: ModuleStore, ref: str, tensors: dict[str, torch.Tensor], meta: dict) -> int:
+    """An inner AdamW state: tensors, with its metadata in the safetensors header; returns the bytes."""
+    return store.write_tensors_with_meta(ref, tensors, meta)
+
+
+def read_inner(store: ModuleStore, ref: str) -> tuple[dict[str, torch.Tensor], dict]:
+    return store.read_tensors_with_meta(ref)
+
+
+def inner_exists(store: ModuleStore, ref: str) -> bool:
+    return store.exists(ref)
+
+
+def inner_states(store: ModuleStore, path: int) -> list[tuple[int, str]]:
+    """`(round, reference)` of every inner state stored for `path`."""
+    folder = _inner_folder(path)
+    states = []
+    for name in store.listdir(folder):
+        if name.startswith("inner-round-"):
+            round = parse_round(name.removeprefix("inner-"))
+            if round is not None:
+                states.append((round, f"{folder}/{name}"))
+    return states
+
+
+def remove_inner(store: ModuleStore, ref: str) -> None:
+    store.remove(ref)

@@ -1,21 +1,24 @@
-"""The module store: the only medium between the coordinator and the islands.
+"""The module store: the only medium between the coordinator and the islands, and the only code (with
+the rest of `dipaco.store`) that knows its file names.
 
 An fsspec URL (a local directory by default; `s3://…`, `gs://…` or a shared filesystem when islands
 sit on different machines). Layout under the root:
 
-    state.json                               last completed round (written last: the commit point)
+    state.json                                  last completed round (written last: the commit point)
     modules/round-000003/<module>.safetensors   every module after round 3's outer step
     outer/round-000003/<module>.safetensors     the outer optimiser's momentum after round 3
-    results/round-000004/path-0002.safetensors  an island's pseudo-gradient for round 4 (+ .json)
-    islands/path-0002/inner-round-000004.safetensors  that path's AdamW state after round 4 (dipaco.store.board)
+    best.json                                   validation loss per path and version (dipaco.eval.early_stopping)
+    tasks.json, rounds/, heartbeats/, results/, islands/   the task board (dipaco.store.board)
 
-Each file has one writer: the coordinator writes `state.json`, `modules/` and `outer/`; an island
-writes only its own results and inner state. Writes are atomic (a temporary name then a rename on
-local disks, a single put on object stores), and a result's JSON is written after its tensors, so
-whatever a reader finds complete is complete. Tensors are safetensors, never pickle.
+Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `best.json` and
+the board's tasks and round manifests; an island writes only its own heartbeat, results and inner
+states. Writes are atomic (a temporary name then a rename on local disks, a single put on object
+stores). Tensors are safetensors, never pickle. Old versions are deleted by `dipaco.store.retention`.
+The raw-file methods (`read_json`, `write_bytes`, `listdir`, ...) are for `dipaco.store`'s own modules.
 
     store = ModuleStore("runs/demo/store")
     store.write_module(0, "embeddings", {"model.embed_tokens.weight": w})
+    store.commit(round=0, levels=[2, 2], modules=["embeddings", ...]); store.current_round()  # 0
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from safetensors.torch import save as save_safetensors
 log = logging.getLogger(__name__)
 
 STORE_VERSION = 1
+BEST_FILE = "best.json"
+KINDS = ("modules", "outer")
 
 
 class StoreError(RuntimeError):
@@ -50,6 +55,10 @@ class ModuleStore:
     # --- raw files -------------------------------------------------------------------------------
     def _path(self, relative: str) -> str:
         return f"{self.root.rstrip('/')}/{relative}"
+
+    def location(self, relative: str) -> str:
+        """The full name of a store file, for messages."""
+        return self._path(relative)
 
     def exists(self, relative: str) -> bool:
         return self.fs.exists(self._path(relative))
@@ -101,7 +110,17 @@ class ModuleStore:
         except Exception as err:  # safetensors raises its own error types
             raise StoreError(f"store file {self._path(relative)} is not a valid safetensors file: {err}") from None
 
-    def remove_dir(self, relative: str) -> None:
+    def listdir(self, relative: str) -> list[str]:
+        """The names in a store folder, sorted ([] when it does not exist)."""
+        if not self.exists(relative):
+            return []
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self._path(relative), detail=False))
+
+    def size(self, relative: str) -> int:
+        return int(self.fs.size(self._path(relative)))
+
+    def remove(self, relative: str) -> None:
+        """Delete a file or a folder with everything in it (nothing when it does not exist)."""
         if self.exists(relative):
             self.fs.rm(self._path(relative), recursive=True)
 
@@ -130,51 +149,52 @@ class ModuleStore:
 
     # --- modules and outer state -----------------------------------------------------------------
     def write_module(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        self.write_tensors(f"modules/round-{round:06d}/{name}.safetensors", tensors)
+        self.write_tensors(_version_file("modules", round, name), tensors)
 
     def read_module(self, round: int, name: str) -> dict[str, torch.Tensor]:
-        return self.read_tensors(f"modules/round-{round:06d}/{name}.safetensors")
+        return self.read_tensors(_version_file("modules", round, name))
 
     def read_modules(self, round: int, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         """Several modules of version `round`, e.g. every module of one path."""
         return {name: self.read_module(round, name) for name in names}
 
+    def has_module(self, round: int, name: str) -> bool:
+        return self.exists(_version_file("modules", round, name))
+
     def write_outer_state(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        self.write_tensors(f"outer/round-{round:06d}/{name}.safetensors", tensors)
+        self.write_tensors(_version_file("outer", round, name), tensors)
 
     def read_outer_state(self, round: int, name: str) -> dict[str, torch.Tensor] | None:
-        relative = f"outer/round-{round:06d}/{name}.safetensors"
+        relative = _version_file("outer", round, name)
         return self.read_tensors(relative) if self.exists(relative) else None
 
-    def prune(self, *, keep_from: int, folders: tuple[str, ...] = ("modules", "outer", "results")) -> None:
-        """Delete module, outer-state and result versions older than round `keep_from` (in `folders`)."""
-        for folder in folders:
-            if not self.exists(folder):
-                continue
-            for entry in self.fs.ls(self._path(folder), detail=False):
-                name = entry.rstrip("/").rsplit("/", 1)[-1]
-                if name.startswith("round-") and int(name[6:]) < keep_from:
-                    self.fs.rm(entry, recursive=True)
+    # --- versions, for retention (dipaco.store.retention) -----------------------------------------
+    def versions(self, kind: str) -> list[int]:
+        """The rounds that have a folder of `kind` ("modules" or "outer"), ascending."""
+        return _rounds(self.listdir(_kind(kind)))
 
-    # --- island results --------------------------------------------------------------------------
-    def _result(self, round: int, path: int) -> str:
-        return f"results/round-{round:06d}/path-{path:04d}"
+    def prune_version(self, kind: str, round: int, *, keep: set[str] = frozenset()) -> int:
+        """Delete version `round` of `kind` except the files of the modules in `keep` (the whole folder
+        when `keep` is empty); returns the bytes of the files kept."""
+        folder = f"{_kind(kind)}/{round_dir(round)}"
+        if not keep:
+            self.remove(folder)
+            return 0
+        kept = 0
+        for name in self.listdir(folder):
+            if name.endswith(".safetensors") and name.removesuffix(".safetensors") in keep:
+                kept += self.size(f"{folder}/{name}")
+            else:
+                self.remove(f"{folder}/{name}")
+        return kept
 
-    def write_result(self, round: int, path: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
-        """An island's pseudo-gradient and metadata; returns the bytes sent for the tensors."""
-        sent = self.write_tensors(self._result(round, path) + ".safetensors", tensors)
-        self.write_json(self._result(round, path) + ".json", {**meta, "bytes": sent})
-        return sent
+    # --- early stopping's record (dipaco.eval.early_stopping) --------------------------------------
+    def read_best(self) -> dict[str, Any] | None:
+        """best.json: each path's validation loss per module version and its best version (None when absent)."""
+        return self.read_json(BEST_FILE) if self.exists(BEST_FILE) else None
 
-    def has_result(self, round: int, path: int) -> bool:
-        return self.exists(self._result(round, path) + ".json")
-
-    def read_result(self, round: int, path: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        meta = self.read_json(self._result(round, path) + ".json")
-        return self.read_tensors(self._result(round, path) + ".safetensors"), meta
-
-    def read_result_meta(self, round: int, path: int) -> dict[str, Any]:
-        return self.read_json(self._result(round, path) + ".json")
+    def write_best(self, obj: dict[str, Any]) -> None:
+        self.write_json(BEST_FILE, obj)
 
     # --- tensors with JSON metadata in one file (inner optimiser states) -----------------------------
     def write_tensors_with_meta(self, relative: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
@@ -189,3 +209,30 @@ class ModuleStore:
         except (KeyError, ValueError, UnicodeDecodeError) as err:
             raise StoreError(f"store file {self._path(relative)} has no valid metadata: {err}") from None
         return self._decode_tensors(data, relative), meta
+
+
+def round_dir(round: int) -> str:
+    """The folder (or file stem) name of round `round`: `round-000003`."""
+    return f"round-{round:06d}"
+
+
+def parse_round(name: str) -> int | None:
+    """`round-000003` (or `round-000003.json`) → 3; None for any other name."""
+    stem = name.split(".", 1)[0]
+    if not stem.startswith("round-") or not stem[6:].isdigit():
+        return None
+    return int(stem[6:])
+
+
+def _rounds(names: list[str]) -> list[int]:
+    return sorted(r for r in map(parse_round, names) if r is not None)
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"a store version is one of {KINDS}, not {kind!r}")
+    return kind
+
+
+def _version_file(kind: str, round: int, name: str) -> str:
+    return f"{kind}/{round_dir(round)}/{name}.safetensors"

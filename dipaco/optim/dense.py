@@ -1,0 +1,74 @@
+"""Dense training: one path-shaped model trained by plain AdamW, for the warm start and the baselines.
+
+    model, summary = train_dense(spec, batches, steps=200, inner=cfg.inner, seed=0, device=device,
+                                 precision="fp32", out=run.pretrain)      # out/model.safetensors + summary.json
+    model, summary = load_dense(run.baselines / "dense-equal-steps", spec)
+
+`dipaco pretrain` (the dense warm start) and `dipaco baselines` (the dense baselines) both train
+this way: a freshly seeded model, the inner recipe (`dipaco.optim.inner`) with its warmup + cosine
+schedule stretched over `steps`, then the parameters and a summary (steps, tokens, seconds,
+parameters, the architecture, the losses) written next to each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import LlamaForCausalLM
+
+from dipaco.atomic import write_json
+from dipaco.config import InnerConfig, ModelConfig
+from dipaco.model.path_model import PathSpec, count_parameters, load_parameters, save_parameters
+from dipaco.optim.inner import make_optimizer, train_steps
+
+log = logging.getLogger(__name__)
+
+PARAMETERS = "model.safetensors"
+SUMMARY = "summary.json"
+
+
+def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, inner: InnerConfig, seed: int,
+                device: torch.device, precision: str, out: Path, info: dict | None = None,
+                ) -> tuple[LlamaForCausalLM, dict]:
+    """Train a fresh model of shape `spec` (seeded by `seed`) for `steps` AdamW steps on `batches` of
+    token blocks `(B, T)`, the schedule spanning those steps. Writes `out/model.safetensors` and
+    `out/summary.json` (`info` first, then the training record); returns the model (CPU) and the summary."""
+    if steps < 1:
+        raise ValueError(f"dense training needs steps >= 1, got {steps}")
+    model = spec.new_model(seed=seed).to(device)
+    optimizer = make_optimizer(model, inner)
+    log.info("training a dense model (%d parameters) for %d steps into %s", count_parameters(model), steps, out)
+    started = time.perf_counter()
+    stats = train_steps(model, optimizer, batches, start_step=0, steps=steps, total_steps=steps, config=inner,
+                        device=device, precision=precision)
+    seconds = time.perf_counter() - started
+    model = model.cpu()
+    save_parameters(model, Path(out) / PARAMETERS)
+    summary = {**(info or {}), "steps": steps, "tokens": stats["tokens"], "seconds": seconds,
+               "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
+               "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
+    write_json(Path(out) / SUMMARY, summary)
+    return model, summary
+
+
+def is_trained(folder: Path) -> bool:
+    """Whether `train_dense` finished writing into `folder` (the summary is written last)."""
+    return (Path(folder) / SUMMARY).exists()
+
+
+def load_dense(folder: Path, spec: PathSpec) -> tuple[LlamaForCausalLM, dict]:
+    """A model written by `train_dense` (CPU, float32) and its summary. The architecture is the one
+    the summary records (`spec.model` when it records none); the vocabulary and length are `spec`'s."""
+    folder = Path(folder)
+    summary = json.loads((folder / SUMMARY).read_text())
+    model_config = ModelConfig(**summary["model"]) if "model" in summary else spec.model
+    model = dataclasses.replace(spec, model=model_config).new_model()
+    load_parameters(model, folder / PARAMETERS)
+    return model, summary

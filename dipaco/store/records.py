@@ -1,0 +1,319 @@
+"""The protocol records: what the coordinator and the islands tell each other through the store.
+
+    task = Task.open(path=2, base=3, step_offset=12, inner_from=None)     # "train path 2 from version 3"
+    obj = task.to_json()                                                   # a JSON object, with "schema": 1
+    Task.from_json(obj, file="tasks.json")                                 # validated: a StoreError naming
+                                                                           # the file and the field otherwise
+
+| record          | file (written by)                                  | what it says                         |
+|-----------------|----------------------------------------------------|--------------------------------------|
+| `Board`         | tasks.json (coordinator)                           | every `Task` and every `PathState`   |
+| `Heartbeat`     | heartbeats/<island>.json (that island)             | alive, idle or training, what it did |
+| `ResultMeta`    | results/round-t/path-p[.aN].json (the island)      | a pseudo-gradient's metadata         |
+| `RoundManifest` | rounds/round-t.json (coordinator)                  | which results round t applied        |
+| `RoundStats`    | train.json's "rounds" (the train stage)            | one round's tokens, losses, bytes    |
+
+Each is a frozen dataclass; a new state is a new record (`dataclasses.replace`). `to_json()` writes the
+class's `SCHEMA` as "schema"; `from_json(obj, *, file)` refuses another schema version, a missing or
+unexpected field, or a value of the wrong type. Only `dipaco.store.board` (and the train stage, for
+train.json) turns them into files; everything else uses their attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from dipaco.store.module_store import StoreError
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """Base of the records: JSON conversion and validation from the dataclass fields' types."""
+
+    SCHEMA: ClassVar[int | None] = None  # None: a part of another record, with no version of its own
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # str fields that take one of a few values
+
+    def to_json(self) -> dict[str, Any]:
+        out = {} if self.SCHEMA is None else {"schema": self.SCHEMA}
+        for f in dataclasses.fields(self):
+            out[f.name] = _to_json(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], obj: Any, *, file: str, where: str = "") -> R:
+        """Build and validate a record from a JSON object read from `file` (named in every error)."""
+        what = f"{cls.__name__} in {file}" + (f" at {where}" if where else "")
+        if not isinstance(obj, dict):
+            raise StoreError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if cls.SCHEMA is not None:
+            if "schema" not in obj:
+                raise StoreError(f"{what}: missing field 'schema' (written by another dipaco version?)")
+            if obj["schema"] != cls.SCHEMA:
+                raise StoreError(f"{what}: schema version {obj['schema']!r}; this dipaco reads version {cls.SCHEMA}")
+            names.add("schema")
+        unexpected = sorted(set(obj) - names)
+        if unexpected:
+            raise StoreError(f"{what}: unexpected field {unexpected[0]!r}")
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in obj:
+                raise StoreError(f"{what}: missing field {f.name!r}")
+            field_where = f"{where}.{f.name}" if where else f.name
+            values[f.name] = _from_json(obj[f.name], hints[f.name], file=file, where=field_where)
+            if f.name in cls.CHOICES and values[f.name] not in cls.CHOICES[f.name]:
+                raise StoreError(f"{cls.__name__} in {file}: field {field_where!r} is {values[f.name]!r}, "
+                                 f"not one of {list(cls.CHOICES[f.name])}")
+        return cls(**values)
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    return value
+
+
+def _from_json(value: Any, hint: Any, *, file: str, where: str) -> Any:
+    """`value` as type `hint` (int, float, str, bool, X | None, tuple[X, ...], dict[int | str, X], a Record)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def wrong(expected: str) -> StoreError:
+        return StoreError(f"{file}: field {where!r} should be {expected}, got {value!r}"[:400])
+
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _from_json(value, inner, file=file, where=where)
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_json(value, file=file, where=where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong("a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise wrong("a string")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise wrong("a list")
+        return tuple(_from_json(v, args[0], file=file, where=f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise wrong("an object")
+        key_type, value_type = args
+        out = {}
+        for k, v in value.items():
+            if key_type is int:
+                try:
+                    key = int(k)
+                except ValueError:
+                    raise StoreError(f"{file}: field {where!r} has the key {k!r}, which is not an integer") from None
+            else:
+                key = k
+            out[key] = _from_json(v, value_type, file=file, where=f"{where}[{k}]")
+        return out
+    raise TypeError(f"records cannot hold {hint!r}")  # a programming error in this module
+
+
+# --- the task board (tasks.json) -------------------------------------------------------------------
+TASK_STATUSES = ("open", "assigned", "received", "lost")
+
+
+@dataclass(frozen=True)
+class Task(Record):
+    """"Train path `path` for inner.steps steps from module version `base`" (meant for round base + 1).
+
+    open → assigned (to an island incarnation) → received (some attempt's result is in the store);
+    a task whose island is lost is open again as the next attempt, or in async mode `lost` and
+    replaced by a task from the newest version."""
+
+    SCHEMA: ClassVar[int] = 1
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"status": TASK_STATUSES}
+
+    path: int
+    base: int
+    attempt: int  # 0, then one more each time the task is handed to another island
+    status: str
+    island: str | None  # the island it is assigned to
+    incarnation: str | None  # ... and that island's incarnation (a restarted island is another one)
+    step_offset: int  # inner steps the path has done before this task (data order, LR schedule)
+    inner_from: str | None  # the inner AdamW state to start from (a store reference), None = fresh
+    result_attempt: int | None  # the attempt whose result was received
+
+    @classmethod
+    def open(cls, *, path: int, base: int, step_offset: int, inner_from: str | None) -> Task:
+        return cls(path=path, base=base, attempt=0, status="open", island=None, incarnation=None,
+                   step_offset=step_offset, inner_from=inner_from, result_attempt=None)
+
+    @property
+    def round(self) -> int:
+        """The round whose outer step this task is meant for."""
+        return self.base + 1
+
+    @property
+    def key(self) -> str:
+        return task_key(self.path, self.base)
+
+
+def task_key(path: int, base: int) -> str:
+    """The name of the task that trains `path` from version `base` (the same for every attempt)."""
+    return f"path-{path:04d}-round-{base + 1:06d}"
+
+
+@dataclass(frozen=True)
+class PathState(Record):
+    """Where a path's training stands: inner steps done and its latest inner AdamW state."""
+
+    steps_done: int
+    inner: str | None  # a store reference (dipaco.store.board.inner_ref), None before the first task
+
+
+@dataclass(frozen=True)
+class Board(Record):
+    """tasks.json: the coordinator's every task in flight or waiting for its round, and every path's state."""
+
+    SCHEMA: ClassVar[int] = 1
+
+    round: int  # the last committed round when it was written
+    tasks: dict[str, Task]  # by Task.key
+    paths: dict[int, PathState]
+
+
+# --- islands ---------------------------------------------------------------------------------------
+ISLAND_STATUSES = ("idle", "training", "done")
+
+
+@dataclass(frozen=True)
+class Heartbeat(Record):
+    """An island's latest word: it is alive (`seq` changes), what it is doing and what it has done."""
+
+    SCHEMA: ClassVar[int] = 1
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"status": ISLAND_STATUSES}
+
+    island: str
+    incarnation: str  # new after each (injected) death: tasks of the old incarnation are lost
+    seq: int  # bumped on every beat; the coordinator times beats by when `seq` last changed
+    status: str
+    task: str | None  # the key of the task being trained
+    pinned: tuple[int, ...]  # the only paths it takes (`--path`), () = any
+    last_path: int | None  # the path it trained last (its inner state is then local)
+    finished: tuple[str, ...]  # "key#attempt" of the tasks this incarnation finished lately
+    time: float  # island wall clock (information only)
+    failures: int  # injected failures so far
+
+
+@dataclass(frozen=True)
+class ResultMeta(Record):
+    """An island's report of one task: what it trained, how, and the bytes it moved.
+
+    The last six fields are filled in as the result is uploaded (`dipaco.islands.island.push_result`,
+    `dipaco.store.board.write_result`)."""
+
+    SCHEMA: ClassVar[int] = 1
+
+    path: int
+    round: int
+    base: int
+    attempt: int
+    tokens: int  # training tokens of all data-parallel ranks
+    train_loss: float  # mean of the last five inner steps
+    losses: tuple[float, ...]  # every inner step's loss
+    val_loss_start: float  # validation loss of version `base` (NaN without validation blocks)
+    seconds: float  # time in inner steps
+    bytes_down_modules: int
+    bytes_down_inner: int
+    inner_state_local: bool  # the inner state came from the island's memory, not the store
+    data_parallel_ranks: int
+    island: str = ""
+    finished: float = 0.0  # island wall clock when the upload started
+    bytes_up_inner: int = 0
+    bytes: int = 0  # the pseudo-gradient file's size
+    compression: str = "none"
+    file: str = ""  # the pseudo-gradient file, next to this one
+
+
+# --- rounds ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ManifestEntry(Record):
+    """One result a round's outer step applied (with its weight `factor`) or dropped (factor None)."""
+
+    key: str
+    path: int
+    base: int
+    attempt: int
+    staleness: int  # versions between the result's base and the one it was applied to
+    tokens: int
+    seconds: float
+    bytes: int
+    train_loss: float
+    val_loss_start: float
+    factor: float | None  # staleness weight; None for a dropped result
+
+
+@dataclass(frozen=True)
+class RoundManifest(Record):
+    """rounds/round-t.json: which results round t's outer step used (written before the commit)."""
+
+    SCHEMA: ClassVar[int] = 1
+
+    round: int
+    applied: tuple[ManifestEntry, ...]
+    dropped: tuple[ManifestEntry, ...]
+
+    @property
+    def keys(self) -> set[str]:
+        """The tasks this round is done with (applied or dropped)."""
+        return {e.key for e in self.applied + self.dropped}
+
+
+@dataclass(frozen=True)
+class RoundStats(Record):
+    """One committed round as train.json records it."""
+
+    SCHEMA: ClassVar[int] = 1
+
+    round: int
+    tokens: int
+    bytes_up: int  # pseudo-gradient bytes of the applied results
+    train_loss: dict[int, float]  # by path
+    val_loss_start: dict[int, float]
+    island_seconds: dict[int, float]
+    applied: int
+    dropped: int
+    stale: int  # applied results from an older version
+    in_flight: int  # tasks assigned when the round closed
+    seconds: float = 0.0  # wall time of the round (set by the train stage)
+
+    @classmethod
+    def of(cls, manifest: RoundManifest, *, in_flight: int) -> RoundStats:
+        applied = manifest.applied
+        return cls(round=manifest.round, tokens=sum(e.tokens for e in applied), bytes_up=sum(e.bytes for e in applied),
+                   train_loss={e.path: e.train_loss for e in applied},
+                   val_loss_start={e.path: e.val_loss_start for e in applied},
+                   island_seconds={e.path: e.seconds for e in applied}, applied=len(applied),
+                   dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight)
+
+    @property
+    def mean_train_loss(self) -> float:
+        return sum(self.train_loss.values()) / len(self.train_loss) if self.train_loss else math.nan

@@ -1,0 +1,48 @@
+"""Retention: every deletion in the store happens here (`train.keep_rounds`).
+
+    keep = keep_from(7, keep_rounds=2)                                  # 6: versions 6 and 7 stay
+    kept = prune_versions(store, keep_from=keep, keep_modules={3: {"embeddings", "level0.module1"}})
+    prune_inner_states(store, n_paths=4, keep_from=keep, referenced={task.inner_from, ...})
+
+- Module versions older than `keep_from` are deleted, except the modules `keep_modules` names in
+  them: the modules of the paths whose best version it is (`dipaco.eval.early_stopping.needed_modules`),
+  a shared module once however many paths need it. `prune_versions` returns the bytes kept that way.
+- Outer-optimiser states and island results older than `keep_from` are deleted (the round manifests,
+  small, are kept: they are the record of what each round applied).
+- Inner AdamW states of rounds older than `keep_from` are deleted unless a task or a path state still
+  names them (the next task of a path starts from its latest state, however old).
+"""
+
+from __future__ import annotations
+
+from dipaco.store.board import inner_states, remove_inner, remove_results, result_rounds
+from dipaco.store.module_store import ModuleStore
+
+
+def keep_from(round: int, *, keep_rounds: int, at_least: int = 0) -> int | None:
+    """The oldest version kept after `round` when the last `max(keep_rounds, at_least)` versions stay;
+    None when `keep_rounds` is 0 (keep everything)."""
+    if not keep_rounds:
+        return None
+    return round - max(keep_rounds, at_least) + 1
+
+
+def prune_versions(store: ModuleStore, *, keep_from: int, keep_modules: dict[int, set[str]]) -> int:
+    """Delete module, outer-state and result versions older than `keep_from`, except the module files
+    `keep_modules` (`{version: module names}`) names. Returns the bytes of the module files kept that way."""
+    for round in store.versions("outer"):
+        if round < keep_from:
+            store.prune_version("outer", round)
+    for round in result_rounds(store):
+        if round < keep_from:
+            remove_results(store, round)
+    return sum(store.prune_version("modules", round, keep=keep_modules.get(round, set()))
+               for round in store.versions("modules") if round < keep_from)
+
+
+def prune_inner_states(store: ModuleStore, *, n_paths: int, keep_from: int, referenced: set[str | None]) -> None:
+    """Delete the inner states of rounds older than `keep_from` that no task or path state names."""
+    for path in range(n_paths):
+        for round, ref in inner_states(store, path):
+            if round < keep_from and ref not in referenced:
+                remove_inner(store, ref)

@@ -1,0 +1,90 @@
+"""The protocol records: JSON round trips, and validation on read that names the file and the field."""
+
+import json
+import math
+
+import pytest
+
+from dipaco.store.module_store import StoreError
+from dipaco.store.records import (
+    Board,
+    Heartbeat,
+    ManifestEntry,
+    PathState,
+    ResultMeta,
+    RoundManifest,
+    RoundStats,
+    Task,
+)
+
+FILE = "/store/some-file.json"
+
+
+def through_json(obj: dict) -> dict:
+    return json.loads(json.dumps(obj))
+
+
+def examples() -> list:
+    task = Task.open(path=3, base=1, step_offset=8, inner_from="islands/path-0003/inner-round-000001.safetensors")
+    entry = ManifestEntry(key=task.key, path=3, base=1, attempt=0, staleness=0, tokens=512, seconds=1.5, bytes=1000,
+                          train_loss=4.0, val_loss_start=4.5, factor=1.0)
+    manifest = RoundManifest(round=2, applied=(entry,), dropped=())
+    return [
+        task,
+        Board(round=1, tasks={task.key: task}, paths={3: PathState(steps_done=8, inner=None)}),
+        Heartbeat(island="island-0", incarnation="ab12", seq=7, status="training", task=task.key, pinned=(),
+                  last_path=3, finished=(), time=1.5e9, failures=1),
+        ResultMeta(path=3, round=2, base=1, attempt=0, tokens=512, train_loss=4.0, losses=(4.2, 4.0),
+                   val_loss_start=4.5, seconds=1.5, bytes_down_modules=10, bytes_down_inner=0, inner_state_local=True,
+                   data_parallel_ranks=1, island="island-0", finished=1.5e9, bytes_up_inner=5, bytes=1000,
+                   compression="int8", file="path-0003.int8.zst"),
+        manifest,
+        RoundStats.of(manifest, in_flight=2),
+    ]
+
+
+@pytest.mark.parametrize("record", examples(), ids=lambda r: type(r).__name__)
+def test_records_round_trip_through_json(record):
+    obj = through_json(record.to_json())
+    assert obj["schema"] == type(record).SCHEMA == 1
+    assert type(record).from_json(obj, file=FILE) == record
+
+
+@pytest.mark.parametrize("record", examples(), ids=lambda r: type(r).__name__)
+def test_a_wrong_schema_version_or_a_missing_field_names_the_file(record):
+    cls = type(record)
+    obj = through_json(record.to_json())
+    with pytest.raises(StoreError, match=f"{cls.__name__} in {FILE}: schema version 2; this dipaco reads version 1"):
+        cls.from_json({**obj, "schema": 2}, file=FILE)
+    with pytest.raises(StoreError, match=f"{FILE}: missing field 'schema'"):
+        cls.from_json({k: v for k, v in obj.items() if k != "schema"}, file=FILE)
+    field = next(k for k in obj if k != "schema")
+    with pytest.raises(StoreError, match=f"{cls.__name__} in {FILE}: missing field '{field}'"):
+        cls.from_json({k: v for k, v in obj.items() if k != field}, file=FILE)
+    with pytest.raises(StoreError, match=f"{FILE}: unexpected field 'extra'"):
+        cls.from_json({**obj, "extra": 1}, file=FILE)
+
+
+def test_a_wrong_type_names_the_field_even_inside_another_record():
+    task, board = examples()[:2]
+    obj = through_json(board.to_json())
+    obj["tasks"][task.key]["step_offset"] = "8"
+    with pytest.raises(StoreError, match=rf"{FILE}: field 'tasks\[{task.key}\]\.step_offset' should be an integer"):
+        Board.from_json(obj, file=FILE)
+    beat = through_json(examples()[2].to_json())
+    with pytest.raises(StoreError, match=r"field 'status' is 'down', not one of \['idle', 'training', 'done'\]"):
+        Heartbeat.from_json({**beat, "status": "down"}, file=FILE)
+    with pytest.raises(StoreError, match="field 'seq' should be an integer, got True"):
+        Heartbeat.from_json({**beat, "seq": True}, file=FILE)
+    with pytest.raises(StoreError, match=r"field 'applied\[0\]\.tokens' should be an integer"):
+        manifest = through_json(examples()[4].to_json())
+        manifest["applied"][0]["tokens"] = 1.5
+        RoundManifest.from_json(manifest, file=FILE)
+
+
+def test_numbers_accept_ints_and_nan_and_tasks_derive_their_key():
+    entry = through_json(examples()[4].to_json())["applied"][0]
+    back = ManifestEntry.from_json({**entry, "seconds": 2, "val_loss_start": float("nan")}, file=FILE)
+    assert back.seconds == 2.0 and isinstance(back.seconds, float) and math.isnan(back.val_loss_start)
+    task = examples()[0]
+    assert task.key == "path-0003-round-000002" and task.round == 2 and task.status == "open"
