@@ -26,7 +26,7 @@ from routing.config import CorpusConfig, RoutingConfig
 from sharding.config import ShardingConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
@@ -183,7 +183,7 @@ class TrainConfig:
     islands: int = 0  # island processes run at once on this machine; 0 = min(paths, CPU cores)
     threads_per_island: int = 0  # torch threads per island process; 0 = cores // islands
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "bf16"  # fp32 | bf16 (autocast)
+    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     keep_rounds: int = 2  # module versions kept in the store (older ones are deleted); 0 = keep all
     store_url: str = ""  # fsspec URL of the module store; "" = <run>/store (s3://, gs://, NFS for clusters)
     seed: int = 0  # model initialisation and data order
@@ -222,7 +222,7 @@ class EvalConfig:
 
     batch_size: int = 16  # sequences per evaluation forward pass
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
     modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
