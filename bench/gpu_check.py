@@ -17,8 +17,9 @@ The checks, in order; each is timed, and a failing one does not stop the others:
   compile   `dipaco run` on configs/tiny.yaml for 2 rounds with train.compile on: losses and
             perplexities finite. Skipped, with a note, while `dipaco.config.TrainConfig` has no
             `compile` field.
-  speed     `python bench/bench_speed.py --device cuda`. Skipped, with a note, when the script is
-            absent or takes no --device option.
+  speed     `python bench/bench_speed.py --device cuda --name speed-cuda` (results in
+            bench/results/speed-cuda, next to the CPU's speed). Skipped, with a note, when the script
+            is absent or takes no --device option.
 
 Prints the table (check, result, seconds, detail) and writes it to bench/results/gpu_check.{json,md}
 through bench/recording.py, with the machine. Run directories and one log per check go to
@@ -65,7 +66,6 @@ log = logging.getLogger("gpu_check")
 DEMO = ROOT / "configs" / "demo.yaml"
 TINY = ROOT / "configs" / "tiny.yaml"
 SPEED = ROOT / "bench" / "bench_speed.py"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SMOKE_PIPELINE = ["train.rounds=1", "eval.baselines=false", "eval.modes=[prefix]"]
 TIMEOUTS = {"pipeline": 480, "torchrun": 240, "compile": 300, "speed": 360}  # seconds on CUDA; x3 for --smoke
 
@@ -136,11 +136,20 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def start(cmd: list[str], log_file: Path) -> subprocess.Popen:
+def environment(threads: int = 0) -> dict[str, str]:
+    """Offline (the bundled corpus needs no network); `threads` > 0 pins each process's torch threads."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if threads:
+        env |= {"DIPACO_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    return env
+
+
+def start(cmd: list[str], log_file: Path, *, threads: int = 0) -> subprocess.Popen:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log.info("%s  (log: %s)", shlex.join(cmd), log_file)
     with log_file.open("w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=ROOT, env=environment(threads), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def run_command(cmd: list[str], *, log_file: Path, timeout: float) -> None:
@@ -290,7 +299,7 @@ def check_torchrun(plan: Plan) -> str:
            str(free_port()), "-m", "dipaco", "--", "island", "--config", str(run.config), "--run", str(run.root),
            "--pull", "--path", "0", "--name", "torchrun", "--max-tasks", "1"]
     log_file = plan.work / "torchrun.log"
-    proc = start(cmd, log_file)
+    proc = start(cmd, log_file, threads=1 if plan.smoke else 0)  # 2 ranks share the CPU's cores in --smoke
     deadline = time.monotonic() + plan.timeout("torchrun")
     try:
         while not result_exists(setup.store, round=1, path=0, attempt=0):
@@ -343,7 +352,7 @@ def mean(losses: dict[str, float]) -> str:
 def check_speed(plan: Plan) -> str:
     if not SPEED.exists():
         raise Skip(f"bench/{SPEED.name} is not in this checkout")
-    helped = subprocess.run([sys.executable, str(SPEED), "--help"], cwd=ROOT, env=ENV, capture_output=True,
+    helped = subprocess.run([sys.executable, str(SPEED), "--help"], cwd=ROOT, env=environment(), capture_output=True,
                             text=True, timeout=120)
     if helped.returncode:
         raise Failed(f"`bench_speed.py --help` exited with {helped.returncode}: {helped.stderr.strip()[-300:]}")
@@ -352,9 +361,10 @@ def check_speed(plan: Plan) -> str:
     if plan.smoke:
         raise Skip("smoke: `bench_speed.py --help` works and takes --device; `python bench/bench_speed.py` "
                    "measures the CPU")
+    args = ["--device", "cuda", *(["--name", "speed-cuda"] if "--name" in helped.stdout else [])]  # keeps the CPU's speed.json
     log_file = plan.work / "speed.log"
-    run_command([sys.executable, str(SPEED), "--device", "cuda"], log_file=log_file, timeout=plan.timeout("speed"))
-    return f"bench_speed.py --device cuda: {tail(log_file, lines=2)}"
+    run_command([sys.executable, str(SPEED), *args], log_file=log_file, timeout=plan.timeout("speed"))
+    return f"bench_speed.py {' '.join(args)}: {tail(log_file, lines=2)}"
 
 
 CHECKS: dict[str, Callable[[Plan], str]] = {"torch": check_torch, "pipeline": check_pipeline,

@@ -164,7 +164,8 @@ def test_pseudo_gradient_difference_is_relative_to_the_one_process_result():
 
 BENCH_SPEED = {
     "with --device": ("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--device')\n"
-                      "args = parser.parse_args()\nprint(f'inner loop on {args.device}: 1234 tokens/s')\n"),
+                      "parser.add_argument('--name')\nargs = parser.parse_args()\n"
+                      "print(f'inner loop on {args.device}: 1234 tokens/s, results {args.name}')\n"),
     "without --device": "import argparse\nargparse.ArgumentParser().parse_args()\n",
     "absent": None,
 }
@@ -177,7 +178,7 @@ def test_the_speed_benchmark_runs_with_device_cuda_when_it_takes_the_option(tmp_
         path.write_text(BENCH_SPEED[script])
     monkeypatch.setattr(gpu_check, "SPEED", path)
     outcome = gpu_check.run_check("speed", gpu_check.Plan(smoke=False, work=tmp_path / "work", gpus=1))
-    expected = {"with --device": ("ok", "on cuda: 1234 tokens/s"), "without --device": ("skip", "takes no --device"),
+    expected = {"with --device": ("ok", "on cuda: 1234 tokens/s, results speed-cuda"), "without --device": ("skip", "takes no --device"),
                 "absent": ("skip", "not in this checkout")}[script]
     assert outcome.result == expected[0] and expected[1] in outcome.detail, outcome
 
