@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,6 +61,11 @@ import torch  # noqa: E402
 from bench.recording import write_results  # noqa: E402
 from dipaco.config import PRECISIONS, TrainConfig, load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
+
+if TYPE_CHECKING:
+    from dipaco.islands.coordinator import Coordinator
+    from dipaco.islands.island import TrainedTask
+    from dipaco.store.module_store import ModuleStore
 
 log = logging.getLogger("gpu_check")
 
@@ -271,9 +277,9 @@ def check_pipeline(plan: Plan) -> str:
     return f"{config}: perplexity {shown}; {note}"
 
 
-def check_torchrun(plan: Plan) -> str:
-    """A torchrun island's pseudo-gradient for one task against one process's, as
-    tests/test_coordinator.py does with gloo on the CPU."""
+def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator, TrainedTask]:
+    """The tiny run routed, sharded and initialised in `run`, a coordinator with round 1's tasks open,
+    and one process's training of the task (round 1, path 0), which writes nothing."""
     from dipaco.islands.coordinator import Coordinator
     from dipaco.islands.island import train_task
     from dipaco.stages.context import PathFactory
@@ -281,10 +287,8 @@ def check_torchrun(plan: Plan) -> str:
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
     from dipaco.stages.train import initialise_store
-    from dipaco.store.board import read_result, result_exists
     from dipaco.store.records import task_key
 
-    run = fresh_run(plan.work / "torchrun")
     config = load_config(TINY, [f"train.device={plan.device}", "train.precision=fp32"])
     route(config, run)
     shard(config, run)
@@ -293,7 +297,13 @@ def check_torchrun(plan: Plan) -> str:
     coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
                               inner_steps=config.inner.steps)
     coordinator.tick()
-    single = train_task(setup, coordinator.tasks[task_key(0, 0)])  # one process, the whole batch (writes nothing)
+    return setup.store, coordinator, train_task(setup, coordinator.tasks[task_key(0, 0)])
+
+
+def run_torchrun_island(plan: Plan, run: RunDir, store: ModuleStore, coordinator: Coordinator) -> None:
+    """`torchrun --nproc-per-node <ranks> -m dipaco -- island` pinned to path 0 for one task, with the
+    coordinator ticking until its result is in the store."""
+    from dipaco.store.board import result_exists
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.ranks), "--master-port",
            str(free_port()), "-m", "dipaco", "--", "island", "--config", str(run.config), "--run", str(run.root),
@@ -302,7 +312,7 @@ def check_torchrun(plan: Plan) -> str:
     proc = start(cmd, log_file, threads=1 if plan.smoke else 0)  # 2 ranks share the CPU's cores in --smoke
     deadline = time.monotonic() + plan.timeout("torchrun")
     try:
-        while not result_exists(setup.store, round=1, path=0, attempt=0):
+        while not result_exists(store, round=1, path=0, attempt=0):
             if proc.poll() is not None:
                 raise Failed(f"torchrun exited with {proc.returncode} before reporting; log {log_file}: {tail(log_file)}")
             if time.monotonic() > deadline:
@@ -310,11 +320,23 @@ def check_torchrun(plan: Plan) -> str:
             coordinator.tick()
             time.sleep(0.2)
         code = proc.wait(timeout=max(30.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise Failed(f"torchrun reported but did not exit; log {log_file}: {tail(log_file)}") from None
     finally:
         stop(proc)
     if code:
         raise Failed(f"torchrun exited with {code} after reporting; log {log_file}: {tail(log_file)}")
-    tensors, meta = read_result(setup.store, round=1, path=0, attempt=0)
+
+
+def check_torchrun(plan: Plan) -> str:
+    """A torchrun island's pseudo-gradient for one task against one process's, as
+    tests/test_coordinator.py does with gloo on the CPU."""
+    from dipaco.store.board import read_result
+
+    run = fresh_run(plan.work / "torchrun")
+    store, coordinator, single = one_process_task(plan, run)
+    run_torchrun_island(plan, run, store, coordinator)
+    tensors, meta = read_result(store, round=1, path=0, attempt=0)
     if meta.data_parallel_ranks != plan.ranks or meta.tokens != single.meta.tokens:
         raise Failed(f"the island ran {meta.data_parallel_ranks} ranks on {meta.tokens} tokens; expected "
                      f"{plan.ranks} ranks on the 1-process run's {single.meta.tokens}")
