@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench corpus clean help pretrain reroute
+.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench gpu-check corpus clean help pretrain reroute
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | corpus"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | gpu-check | corpus"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -74,6 +74,9 @@ test-slow:  ## only the slow tests: killed / paused training resumed, a discrimi
 
 bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done
+
+gpu-check:  ## the CUDA path in one command: demo on CUDA (precision auto), torchrun island (NCCL), compile, speed; one table (ARGS=--smoke: on the CPU)
+	$(OFFLINE) $(PYTHON) bench/gpu_check.py $(ARGS)
 
 lint:  ## ruff, then the import contracts in pyproject.toml (layers, no cycles)
 	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench
