@@ -69,7 +69,7 @@ reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction >
 test:  ## the test suite without the tests marked slow (offline, one torch thread: tests/conftest.py)
 	$(PYTHON) -m pytest -q --durations=10
 
-test-slow:  ## only the slow tests: killed / paused training resumed, a discriminative re-routing phase
+test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island
 	$(PYTHON) -m pytest -q -m slow --durations=10
 
 bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)

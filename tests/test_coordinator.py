@@ -261,6 +261,7 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
             torch.testing.assert_close(after[param], before[param] - mean, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # three processes start (the launcher and two ranks): ~15 s of the fast suite's 2 minutes
 def test_torchrun_two_ranks_give_the_same_pseudo_gradient_as_one_process(tiny, tmp_path):
     clock = Clock()
     run = make_run(tiny, tmp_path / "run", [])
