@@ -215,16 +215,18 @@ PHASES = ("load_modules", "restore_inner", "validation", "inner_loop", "shard_re
 
 @contextlib.contextmanager
 def _timed(timings: dict[str, float] | None, phase: str, device: torch.device | None = None) -> Iterator[None]:
-    """Add the block's wall time to `timings[phase]` (nothing when `timings` is None); on CUDA the
-    device is synchronised first, so queued kernels count in the phase that queued them."""
+    """Add the block's wall time to `timings[phase]` and this process's CPU time to `timings[phase + ".cpu"]`
+    (nothing when `timings` is None); on CUDA the device is synchronised at both ends, so queued kernels
+    count in the phase that queued them."""
     if timings is None:
         yield
         return
     _sync(device)
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     yield
     _sync(device)
-    timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - started
+    timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - wall
+    timings[f"{phase}.cpu"] = timings.get(f"{phase}.cpu", 0.0) + time.process_time() - cpu
 
 
 def _sync(device: torch.device | None) -> None:
@@ -234,9 +236,8 @@ def _sync(device: torch.device | None) -> None:
 
 def _timed_batches(batches: Iterator[np.ndarray], timings: dict[str, float]) -> Iterator[np.ndarray]:
     while True:
-        started = time.perf_counter()
-        batch = next(batches)
-        timings["shard_read"] = timings.get("shard_read", 0.0) + time.perf_counter() - started
+        with _timed(timings, "shard_read"):
+            batch = next(batches)
         yield batch
 
 
