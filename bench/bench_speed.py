@@ -12,8 +12,8 @@ What runs, in one process with a fixed torch thread count (`--threads`):
   batches scored, pseudo-gradient computed, inner state and result written), each phase timed
   (`dipaco.islands.island.PHASES`);
 - the **plain loop**: the same Hugging Face model, batch, sequence, AdamW (same betas, weight decay
-  and gradient clipping), precision and number of steps, on batches of the same shard already on
-  the device, one `loss.item()` at the end.
+  and gradient clipping), precision and number of steps, on the batches the island's task trains on,
+  already on the device, one `loss.item()` at the end.
 
 The two alternate (island first in even repeats, plain first in odd ones) after one untimed warm-up of
 each, and every ratio is taken between the two runs of one repeat, then the median over repeats. The
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.recording import write_results  # noqa: E402
 from dipaco.config import Config, load_config  # noqa: E402
 from dipaco.device import autocast, resolve_device  # noqa: E402
-from dipaco.islands.island import PHASES, IslandSetup, push_result, train_task  # noqa: E402
+from dipaco.islands.island import PHASES, IslandSetup, data_seed, push_result, train_task  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 from dipaco.stages.context import PathFactory  # noqa: E402
 from dipaco.stages.island import island_setup  # noqa: E402
@@ -66,12 +66,14 @@ def default_precision(device: torch.device) -> str:
 
 
 def build_run(root: Path, overrides: list[str]) -> tuple[Config, RunDir]:
-    """Route and shard the demo corpus (cut to `corpus.max_documents`) and write module version 0."""
+    """Route and shard the demo corpus (cut to `corpus.max_documents`) and write module version 0
+    (the routing and shards of an earlier run in `root` are kept)."""
     config = load_config(DEMO, overrides)
     run = RunDir(root)
     started = time.perf_counter()
-    route(config, run)
-    shard(config, run)
+    if not (run.shards / "index.json").exists():
+        route(config, run)
+        shard(config, run)
     initialise_store(PathFactory(config, run))
     log.info("run built in %.1fs in %s", time.perf_counter() - started, root)
     return config, run
@@ -88,8 +90,9 @@ def island_task(setup: IslandSetup, task: Task) -> dict:
 
 
 def plain_batches(setup: IslandSetup, steps: int, device: torch.device) -> list[torch.Tensor]:
-    """`steps` batches `(B, T)` of the path's training shard, already on the device."""
-    batches = setup.reader.iter_batches(PATH, "train", batch_size=setup.inner.batch_size, seed=1)
+    """The `steps` batches `(B, T)` the timed island tasks train on, already on the device."""
+    batches = setup.reader.iter_batches(PATH, "train", batch_size=setup.inner.batch_size,
+                                        seed=data_seed(setup.train.seed, path=PATH), skip_batches=steps)
     return [torch.as_tensor(next(batches), dtype=torch.long).to(device) for _ in range(steps)]
 
 
@@ -207,6 +210,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="island config override, e.g. train.compile=true (repeatable)")
     parser.add_argument("--name", default="speed", help="results file name in bench/results/")
+    parser.add_argument("--run", default="", help="build the run here and keep it (reused when it has shards); "
+                                                  "default: a temporary directory")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
@@ -218,7 +223,7 @@ def main() -> None:
         overrides.append(f"inner.steps={args.steps}")
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
-        config, run = build_run(Path(tmp) / "run", overrides + args.set)
+        config, run = build_run(Path(args.run or Path(tmp) / "run"), overrides + args.set)
         setup = island_setup(config, run)
         measured = measure(setup, repeats=args.repeats)
         model = setup.spec.new_model()
