@@ -52,6 +52,7 @@ from dipaco.optim.inner import (
     optimizer_state,
     train_steps,
 )
+from dipaco.optim.prefetch import Prefetcher
 from dipaco.store.board import (
     inner_exists,
     inner_ref,
@@ -134,22 +135,19 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                 saved = read_inner(store, task.inner_from)
             load_optimizer_state(optimizer, params, *saved)
 
-    with _timed(timings, "validation", device):
-        val_loss = setup.validation.loss(model, path=path)
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
                                                               seed=data_seed(train.seed, path=path),
                                                               skip_batches=task.step_offset)
-    if timings is not None:
-        batches = _timed_batches(batches, timings)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    if check is not None:
-        batches = _checked(batches, check)
     trained = ddp_mod.wrap(model, device) if ctx is not None else model
-    with _timed(timings, "inner_loop", device):
-        stats = train_steps(trained, optimizer, batches, start_step=task.step_offset, steps=inner.steps,
-                            total_steps=train.rounds * inner.steps, config=inner, device=device,
-                            precision=train.precision)
+    with Prefetcher(batches, count=inner.steps, device=device) as ahead:  # reads the shard during validation
+        with _timed(timings, "validation", device):
+            val_loss = setup.validation.loss(model, path=path)
+        with _timed(timings, "inner_loop", device):
+            stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
+                                start_step=task.step_offset, steps=inner.steps, total_steps=train.rounds * inner.steps,
+                                config=inner, device=device, precision=train.precision)
     losses = stats["losses"]
     train_loss = sum(losses[-5:]) / len(losses[-5:])
     tokens = stats["tokens"]
@@ -208,7 +206,7 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
 
 
 # The phases `train_task` and `push_result` time when asked (`timings`); "shard_read" is the part of
-# "inner_loop" spent waiting for the next batch.
+# "inner_loop" the training thread spent waiting for the next batch (read ahead by `Prefetcher`).
 PHASES = ("load_modules", "restore_inner", "validation", "inner_loop", "shard_read", "pseudo_gradient",
           "save_inner", "write_inner", "write_result")
 
@@ -234,16 +232,24 @@ def _sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_batches(batches: Iterator[np.ndarray], timings: dict[str, float]) -> Iterator[np.ndarray]:
+def _waited(batches: Iterator[torch.Tensor], timings: dict[str, float] | None) -> Iterator[torch.Tensor]:
+    """`batches`, the time spent waiting for each added to `timings["shard_read"]`."""
+    if timings is None:
+        yield from batches
+        return
     while True:
         with _timed(timings, "shard_read"):
-            batch = next(batches)
+            batch = next(batches, None)
+        if batch is None:
+            return
         yield batch
 
 
-def _checked(batches: Iterator[np.ndarray], check: Callable[[], None]) -> Iterator[np.ndarray]:
+def _checked(batches: Iterator[torch.Tensor], check: Callable[[], None] | None) -> Iterator[torch.Tensor]:
+    """`batches`, calling `check` (fault injection) before each, in the training thread."""
     for batch in batches:
-        check()
+        if check is not None:
+            check()
         yield batch
 
 

@@ -57,10 +57,10 @@ def train_steps(
 ) -> dict:
     """Run `steps` AdamW steps on batches of token blocks `(B, T)`; returns losses and tokens seen.
 
-    Batches are arrays, or int64 tensors already on `device`. The losses stay on the device and are
-    checked every `CHECK_EVERY` steps and at the end, so the host waits for the device once per check,
-    not once per step; a non-finite loss raises FloatingPointError naming its step (the steps after it,
-    up to the check, ran on a model that is then thrown away)."""
+    Batches are arrays, or int64 tensors already on `device` (`dipaco.optim.prefetch`). The losses
+    stay on the device and are checked every `CHECK_EVERY` steps and at the end, so the host waits for
+    the device once per check, not once per step; a non-finite loss raises FloatingPointError naming
+    its step (the steps after it, up to the check, ran on a model that is then thrown away)."""
     model.train()
     losses = torch.zeros(steps, device=device)  # (steps,) float32
     values: list[float] = []  # the losses checked so far
