@@ -10,6 +10,7 @@ from dipaco.device import resolve_device
 from dipaco.model.path_model import PathSpec, build_path_model, path_parameters
 from dipaco.optim.dense import load_dense, train_dense
 from dipaco.optim.inner import (
+    CHECK_EVERY,
     load_optimizer_state,
     lr_at,
     make_optimizer,
@@ -83,3 +84,47 @@ def test_dense_training_is_the_inner_recipe_over_its_own_steps_and_loads_back(tm
         torch.testing.assert_close(param, path_parameters(reference)[name], rtol=0, atol=0)
         torch.testing.assert_close(param, path_parameters(model)[name], rtol=0, atol=0)
     assert sorted(p.name for p in (tmp_path / "dense").iterdir()) == ["model.safetensors", "summary.json"]
+
+
+def test_train_steps_matches_a_plain_loop_bit_for_bit():
+    """Losses kept on the device and checked every CHECK_EVERY steps change nothing: the same losses and
+    parameters as a loop that syncs `loss.item()` each step (the loop train_steps ran before)."""
+    cfg = InnerConfig(steps=6, batch_size=2, warmup_steps=2)
+    mcfg = ModelConfig(hidden_size=16, n_layers=1, n_heads=2)
+    cpu = torch.device("cpu")
+    model = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    stats = train_steps(model, make_optimizer(model, cfg), _batches(1), start_step=3, steps=6, total_steps=12,
+                        config=cfg, device=cpu, precision="fp32")
+
+    reference = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    optimizer, data, losses = make_optimizer(reference, cfg), _batches(1), []
+    for step in range(3, 9):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config=cfg, total_steps=12)
+        input_ids = torch.as_tensor(next(data), dtype=torch.long)
+        loss = reference(input_ids=input_ids, labels=input_ids).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), cfg.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+    assert stats["losses"] == losses
+    for name, param in path_parameters(model).items():
+        torch.testing.assert_close(param, path_parameters(reference)[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad_step", [2, CHECK_EVERY + 1])
+def test_a_non_finite_loss_raises_naming_its_step(bad_step):
+    cfg = InnerConfig(steps=CHECK_EVERY + 3, batch_size=2, warmup_steps=1)
+    model = build_path_model(ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12, seed=0)
+
+    def poisoned():
+        for i, batch in enumerate(_batches(1)):
+            if i == bad_step:
+                with torch.no_grad():
+                    model.model.norm.weight.fill_(float("nan"))
+            yield batch
+
+    with pytest.raises(FloatingPointError, match=f"inner step {10 + bad_step}: loss is nan"):
+        train_steps(model, make_optimizer(model, cfg), poisoned(), start_step=10, steps=cfg.steps,
+                    total_steps=100, config=cfg, device=torch.device("cpu"), precision="fp32")

@@ -27,6 +27,7 @@ builds the `IslandSetup` from the config):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -51,6 +52,7 @@ from dipaco.optim.inner import (
     optimizer_state,
     train_steps,
 )
+from dipaco.optim.prefetch import Prefetcher
 from dipaco.store.board import (
     inner_exists,
     inner_ref,
@@ -106,66 +108,77 @@ def data_seed(seed: int, *, path: int) -> int:
 
 def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
                cached_inner: tuple[str, dict, dict] | None = None,
-               check: Callable[[], None] | None = None) -> TrainedTask:
-    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state."""
+               check: Callable[[], None] | None = None, timings: dict[str, float] | None = None) -> TrainedTask:
+    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state.
+
+    `timings`, when given, receives the seconds of each phase (`PHASES`; bench/bench_speed.py)."""
     store, inner, train = setup.store, setup.inner, setup.train
     read_before = store.bytes_read
     device = resolve_device(train.device)
     if ctx is not None:
         device = ddp_mod.local_device(device)
     path = task.path
-    start = store.read_modules(task.base, setup.topology.modules_of_path(path))
-    module_bytes = store.bytes_read - read_before
-    model = setup.spec.new_model()
-    load_modules(model, start)
-    model.to(device)
+    with _timed(timings, "load_modules", device):
+        start = store.read_modules(task.base, setup.topology.modules_of_path(path))
+        module_bytes = store.bytes_read - read_before
+        model = setup.spec.new_model()
+        load_modules(model, start)
+        model.to(device)
     params = path_parameters(model)
-    optimizer = make_optimizer(model, inner)
-    inner_local = False
-    if task.inner_from:
-        if cached_inner is not None and cached_inner[0] == task.inner_from:
-            saved, inner_local = cached_inner[1:], True
-        else:
-            saved = read_inner(store, task.inner_from)
-        load_optimizer_state(optimizer, params, *saved)
+    with _timed(timings, "restore_inner", device):
+        optimizer = make_optimizer(model, inner)
+        inner_local = False
+        if task.inner_from:
+            if cached_inner is not None and cached_inner[0] == task.inner_from:
+                saved, inner_local = cached_inner[1:], True
+            else:
+                saved = read_inner(store, task.inner_from)
+            load_optimizer_state(optimizer, params, *saved)
 
-    val_loss = setup.validation.loss(model, path=path)
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
                                                               seed=data_seed(train.seed, path=path),
                                                               skip_batches=task.step_offset)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    if check is not None:
-        batches = _checked(batches, check)
     trained = ddp_mod.wrap(model, device) if ctx is not None else model
-    stats = train_steps(trained, optimizer, batches, start_step=task.step_offset, steps=inner.steps,
-                        total_steps=train.rounds * inner.steps, config=inner, device=device,
-                        precision=train.precision)
+    with Prefetcher(batches, count=inner.steps, device=device) as ahead:  # reads the shard during validation
+        with _timed(timings, "validation", device):
+            val_loss = setup.validation.loss(model, path=path)
+        with _timed(timings, "inner_loop", device):
+            stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
+                                start_step=task.step_offset, steps=inner.steps, total_steps=train.rounds * inner.steps,
+                                config=inner, device=device, precision=train.precision)
     losses = stats["losses"]
     train_loss = sum(losses[-5:]) / len(losses[-5:])
     tokens = stats["tokens"]
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
-    end = split_into_modules(model, setup.topology, path=path)
-    pseudo_gradient = {f"{module}/{name}": start[module][name] - tensor.detach().cpu()
-                       for module, tensors in end.items() for name, tensor in tensors.items()}
+    with _timed(timings, "pseudo_gradient", device):
+        end = split_into_modules(model, setup.topology, path=path)
+        pseudo_gradient = {f"{module}/{name}": start[module][name] - tensor.detach().cpu()
+                           for module, tensors in end.items() for name, tensor in tensors.items()}
     names = {param: name for name, param in params.items()}
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=stats["seconds"],
                       bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
                       inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1)
-    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=optimizer_state(optimizer, names), meta=meta)
+    with _timed(timings, "save_inner", device):
+        saved_inner = optimizer_state(optimizer, names)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=saved_inner, meta=meta)
 
 
-def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str) -> tuple[ResultMeta, dict, str]:
+def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str,
+                timings: dict[str, float] | None = None) -> tuple[ResultMeta, dict, str]:
     """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
     metadata (the commit). Returns (the metadata as written, compression stats, the inner state's reference)."""
     ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt)
-    inner_bytes = write_inner(setup.store, ref, *out.inner)
+    with _timed(timings, "write_inner"):
+        inner_bytes = write_inner(setup.store, ref, *out.inner)
     meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
-    meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.outer.compression,
-                               level=setup.outer.zstd_level)
+    with _timed(timings, "write_result"):
+        meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.outer.compression,
+                                   level=setup.outer.zstd_level)
     return meta, stats, ref
 
 
@@ -192,9 +205,51 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
     return meta
 
 
-def _checked(batches: Iterator[np.ndarray], check: Callable[[], None]) -> Iterator[np.ndarray]:
+# The phases `train_task` and `push_result` time when asked (`timings`); "shard_read" is the part of
+# "inner_loop" the training thread spent waiting for the next batch (read ahead by `Prefetcher`).
+PHASES = ("load_modules", "restore_inner", "validation", "inner_loop", "shard_read", "pseudo_gradient",
+          "save_inner", "write_inner", "write_result")
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float] | None, phase: str, device: torch.device | None = None) -> Iterator[None]:
+    """Add the block's wall time to `timings[phase]` and this process's CPU time to `timings[phase + ".cpu"]`
+    (nothing when `timings` is None); on CUDA the device is synchronised at both ends, so queued kernels
+    count in the phase that queued them."""
+    if timings is None:
+        yield
+        return
+    _sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield
+    _sync(device)
+    timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - wall
+    timings[f"{phase}.cpu"] = timings.get(f"{phase}.cpu", 0.0) + time.process_time() - cpu
+
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _waited(batches: Iterator[torch.Tensor], timings: dict[str, float] | None) -> Iterator[torch.Tensor]:
+    """`batches`, the time spent waiting for each added to `timings["shard_read"]`."""
+    if timings is None:
+        yield from batches
+        return
+    while True:
+        with _timed(timings, "shard_read"):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
+
+
+def _checked(batches: Iterator[torch.Tensor], check: Callable[[], None] | None) -> Iterator[torch.Tensor]:
+    """`batches`, calling `check` (fault injection) before each, in the training thread."""
     for batch in batches:
-        check()
+        if check is not None:
+            check()
         yield batch
 
 

@@ -27,6 +27,7 @@ from dipaco.atomic import write_json
 from dipaco.config import InnerConfig, ModelConfig
 from dipaco.model.path_model import PathSpec, count_parameters, load_parameters, save_parameters
 from dipaco.optim.inner import make_optimizer, train_steps
+from dipaco.optim.prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
     optimizer = make_optimizer(model, inner)
     log.info("training a dense model (%d parameters) for %d steps into %s", count_parameters(model), steps, out)
     started = time.perf_counter()
-    stats = train_steps(model, optimizer, batches, start_step=0, steps=steps, total_steps=steps, config=inner,
-                        device=device, precision=precision)
+    with Prefetcher(batches, count=steps, device=device) as ahead:
+        stats = train_steps(model, optimizer, ahead, start_step=0, steps=steps, total_steps=steps, config=inner,
+                            device=device, precision=precision)
     seconds = time.perf_counter() - started
     model = model.cpu()
     save_parameters(model, Path(out) / PARAMETERS)

@@ -40,10 +40,13 @@ def make_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
 
 
+CHECK_EVERY = 25  # steps between checks that the losses are finite (each check waits for the device)
+
+
 def train_steps(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    batches: Iterator[np.ndarray],
+    batches: Iterator[np.ndarray | torch.Tensor],
     *,
     start_step: int,
     steps: int,
@@ -52,9 +55,15 @@ def train_steps(
     device: torch.device,
     precision: str,
 ) -> dict:
-    """Run `steps` AdamW steps on batches of token blocks `(B, T)`; returns losses and tokens seen."""
+    """Run `steps` AdamW steps on batches of token blocks `(B, T)`; returns losses and tokens seen.
+
+    Batches are arrays, or int64 tensors already on `device` (`dipaco.optim.prefetch`). The losses
+    stay on the device and are checked every `CHECK_EVERY` steps and at the end, so the host waits for
+    the device once per check, not once per step; a non-finite loss raises FloatingPointError naming
+    its step (the steps after it, up to the check, ran on a model that is then thrown away)."""
     model.train()
-    losses: list[float] = []
+    losses = torch.zeros(steps, device=device)  # (steps,) float32
+    values: list[float] = []  # the losses checked so far
     tokens = 0
     started = time.perf_counter()
     for i in range(steps):
@@ -64,16 +73,24 @@ def train_steps(
         input_ids = torch.as_tensor(next(batches), dtype=torch.long, device=device)  # (B, T)
         with autocast(device, precision):
             loss = model(input_ids=input_ids, labels=input_ids).loss
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"inner step {start_step + i}: loss is {loss.item()}; lower inner.lr ({config.lr})")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
-        losses.append(loss.item())
+        losses[i] = loss.detach()
         tokens += input_ids.numel()
-    return {"losses": losses, "tokens": tokens, "seconds": time.perf_counter() - started}
+        if i + 1 - len(values) == CHECK_EVERY or i + 1 == steps:
+            values += _finite(losses[len(values) : i + 1].tolist(), first_step=start_step + len(values), lr=config.lr)
+    return {"losses": values, "tokens": tokens, "seconds": time.perf_counter() - started}
+
+
+def _finite(losses: list[float], *, first_step: int, lr: float) -> list[float]:
+    """`losses` (of steps `first_step`, `first_step + 1`, ...); FloatingPointError at the first non-finite one."""
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"inner step {first_step + i}: loss is {loss}; lower inner.lr ({lr})")
+    return losses
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str]) -> tuple[dict, dict]:
