@@ -1,7 +1,7 @@
 """Memory benchmark: an island task's peak against its path's own budget, and the coordinator's outer step.
 
-    python bench/bench_memory.py                  # ~10 min on 2 CPU cores: both parts, results committed
-    python bench/bench_memory.py --skip-island    # the coordinator part only (~2 min)
+    python bench/bench_memory.py                  # ~15 min on 2 CPU cores: both parts
+    python bench/bench_memory.py --skip-island    # the coordinator part only (~3 min)
 
 Every figure is measured in a fresh child process (`python bench/bench_memory.py --child ...`) as
 the growth of its resident memory over the measured code: the child records VmRSS after its imports
@@ -19,12 +19,14 @@ moment, not an artefact of the allocator's dynamic threshold. On CUDA the island
    weights). Measured at 2x2, 4x4 and 8x8, `none` and `int8`, for the streamed outer step and for the
    earlier one that decoded every result first (`apply_round_in_memory`, kept here verbatim as the
    reference), against the bound of one module × the paths that share it.
-2. Island (`dipaco.islands.island.train_task` + `push_result`, one task of path 0): a run of the demo
-   corpus routed and sharded at 2x2 and 8x8 with the same path model (the demo's: hidden 128, 4
-   blocks, vocab 4096, batch 8 × 256 tokens, fp32), against the path's budget: parameters + gradients
-   + AdamW's two moments (4 × the parameters' float32 bytes) + activations, measured as the peak of a
-   plain forward + backward of the same model and batch with the gradients already allocated. A plain
-   PyTorch loop (the same model, batch, AdamW and steps) is measured the same way for comparison.
+2. Island (`dipaco.islands.island.train_task` + `push_result`, one task of path 0, 6 inner steps): the
+   first 4000 documents of the demo corpus routed and sharded at 2x2 and 8x8 with the same path
+   model (the demo's: hidden 128, 4 blocks, vocab 4096, sequences of 256 tokens, fp32), at the demo's
+   batch of 8 and at a batch of 1 (activations small, so what the island holds besides them shows),
+   against the path's budget: parameters + gradients + AdamW's two moments (4 × the parameters'
+   float32 bytes) + activations, measured as the peak of a plain forward + backward of the same
+   model and batch with the gradients already allocated. A plain PyTorch loop (a new model, AdamW,
+   the same batches and steps) is measured the same way for comparison.
 
 Writes bench/results/memory.json and bench/results/memory.md, with the machine they were measured on.
 """
@@ -314,19 +316,25 @@ def child_baseline(config_file: str) -> dict:
     return {"rss_bytes": _status_kib("VmRSS") * 1024}
 
 
-def bench_island(grids: list[list[int]], work: Path) -> list[dict]:
+def bench_island(grids: list[list[int]], batch_sizes: list[int], work: Path) -> list[dict]:
+    from dipaco.config import load_config, save_config
+
     rows = []
     for levels in grids:
         grid = "x".join(map(str, levels))
-        config_file = prepare_run(work / f"run-{grid}", levels)
-        plain = run_child("plain", str(config_file), "0")
-        island = run_child("island", str(config_file), "0")
-        baseline = run_child("baseline", str(config_file))
-        budget = 4 * plain["param_bytes"] + plain["activation_bytes"]
-        rows.append({"grid": grid, "paths": math.prod(levels), **plain, "island": island, "baseline": baseline,
-                     "budget_bytes": budget, "ratio": island["peak_bytes"] / budget})
-        log.info("island %s: peak %.1f MiB, budget %.1f MiB (%.2fx)", grid, island["peak_bytes"] / MIB,
-                 budget / MIB, island["peak_bytes"] / budget)
+        run_config = prepare_run(work / f"run-{grid}", levels)
+        for batch_size in batch_sizes:
+            config_file = run_config.parent / f"config-b{batch_size}.yaml"  # in the run's root: the children's RunDir
+            save_config(load_config(run_config, [f"inner.batch_size={batch_size}"]), config_file)
+            plain = run_child("plain", str(config_file), "0")
+            island = run_child("island", str(config_file), "0")
+            baseline = run_child("baseline", str(config_file))
+            budget = 4 * plain["param_bytes"] + plain["activation_bytes"]
+            rows.append({"grid": grid, "paths": math.prod(levels), "batch_size": batch_size, **plain, "island": island,
+                         "baseline": baseline, "budget_bytes": budget, "ratio": island["peak_bytes"] / budget,
+                         "plain_ratio": plain["plain_loop_peak_bytes"] / budget})
+            log.info("island %s batch %d: peak %.1f MiB, budget %.1f MiB (%.2fx; plain loop %.2fx)", grid, batch_size,
+                     island["peak_bytes"] / MIB, budget / MIB, rows[-1]["ratio"], rows[-1]["plain_ratio"])
     return rows
 
 
@@ -354,11 +362,13 @@ def markdown(results: dict) -> str:
         lines += ["Island, one task of path 0 (train + upload), demo path model, fp32: peak resident growth "
                   "above the process after imports and set-up, MiB. Budget = 4 × parameters (params, grads, "
                   "AdamW's 2 moments) + activations (peak of a plain forward + backward).", ""]
-        table = [[r["grid"], r["paths"], mib(r["param_bytes"]), mib(r["activation_bytes"]), mib(r["budget_bytes"]),
-                  mib(r["plain_loop_peak_bytes"]), mib(r["island"]["peak_bytes"]), f"{r['ratio']:.2f}",
+        table = [[r["grid"], r["paths"], f"{r['batch_size']} x {r['batch'][1]}", mib(r["param_bytes"]),
+                  mib(r["activation_bytes"]), mib(r["budget_bytes"]), mib(r["plain_loop_peak_bytes"]),
+                  f"{r['plain_ratio']:.2f}", mib(r["island"]["peak_bytes"]), f"{r['ratio']:.2f}",
                   mib(r["baseline"]["rss_bytes"])] for r in rows]
-        lines += format_table(["grid", "paths", "params", "activations", "budget", "plain loop peak", "island peak",
-                               "island / budget", "import baseline RSS"], table).splitlines()
+        lines += format_table(["grid", "paths", "batch", "params", "activations", "budget", "plain loop peak",
+                               "plain / budget", "island peak", "island / budget", "import baseline RSS"],
+                              table).splitlines()
         lines.append("")
     for note in results.get("notes", []):
         lines.append(f"- {note}")
@@ -396,7 +406,7 @@ def main() -> None:
     results["coordinator"] = bench_coordinator([[2, 2], [4, 4], [8, 8]], ["none", "int8"], module_floats)
     if not args.skip_island:
         with tempfile.TemporaryDirectory(prefix="bench-memory-island-") as tmp:
-            results["island"] = bench_island([[2, 2], [8, 8]], Path(tmp))
+            results["island"] = bench_island([[2, 2], [8, 8]], [8, 1], Path(tmp))
     path = write_results("memory", results, markdown(results))
     print(markdown(results))
     print(f"wrote {path}")
