@@ -9,9 +9,9 @@ import torch
 import zstandard
 from safetensors.torch import load as load_safetensors
 
-from dipaco.store.board import read_result, write_result
-from dipaco.store.compress import compress, decompress, pack_int4, unpack_int4
-from dipaco.store.module_store import ModuleStore
+from dipaco.store.board import ResultReader, read_result, write_result
+from dipaco.store.compress import compress, decompress, dequantize_rows, pack_int4, quantize_rows, unpack_int4
+from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
 
 Q_MAX = {"int8": 127, "int4": 7}
@@ -44,8 +44,12 @@ def reference_quantise(x: np.ndarray, q_max: int) -> tuple[np.ndarray, np.ndarra
 
 
 def stored_scales(data: bytes) -> dict[str, torch.Tensor]:
-    blob = load_safetensors(zstandard.ZstdDecompressor().decompress(data))
-    return {k.removesuffix("::scale"): v for k, v in blob.items() if k.endswith("::scale")}
+    """Every tensor's stored scales, read from the file's per-module zstd frames (format 2)."""
+    scales = {}
+    for frame in load_safetensors(data).values():
+        blob = load_safetensors(zstandard.ZstdDecompressor().decompress(frame.numpy().tobytes()))
+        scales.update({k.removesuffix("::scale"): v for k, v in blob.items() if k.endswith("::scale")})
+    return scales
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -117,11 +121,50 @@ def test_the_byte_counter_equals_the_compressed_bytes_on_disk(tmp_path, method):
     data_file, json_file = folder / written.file, folder / "path-0001.a2.json"
     assert stats["bytes"] == written.bytes == len(expected) == data_file.stat().st_size
     assert store.bytes_written - before == data_file.stat().st_size + json_file.stat().st_size
-    if method != "none":
-        zstandard.ZstdDecompressor().decompress(data_file.read_bytes())  # it is a zstd frame
     before = store.bytes_read
     back, _ = read_result(store, round=3, path=1, attempt=2)
     assert store.bytes_read - before == data_file.stat().st_size + json_file.stat().st_size
     ref, _ = decompress(expected, method=method)
     for name in delta:
         torch.testing.assert_close(back[name], ref[name], rtol=0, atol=0)
+
+
+def _meta(task: Task) -> ResultMeta:
+    return ResultMeta(path=task.path, round=task.round, base=task.base, attempt=task.attempt, tokens=10, train_loss=2.5,
+                      losses=(2.5,), val_loss_start=3.0, seconds=1.0, bytes_down_modules=0, bytes_down_inner=0,
+                      inner_state_local=False, data_parallel_ranks=1)
+
+
+@pytest.mark.parametrize("method", ["none", "int8", "int4"])
+def test_one_module_is_read_alone_and_decodes_to_the_same_floats(tmp_path, method):
+    store = ModuleStore(str(tmp_path / "store"))
+    task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
+    delta = _delta()
+    meta, _ = write_result(store, task, delta, _meta(task), compression=method, level=1)
+    whole, _ = read_result(store, round=1, path=0, attempt=0)
+    reader = ResultReader(store, meta)
+    assert sorted(reader.index.spans) == ["embeddings", "level0.module1", "x"]
+    for module in reader.index.spans:
+        before = store.bytes_read
+        part = reader.module(module)
+        start, end = reader.index.spans[module]
+        assert store.bytes_read - before == end - start < meta.bytes  # only this module's bytes
+        expected = {k.partition("/")[2]: v for k, v in whole.items() if k.startswith(f"{module}/")}
+        assert part.keys() == expected.keys()
+        for name, tensor in part.items():
+            assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), (module, name)
+    if method != "none":  # the same quantisation as one tensor on its own: the format changes bytes, not values
+        q, scale = quantize_rows(delta["level0.module1/w"], bits=int(method[3:]))
+        assert torch.equal(reader.module("level0.module1")["w"], dequantize_rows(q.float(), scale, [33, 17]))
+    with pytest.raises(StoreError, match="has no module 'level9.module0'"):
+        reader.module("level9.module0")
+
+
+def test_a_compressed_result_of_the_old_single_frame_format_is_refused_naming_the_file(tmp_path):
+    store = ModuleStore(str(tmp_path / "store"))
+    task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
+    meta, _ = write_result(store, task, _delta(), _meta(task), compression="int8", level=1)
+    data_file = tmp_path / "store" / "results" / "round-000001" / meta.file
+    data_file.write_bytes(zstandard.ZstdCompressor().compress(data_file.read_bytes()))  # one frame around it all
+    with pytest.raises(StoreError, match=r"path-0000\.int8\.safetensors"):
+        ResultReader(store, meta)

@@ -9,18 +9,31 @@
 
 The outer step itself is `dipaco.optim.outer` (weighted average per module, then Nesterov SGD); a module
 no result touches this round is carried over unchanged.
+
+Memory: the outer step streams, module by module and result by result. It reads every result's
+metadata (the weights) and its file's header (where each module's bytes lie), then for each module
+reads that module's bytes from one contributing result at a time and adds them into a running sum
+(`combine_streamed`), and only then reads the module's parameters and momentum. The coordinator so
+holds about five copies of one module (the sum, one decoded Δ_p, parameters and momentum before and
+after the step) whatever the grid: bounded by one module × the paths that share it, and in fact
+independent of them, where reading whole results held every pseudo-gradient of the round (paths ×
+a path's size). Why this design rather than decoding each result once and spilling its modules to
+temporary files: it writes nothing more, and a ranged read of one module costs what its bytes cost
+(on object stores one GET per (result, module)). It needs a result file whose modules can be read
+alone: float32 safetensors can be (their header lists each tensor's byte range), and int8 / int4
+results hold one zstd frame per module (`dipaco.store.compress`, format 2). With the weights known
+before any Δ_p is read, the sum adds the same floats in the same order as an all-in-memory average:
+the modules are bit-for-bit those of the earlier implementation (`tests/test_memory.py`).
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-
 from dipaco.config import OuterConfig
 from dipaco.model.topology import Topology
-from dipaco.optim.outer import combine_pseudo_gradients, outer_update
-from dipaco.store.board import read_result
+from dipaco.optim.outer import combine_streamed, outer_update
+from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, RoundManifest, Task
 
@@ -51,12 +64,13 @@ def round_ready(topology: Topology, fresh_paths: set[int], *, config: OuterConfi
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
                 config: OuterConfig) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
-    momentum) version `round` and returns the manifest of what it applied and dropped (not written)."""
-    applied, dropped, results = [], [], {}
+    momentum) version `round` and returns the manifest of what it applied and dropped (not written).
+    Streams module by module (module docstring): memory holds a few copies of one module."""
+    applied, dropped, readers = [], [], {}
     for task in sorted(pending, key=lambda t: (t.path, t.base)):
         staleness = round - 1 - task.base
         factor = staleness_weight(staleness, config=config)
-        tensors, meta = read_result(store, round=task.round, path=task.path, attempt=task.result_attempt)
+        meta = read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
                               staleness=staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
                               train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=factor)
@@ -64,28 +78,22 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
             dropped.append(entry)
             continue
         applied.append(entry)
-        results[task.key] = _unflatten(tensors)
+        readers[task.key] = ResultReader(store, meta)  # reads the header only
     for name in topology.modules:
         paths = set(topology.paths_of_module(name))
-        contributions = []
-        for entry in applied:
-            if entry.path in paths:
-                base_weight = float(entry.tokens) if config.weighting == "tokens" else 1.0
-                contributions.append((results[entry.key][name], base_weight * entry.factor))
+        sharing = [entry for entry in applied if entry.path in paths]
+        outer_grad = None
+        if sharing:
+            weights = [(float(e.tokens) if config.weighting == "tokens" else 1.0) * e.factor for e in sharing]
+            deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
+            outer_grad = combine_streamed(deltas, weights, rescale_by_paths=config.rescale_by_paths)
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)
-        if contributions:
-            outer_grad = combine_pseudo_gradients(contributions, rescale_by_paths=config.rescale_by_paths)
+        if outer_grad is not None:
             params, momentum = outer_update(params, momentum, outer_grad, config)
+        del outer_grad
         store.write_module(round, name, params)
         if momentum:
             store.write_outer_state(round, name, momentum)
+        del params, momentum
     return RoundManifest(round=round, applied=tuple(applied), dropped=tuple(dropped))
-
-
-def _unflatten(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    modules: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        module, _, name = key.partition("/")
-        modules.setdefault(module, {})[name] = tensor
-    return modules

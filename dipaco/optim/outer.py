@@ -15,6 +15,7 @@ Path-private modules get the same step with one contribution. The coordinator ca
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 
@@ -25,19 +26,37 @@ Tensors = dict[str, torch.Tensor]
 
 def combine_pseudo_gradients(contributions: list[tuple[Tensors, float]], *, rescale_by_paths: bool) -> Tensors:
     """Weighted average of pseudo-gradients `[(Δ_p, weight_p)]`, float32, optionally scaled by √count."""
-    if not contributions:
+    return combine_streamed((delta for delta, _ in contributions), [weight for _, weight in contributions],
+                            rescale_by_paths=rescale_by_paths)
+
+
+def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale_by_paths: bool) -> Tensors:
+    """`combine_pseudo_gradients` with the Δ_p arriving one at a time (`deltas` may read each from the
+    store when asked), so memory holds the sum and one Δ_p. The weights are known up front, so each
+    Δ_p is added with the same factor weight_p / Σ weights, in the same order: the same floats."""
+    if not weights:
         raise ValueError("a module's outer step needs at least one pseudo-gradient")
-    total = sum(weight for _, weight in contributions)
+    total = sum(weights)
     if total <= 0:
-        raise ValueError(f"pseudo-gradient weights {[w for _, w in contributions]} sum to {total}, not > 0")
-    scale = math.sqrt(len(contributions)) if rescale_by_paths else 1.0
-    names = contributions[0][0].keys()
+        raise ValueError(f"pseudo-gradient weights {weights} sum to {total}, not > 0")
     combined: Tensors = {}
-    for name in names:
-        acc = torch.zeros_like(contributions[0][0][name], dtype=torch.float32)
-        for delta, weight in contributions:
-            acc.add_(delta[name].float(), alpha=weight / total)
-        combined[name] = acc.mul_(scale)
+    count = 0
+    for delta in deltas:  # not zip / enumerate: their reused tuple would keep the last Δ_p alive during the next read
+        if count == len(weights):
+            raise ValueError(f"more pseudo-gradients than the {len(weights)} weights")
+        if count == 0:
+            combined = {name: torch.zeros_like(tensor, dtype=torch.float32) for name, tensor in delta.items()}
+        elif delta.keys() != combined.keys():
+            raise ValueError(f"pseudo-gradient {count} has tensors {sorted(delta)[:3]}, the first {sorted(combined)[:3]}")
+        for name, acc in combined.items():
+            acc.add_(delta[name].float(), alpha=weights[count] / total)
+        count += 1
+        del delta  # before the next one is read
+    if count != len(weights):
+        raise ValueError(f"{count} pseudo-gradients for {len(weights)} weights")
+    scale = math.sqrt(count) if rescale_by_paths else 1.0
+    for acc in combined.values():
+        acc.mul_(scale)
     return combined
 
 

@@ -6,7 +6,7 @@ Every file has exactly one writer, and holds one record of `dipaco.store.records
     rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
     heartbeats/<island>.json                      island <island>: its `Heartbeat`
     results/round-000004/path-0002[.a1].json      the island running attempt 1 of (path 2, round 4): `ResultMeta`
-    results/round-000004/path-0002[.a1].<ext>     its pseudo-gradient (.safetensors, .int8.zst, .int4.zst)
+    results/round-000004/path-0002[.a1].<ext>     its pseudo-gradient (.safetensors, .int8.safetensors, .int4.safetensors)
     islands/path-0002/inner-round-000004[.a1].safetensors   its inner AdamW state after the task
 
 Attempt 0 has no suffix. A task handed to another island (its island stopped heart-beating, or came
@@ -18,7 +18,9 @@ Tasks and path states name an inner state by its reference (`inner_ref`), which 
 turns into a file.
 
     write_result(store, task, pseudo_gradient, meta, compression="int8", level=1)
-    tensors, meta = read_result(store, round=4, path=2, attempt=1)
+    tensors, meta = read_result(store, round=4, path=2, attempt=1)        # the whole pseudo-gradient
+    reader = ResultReader(store, read_result_meta(store, round=4, path=2, attempt=1))
+    reader.module("embeddings")                                            # only that module's bytes
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import dataclasses
 
 import torch
 
-from dipaco.store.compress import compress, decompress
+from dipaco.store.compress import Index, compress, decode_module, decompress, header_size, read_index
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
 from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
 
 TASKS = "tasks.json"
-EXTENSIONS = {"none": ".safetensors", "int8": ".int8.zst", "int4": ".int4.zst"}
+EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors"}
 
 
 def _suffix(attempt: int) -> str:
@@ -120,6 +122,41 @@ def read_result(store: ModuleStore, *, round: int, path: int, attempt: int) -> t
     except Exception as err:  # zstd / safetensors raise their own error types
         raise StoreError(f"store file {store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
     return tensors, meta
+
+
+class ResultReader:
+    """A result's pseudo-gradient read one module at a time, for the coordinator's outer step.
+
+    Opening it reads only the file's header (its index); `module(name)` then reads that module's
+    byte range alone (a ranged GET on object stores) and decodes it, so memory holds one module of
+    one result, never the whole pseudo-gradient."""
+
+    def __init__(self, store: ModuleStore, meta: ResultMeta):
+        self.store, self.meta = store, meta
+        self.name = f"results/{round_dir(meta.round)}/{meta.file}"
+        try:
+            size = header_size(store.read_range(self.name, 0, 8))
+            self.index: Index = read_index(store.read_range(self.name, 0, size), method=meta.compression)
+        except StoreError:
+            raise
+        except Exception as err:  # json / safetensors header errors
+            raise self._invalid(err) from None
+
+    def module(self, name: str) -> dict[str, torch.Tensor]:
+        """`{param: float32 tensor}`: this result's pseudo-gradient of module `name`."""
+        if name not in self.index.spans:
+            raise StoreError(f"store file {self.store.location(self.name)} has no module {name!r} "
+                             f"(it has {sorted(self.index.spans)[:6]})")
+        start, end = self.index.spans[name]
+        chunk = self.store.read_range(self.name, start, end)
+        try:
+            return decode_module(self.index, name, chunk)
+        except Exception as err:  # zstd / safetensors raise their own error types
+            raise self._invalid(err) from None
+
+    def _invalid(self, err: Exception) -> StoreError:
+        return StoreError(f"store file {self.store.location(self.name)} is not a valid {self.meta.compression} "
+                          f"pseudo-gradient: {err}")
 
 
 def result_rounds(store: ModuleStore) -> list[int]:

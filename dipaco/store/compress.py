@@ -1,17 +1,26 @@
 """Compressed pseudo-gradients: per-row int8 / int4 quantisation, then zstd (`outer.compression`).
 
     from dipaco.store.compress import compress, decompress
-    data, stats = compress({"w": delta}, method="int8")        # bytes an island uploads
-    tensors, _ = decompress(data, method="int8")               # float32 again, on the coordinator
+    data, stats = compress({"embeddings/w": delta}, method="int8")   # bytes an island uploads
+    tensors, _ = decompress(data, method="int8")                     # float32 again, on the coordinator
 
 Each tensor is viewed as rows: a tensor of two or more dimensions has one row per index of its first
-dimension, a vector or a scalar is one row. A row's scale is max|x| / q_max (q_max = 127 for int8,
-7 for int4) and its values are rounded to the nearest integer multiple of the scale, so every element
-is off by at most scale / 2. int4 values are stored as
-q + 8 in one nibble, two per byte. Quantised values and float32 scales go into one safetensors blob
-(shapes in its header), compressed with zstd (level `outer.zstd_level`). `none` is the plain float32
-safetensors file, as before compression existed. Decompression always yields float32, and the
-coordinator accumulates in float32.
+dimension; a vector or a scalar is one row (one scale). A row's scale is
+max|x| / q_max (q_max = 127 for int8, 7 for int4) and its values are rounded to the nearest integer
+multiple of the scale, so every element is off by at most scale / 2. int4 values are stored as
+q + 8 in one nibble, two per byte. `none` is the plain float32 safetensors file, as before
+compression existed. Decompression always yields float32, and the coordinator accumulates in float32.
+
+Tensors are named "module/param". A compressed file (format 2) is a safetensors file with one uint8
+entry per module: a zstd frame (level `outer.zstd_level`) of a safetensors blob with that module's
+quantised values and float32 scales (shapes in its header). So one module can be read and decoded
+without the rest, as the coordinator's outer step does (it streams module by module):
+
+    index = read_index(head, method="int8")            # head: the file's first header_size(...) bytes
+    start, end = index.spans["embeddings"]             # the byte range to read from the file
+    params = decode_module(index, "embeddings", data[start:end])   # {"w": float32 tensor}
+
+(Format 1, before it, held the whole result in one zstd frame; readers refuse it by name.)
 
 Run `python -m dipaco.store.compress` to print the sizes and errors for a random pseudo-gradient.
 """
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import torch
 import zstandard
@@ -31,12 +41,9 @@ Q_MAX = {"int8": 127, "int4": 7}
 
 
 def quantize_rows(x: torch.Tensor, *, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` (any shape) → (integers in [−q_max, q_max] as int8, shape (rows, cols); float32 scales (rows,)).
-
-    A tensor of two or more dimensions has rows = x.shape[0]; a vector or a scalar is one row."""
+    """`x` (any shape) → (integers in [−q_max, q_max] as int8, shape (rows, cols); float32 scales (rows,))."""
     q_max = Q_MAX[f"int{bits}"]
-    n_rows = x.shape[0] if x.dim() >= 2 and x.shape[0] > 0 else 1
-    rows = x.detach().float().reshape(n_rows, -1)  # (rows, cols)
+    rows = x.detach().float().reshape(x.shape[0] if x.dim() >= 2 and x.shape[0] > 0 else 1, -1)  # a vector is one row
     scale = rows.abs().amax(dim=1) / q_max
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(rows / safe[:, None]).clamp_(-q_max, q_max).to(torch.int8)
@@ -61,14 +68,34 @@ def unpack_int4(packed: torch.Tensor, numel: int) -> torch.Tensor:
     return torch.stack([low, high], dim=1).reshape(-1)[:numel].to(torch.int8)
 
 
+FORMAT = 2  # of compressed files: one zstd frame per module (1: one frame for the whole result)
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def module_of(name: str) -> str:
+    """The module a tensor name "module/param" belongs to."""
+    return name.partition("/")[0]
+
+
 def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1) -> tuple[bytes, dict]:
-    """Serialise a pseudo-gradient `{name: tensor}`; returns (bytes to send, stats)."""
+    """Serialise a pseudo-gradient `{"module/param": tensor}`; returns (bytes to send, stats)."""
     if method not in METHODS:
         raise ValueError(f"compression method must be one of {METHODS}, got {method!r}")
     raw_bytes = sum(t.numel() * 4 for t in tensors.values())
     if method == "none":
         data = save_safetensors({k: v.detach().float().contiguous() for k, v in tensors.items()})
         return data, {"method": method, "raw_bytes": raw_bytes, "bytes": len(data), "ratio": raw_bytes / max(1, len(data))}
+    modules: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        modules.setdefault(module_of(name), {})[name] = tensor
+    frames = {module: torch.frombuffer(bytearray(_compress_module(part, method=method, level=level)), dtype=torch.uint8)
+              for module, part in modules.items()}
+    data = save_safetensors(frames, metadata={"dipaco": json.dumps({"method": method, "format": FORMAT})})
+    return data, {"method": method, "raw_bytes": raw_bytes, "bytes": len(data), "ratio": raw_bytes / max(1, len(data))}
+
+
+def _compress_module(tensors: dict[str, torch.Tensor], *, method: str, level: int) -> bytes:
+    """One module's tensors → one zstd frame of a safetensors blob of quantised values and scales."""
     bits = 8 if method == "int8" else 4
     blob: dict[str, torch.Tensor] = {}
     shapes: dict[str, list[int]] = {}
@@ -79,31 +106,103 @@ def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1) -
         shapes[name] = list(tensor.shape)
     # one metadata key: safetensors writes a header map in arbitrary order, and the bytes must be reproducible
     payload = save_safetensors(blob, metadata={"dipaco": json.dumps({"method": method, "shapes": shapes})})
-    data = zstandard.ZstdCompressor(level=level).compress(payload)
-    return data, {"method": method, "raw_bytes": raw_bytes, "bytes": len(data), "ratio": raw_bytes / max(1, len(data))}
+    return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
-def decompress(data: bytes, *, method: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """Bytes from `compress` → (`{name: float32 tensor}`, stats)."""
-    if method not in METHODS:
-        raise ValueError(f"compression method must be one of {METHODS}, got {method!r}")
-    if method == "none":
-        return {k: v.float() for k, v in load_safetensors(data).items()}, {"method": method, "bytes": len(data)}
-    payload = zstandard.ZstdDecompressor().decompress(data)
-    header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["dipaco"])
+def _decompress_module(frame: bytes, *, method: str) -> dict[str, torch.Tensor]:
+    """A frame of `_compress_module` → `{"module/param": float32 tensor}`."""
+    payload = zstandard.ZstdDecompressor().decompress(frame)
+    meta = json.loads(_header(payload)["__metadata__"]["dipaco"])
     if meta.get("method") != method:
         raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
-    shapes = meta["shapes"]
     blob = load_safetensors(payload)
+    del payload
     out = {}
-    for name, shape in shapes.items():
-        scale = blob[f"{name}::scale"]
-        q = blob[f"{name}::q"]
+    for name, shape in meta["shapes"].items():
+        scale = blob.pop(f"{name}::scale")
+        q = blob.pop(f"{name}::q")
         if method == "int4":
             q = unpack_int4(q, math.prod(shape) if shape else 1).reshape(scale.shape[0], -1)
         out[name] = dequantize_rows(q, scale, shape)
+    return out
+
+
+def decompress(data: bytes, *, method: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Bytes from `compress` → (`{name: float32 tensor}`, stats): the whole pseudo-gradient at once."""
+    if method == "none":
+        return {k: v.float() for k, v in load_safetensors(data).items()}, {"method": method, "bytes": len(data)}
+    index = read_index(data[: header_size(data[:8])], method=method)
+    out: dict[str, torch.Tensor] = {}
+    for start, end in index.spans.values():
+        out.update(_decompress_module(data[start:end], method=method))
     return out, {"method": method, "bytes": len(data)}
+
+
+# --- one module at a time --------------------------------------------------------------------------
+def header_size(first8: bytes) -> int:
+    """The bytes before a safetensors file's tensor data (8 + its JSON header), from its first 8 bytes."""
+    if len(first8) < 8:
+        raise ValueError(f"a safetensors file starts with 8 bytes of header length, got {len(first8)} bytes")
+    return 8 + int.from_bytes(first8[:8], "little")
+
+
+@dataclass(frozen=True)
+class Index:
+    """Where each module's bytes lie in a file from `compress`, read from its safetensors header."""
+
+    method: str
+    spans: dict[str, tuple[int, int]]  # module -> [start, end) in the file
+    tensors: dict[str, tuple[torch.dtype, list[int], int, int]]  # `none` only: "module/param" -> dtype, shape, [start, end)
+
+
+def read_index(head: bytes, *, method: str) -> Index:
+    """The index of a file from `compress` given its first `header_size` bytes (no tensor data needed)."""
+    if method not in METHODS:
+        raise ValueError(f"compression method must be one of {METHODS}, got {method!r}")
+    header = _header(head)
+    base = header_size(head)
+    entries = {name: e for name, e in header.items() if name != "__metadata__"}
+    if method != "none":
+        meta = json.loads(header.get("__metadata__", {}).get("dipaco", "{}"))
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"compressed pseudo-gradient format {meta.get('format')!r}; this dipaco reads format {FORMAT}")
+        if meta.get("method") != method:
+            raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
+        spans = {module: (base + e["data_offsets"][0], base + e["data_offsets"][1]) for module, e in entries.items()}
+        return Index(method=method, spans=spans, tensors={})
+    tensors, spans = {}, {}
+    for name, e in entries.items():
+        if e["dtype"] not in _DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {e['dtype']}, not one of {sorted(_DTYPES)}")
+        start, end = base + e["data_offsets"][0], base + e["data_offsets"][1]
+        tensors[name] = (_DTYPES[e["dtype"]], e["shape"], start, end)
+        first, last = spans.get(module_of(name), (start, end))
+        spans[module_of(name)] = (min(first, start), max(last, end))
+    # safetensors orders tensors of one dtype by name, so a module's tensors are contiguous and its span
+    # holds nothing else; were they not, the span would only read more bytes than needed
+    return Index(method=method, spans=spans, tensors=tensors)
+
+
+def decode_module(index: Index, module: str, chunk: bytes) -> dict[str, torch.Tensor]:
+    """`{param: float32 tensor}` of one module from `chunk`, the file's bytes in `index.spans[module]`."""
+    start, end = index.spans[module]
+    if len(chunk) != end - start:
+        raise ValueError(f"module {module!r} spans {end - start} bytes, got {len(chunk)}")
+    prefix = f"{module}/"
+    if index.method != "none":
+        return {k.removeprefix(prefix): v for k, v in _decompress_module(chunk, method=index.method).items()}
+    view = memoryview(chunk)
+    out = {}
+    for name, (dtype, shape, first, last) in index.tensors.items():
+        if module_of(name) == module:
+            data = bytearray(view[first - start : last - start])  # a writable copy for torch.frombuffer
+            tensor = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            out[name.removeprefix(prefix)] = tensor.reshape(shape).float()
+    return out
+
+
+def _header(data: bytes) -> dict:
+    return json.loads(data[8 : header_size(data[:8])])
 
 
 if __name__ == "__main__":

@@ -85,6 +85,18 @@ class ModuleStore:
         self.bytes_read += len(data)
         return data
 
+    def read_range(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file (a ranged GET on object stores), counted in `bytes_read`."""
+        try:
+            data = self.fs.cat_file(self._path(relative), start=start, end=end)
+        except FileNotFoundError:
+            raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        if len(data) != end - start:
+            raise StoreError(f"store file {self._path(relative)} ends before byte {end} (read {len(data)} "
+                             f"bytes from {start})")
+        self.bytes_read += len(data)
+        return data
+
     def write_json(self, relative: str, obj: Any) -> None:
         self.write_bytes(relative, json.dumps(obj, indent=1, sort_keys=True).encode())
 

@@ -230,7 +230,7 @@ class ResultMeta(Record):
     The last six fields are filled in as the result is uploaded (`dipaco.islands.island.push_result`,
     `dipaco.store.board.write_result`)."""
 
-    SCHEMA: ClassVar[int] = 1
+    SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)
 
     path: int
     round: int
