@@ -27,7 +27,7 @@ from dipaco.stages.island import island_setup
 from dipaco.stages.train import initialise_store
 from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import RoundManifest, task_key
+from dipaco.store.records import RoundManifest, Task, task_key
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -293,3 +293,20 @@ def test_torchrun_two_ranks_give_the_same_pseudo_gradient_as_one_process(tiny, t
     assert tensors.keys() == single.pseudo_gradient.keys()
     for key, expected in single.pseudo_gradient.items():
         torch.testing.assert_close(tensors[key], expected, rtol=1e-4, atol=2e-6)
+
+
+def test_an_island_reusing_its_path_model_trains_like_a_freshly_built_one(tiny, tmp_path):
+    """Tasks of several paths run one after another by one island (one model, reused) give, bit for bit,
+    the pseudo-gradients, inner states and losses that each task gives on a freshly built island."""
+    run = make_run(tiny, tmp_path / "run", [])
+    for path in (0, 3, 1):
+        task = Task.open(path=path, base=0, step_offset=0, inner_from=None)
+        reused = train_task(run.setup, task)
+        fresh = train_task(island_setup(run.config, run.dir), task)
+        assert list(reused.pseudo_gradient) == list(fresh.pseudo_gradient)
+        for key, expected in fresh.pseudo_gradient.items():
+            torch.testing.assert_close(reused.pseudo_gradient[key], expected, rtol=0, atol=0)
+        assert reused.inner[1] == fresh.inner[1] and reused.inner[0].keys() == fresh.inner[0].keys()
+        for key, expected in fresh.inner[0].items():
+            torch.testing.assert_close(reused.inner[0][key], expected, rtol=0, atol=0)
+        assert reused.meta.losses == fresh.meta.losses and reused.meta.val_loss_start == fresh.meta.val_loss_start

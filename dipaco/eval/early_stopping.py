@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,12 +42,16 @@ class ValidationData:
     batch_size: int  # inner.batch_size
     max_batches: int  # inner.val_batches
     precision: str  # train.precision
+    _read: dict[int, list[np.ndarray]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def batches(self, path: int) -> list[np.ndarray]:
-        """The first `max_batches` batches `(batch_size, seq_len)` of the path's validation blocks (fixed order)."""
-        n = min(self.max_batches, -(-self.reader.num_blocks(path, "val") // self.batch_size))
-        batches = self.reader.iter_batches(path, "val", batch_size=self.batch_size, seed=0)
-        return [next(batches) for _ in range(n)]
+        """The first `max_batches` batches `(batch_size, seq_len)` of the path's validation blocks (fixed
+        order), read once per path."""
+        if path not in self._read:
+            n = min(self.max_batches, -(-self.reader.num_blocks(path, "val") // self.batch_size))
+            batches = self.reader.iter_batches(path, "val", batch_size=self.batch_size, seed=0)
+            self._read[path] = [next(batches) for _ in range(n)]
+        return self._read[path]
 
     def loss(self, model: torch.nn.Module, *, path: int) -> float:
         """A path model's mean loss on its validation batches, on the device the model is on."""

@@ -34,7 +34,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -44,7 +45,8 @@ from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
-from dipaco.model.path_model import PathSpec, load_modules, path_parameters, split_into_modules
+from dipaco.islands.model_slot import ModelSlot
+from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.inner import (
     load_optimizer_state,
@@ -85,9 +87,11 @@ class IslandSetup:
     inner: InnerConfig  # steps, batch size, AdamW, validation batches
     outer: OuterConfig  # compression of the pseudo-gradients it uploads
     train: TrainConfig  # device, precision, rounds (the LR schedule), seed (data order), heartbeat_seconds
+    models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
-    @property
+    @cached_property
     def validation(self) -> ValidationData:
+        """Each path's validation batches (read once per island)."""
         return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
                               max_batches=self.inner.val_batches, precision=self.train.precision)
 
@@ -121,9 +125,8 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     with _timed(timings, "load_modules", device):
         start = store.read_modules(task.base, setup.topology.modules_of_path(path))
         module_bytes = store.bytes_read - read_before
-        model = setup.spec.new_model()
-        load_modules(model, start)
-        model.to(device)
+        model, trained = setup.models.load(start, spec=setup.spec, device=device,
+                                           wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
     with _timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, inner)
@@ -140,7 +143,6 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                                               skip_batches=task.step_offset)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    trained = ddp_mod.wrap(model, device) if ctx is not None else model
     with Prefetcher(batches, count=inner.steps, device=device) as ahead:  # reads the shard during validation
         with _timed(timings, "validation", device):
             val_loss = setup.validation.loss(model, path=path)
@@ -148,6 +150,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
             stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
                                 start_step=task.step_offset, steps=inner.steps, total_steps=train.rounds * inner.steps,
                                 config=inner, device=device, precision=train.precision)
+    setup.models.release_gradients()
     losses = stats["losses"]
     train_loss = sum(losses[-5:]) / len(losses[-5:])
     tokens = stats["tokens"]
@@ -155,9 +158,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
     with _timed(timings, "pseudo_gradient", device):
-        end = split_into_modules(model, setup.topology, path=path)
-        pseudo_gradient = {f"{module}/{name}": start[module][name] - tensor.detach().cpu()
-                           for module, tensors in end.items() for name, tensor in tensors.items()}
+        pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
     names = {param: name for name, param in params.items()}
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=stats["seconds"],
@@ -166,6 +167,18 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     with _timed(timings, "save_inner", device):
         saved_inner = optimizer_state(optimizer, names)
     return TrainedTask(pseudo_gradient=pseudo_gradient, inner=saved_inner, meta=meta)
+
+
+def pseudo_gradient_of(start: dict[str, dict[str, torch.Tensor]], params: dict[str, torch.nn.Parameter],
+                       topology: Topology, *, path: int) -> dict[str, torch.Tensor]:
+    """Δ = θ_base − θ_end as `{"module/param": tensor}` (CPU float32), computed in place in the base
+    tensors `start` (`{module: {param: tensor}}`, consumed): no copy of the trained parameters on the
+    CPU, one device-to-host copy each from a GPU. Ordered module by module, as `split_into_modules`."""
+    grouped: dict[str, dict[str, torch.Tensor]] = {}
+    for name, param in params.items():
+        module = topology.module_of_param(name, path)
+        grouped.setdefault(module, {})[name] = start[module][name].sub_(param.detach().float().cpu())
+    return {f"{module}/{name}": delta for module, tensors in grouped.items() for name, delta in tensors.items()}
 
 
 def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str,

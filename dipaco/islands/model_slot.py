@@ -1,0 +1,46 @@
+"""The path model an island trains, built once and reused by every task.
+
+A task used to build a fresh `LlamaForCausalLM` (initialising every weight at random), overwrite
+every weight with the modules it read from the store, then move the model to the device. The slot
+builds the model on the device once per island (with its DDP wrapper under torchrun); each task then
+copies its modules straight into the parameters on the device.
+
+    slot = ModelSlot()
+    model, trained = slot.load(modules, spec=spec, device=device)
+    # model: the LlamaForCausalLM (parameter names, validation); trained: what the inner loop calls
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import LlamaForCausalLM
+
+from dipaco.model.path_model import PathSpec, load_modules
+
+
+class ModelSlot:
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._model: LlamaForCausalLM | None = None
+        self._trained: torch.nn.Module | None = None
+
+    def load(self, modules: dict[str, dict[str, torch.Tensor]], *, spec: PathSpec, device: torch.device,
+             wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+             ) -> tuple[LlamaForCausalLM, torch.nn.Module]:
+        """The slot's model holding exactly `modules` on `device`, and the module to train (wrapped by
+        `wrap`, e.g. DDP); built again only when the shape, device or wrapping changes."""
+        key = (spec, device, wrap is not None)
+        if key != self._key or self._model is None:
+            self._model = self._trained = None  # free the old model before building the new one
+            model = spec.new_model().to(device)
+            self._model, self._trained, self._key = model, wrap(model) if wrap is not None else model, key
+        load_modules(self._model, modules)
+        return self._model, self._trained
+
+    def release_gradients(self) -> None:
+        """Drop the last step's gradients, so an idle island holds only the parameters."""
+        if self._model is not None:
+            for param in self._model.parameters():
+                param.grad = None
