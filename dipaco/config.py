@@ -193,6 +193,9 @@ class TrainConfig:
     return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
     stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
+    compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
+    fused_adamw: bool = False  # the islands' inner AdamW as torch's fused kernel (rounds differently from the default)
+    tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
 
     def __post_init__(self) -> None:
         if self.heartbeat_seconds <= 0 or self.heartbeat_timeout <= self.heartbeat_seconds:

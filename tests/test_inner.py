@@ -128,3 +128,24 @@ def test_a_non_finite_loss_raises_naming_its_step(bad_step):
     with pytest.raises(FloatingPointError, match=f"inner step {10 + bad_step}: loss is nan"):
         train_steps(model, make_optimizer(model, cfg), poisoned(), start_step=10, steps=cfg.steps,
                     total_steps=100, config=cfg, device=torch.device("cpu"), precision="fp32")
+
+
+def test_fused_adamw_state_round_trip_continues_training_exactly():
+    cfg = InnerConfig(steps=4, batch_size=2, warmup_steps=1)
+    kwargs = dict(total_steps=4, config=cfg, device=torch.device("cpu"), precision="fp32")
+    mcfg = ModelConfig(hidden_size=16, n_layers=1, n_heads=2)
+    straight = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    train_steps(straight, make_optimizer(straight, cfg, fused=True), _batches(1), start_step=0, steps=4, **kwargs)
+
+    first = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=0)
+    opt = make_optimizer(first, cfg, fused=True)
+    data = _batches(1)
+    train_steps(first, opt, data, start_step=0, steps=2, **kwargs)
+    tensors, meta = optimizer_state(opt, {p: n for n, p in path_parameters(first).items()})
+    second = build_path_model(mcfg, vocab_size=30, seq_len=12, seed=5)
+    second.load_state_dict(first.state_dict())
+    opt2 = make_optimizer(second, cfg, fused=True)
+    load_optimizer_state(opt2, path_parameters(second), tensors, meta)
+    train_steps(second, opt2, data, start_step=2, steps=2, **kwargs)
+    for name, param in path_parameters(second).items():
+        torch.testing.assert_close(param, path_parameters(straight)[name], rtol=0, atol=0)

@@ -86,7 +86,7 @@ class IslandSetup:
     reader: ShardReader
     inner: InnerConfig  # steps, batch size, AdamW, validation batches
     outer: OuterConfig  # compression of the pseudo-gradients it uploads
-    train: TrainConfig  # device, precision, rounds (the LR schedule), seed (data order), heartbeat_seconds
+    train: TrainConfig  # device, precision, compile / fused AdamW / TF32, rounds (LR schedule), seed, heartbeats
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
     @cached_property
@@ -118,18 +118,16 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     `timings`, when given, receives the seconds of each phase (`PHASES`; bench/bench_speed.py)."""
     store, inner, train = setup.store, setup.inner, setup.train
     read_before = store.bytes_read
-    device = resolve_device(train.device)
-    if ctx is not None:
-        device = ddp_mod.local_device(device)
+    device = _device(train, ctx)
     path = task.path
     with _timed(timings, "load_modules", device):
         start = store.read_modules(task.base, setup.topology.modules_of_path(path))
         module_bytes = store.bytes_read - read_before
-        model, trained = setup.models.load(start, spec=setup.spec, device=device,
+        model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=train.compile,
                                            wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
     with _timed(timings, "restore_inner", device):
-        optimizer = make_optimizer(model, inner)
+        optimizer = make_optimizer(model, inner, fused=train.fused_adamw)
         inner_local = False
         if task.inner_from:
             if cached_inner is not None and cached_inner[0] == task.inner_from:
@@ -243,6 +241,16 @@ def _timed(timings: dict[str, float] | None, phase: str, device: torch.device | 
 def _sync(device: torch.device | None) -> None:
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _device(train: TrainConfig, ctx: ddp_mod.DDPContext | None) -> torch.device:
+    """The device this island (or DDP rank) trains on; on CUDA, fp32 matmuls on TF32 as `train.tf32` says."""
+    device = resolve_device(train.device)
+    if ctx is not None:
+        device = ddp_mod.local_device(device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = train.tf32
+    return device
 
 
 def _waited(batches: Iterator[torch.Tensor], timings: dict[str, float] | None) -> Iterator[torch.Tensor]:

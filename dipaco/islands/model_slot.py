@@ -2,11 +2,12 @@
 
 A task used to build a fresh `LlamaForCausalLM` (initialising every weight at random), overwrite
 every weight with the modules it read from the store, then move the model to the device. The slot
-builds the model on the device once per island (with its DDP wrapper under torchrun); each task then
+builds the model on the device once per island (with its DDP wrapper under torchrun, and compiled
+when `train.compile` is set, so the compile is paid once per island, not per task); each task then
 copies its modules straight into the parameters on the device.
 
     slot = ModelSlot()
-    model, trained = slot.load(modules, spec=spec, device=device)
+    model, trained = slot.load(modules, spec=spec, device=device, compile=False)
     # model: the LlamaForCausalLM (parameter names, validation); trained: what the inner loop calls
 """
 
@@ -27,15 +28,17 @@ class ModelSlot:
         self._trained: torch.nn.Module | None = None
 
     def load(self, modules: dict[str, dict[str, torch.Tensor]], *, spec: PathSpec, device: torch.device,
-             wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+             compile: bool, wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
              ) -> tuple[LlamaForCausalLM, torch.nn.Module]:
         """The slot's model holding exactly `modules` on `device`, and the module to train (wrapped by
-        `wrap`, e.g. DDP); built again only when the shape, device or wrapping changes."""
-        key = (spec, device, wrap is not None)
+        `wrap`, e.g. DDP, then compiled when `compile`); built again only when the shape, device or
+        wrapping changes."""
+        key = (spec, device, compile, wrap is not None)
         if key != self._key or self._model is None:
             self._model = self._trained = None  # free the old model before building the new one
             model = spec.new_model().to(device)
-            self._model, self._trained, self._key = model, wrap(model) if wrap is not None else model, key
+            trained = wrap(model) if wrap is not None else model
+            self._model, self._trained, self._key = model, torch.compile(trained) if compile else trained, key
         load_modules(self._model, modules)
         return self._model, self._trained
 

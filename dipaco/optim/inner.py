@@ -32,12 +32,14 @@ def lr_at(step: int, *, config: InnerConfig, total_steps: int) -> float:
     return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not norms or biases)."""
+def make_optimizer(model: torch.nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not norms or biases); `fused` picks torch's fused
+    kernel (`train.fused_adamw`: one kernel over all parameters; it rounds differently from the default)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8,
+                             fused=True if fused else None)
 
 
 CHECK_EVERY = 25  # steps between checks that the losses are finite (each check waits for the device)
@@ -107,11 +109,12 @@ def optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Param
 def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
                          tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Restore what `optimizer_state` saved (parameters missing from it start fresh)."""
+    fused = bool(optimizer.defaults.get("fused"))  # the fused kernel keeps its step counts on the device
     for name, param in params.items():
         if name not in meta["step"]:
             continue
         optimizer.state[param] = {
-            "step": torch.tensor(float(meta["step"][name])),
+            "step": torch.tensor(float(meta["step"][name]), device=param.device if fused else None),
             "exp_avg": tensors[f"{name}.exp_avg"].to(param.device),
             "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].to(param.device),
         }
