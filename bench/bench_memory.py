@@ -9,8 +9,9 @@ and set-up, resets the kernel's high-water mark (writing 5 to /proc/self/clear_r
 code and reads VmHWM. So the interpreter, torch and transformers (the import baseline, reported on
 its own) are not counted. The children pin glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_=128 KiB) so
 a freed large buffer goes back to the kernel at once: the peak is then what was live at the worst
-moment, not an artefact of the allocator's dynamic threshold. On CUDA the island figure would be
-`torch.cuda.max_memory_allocated` instead (`--device cuda`); no CUDA run is committed yet.
+moment, not an artefact of the allocator's dynamic threshold. Everything runs on the CPU (host
+memory); a CUDA island would be measured by `torch.cuda.max_memory_allocated`, which this script
+does not do yet.
 
 1. Coordinator (`dipaco.islands.rounds.apply_round`): a synthetic round written straight into a
    store (no training): a grid of L levels with one equal-size module per choice plus the shared
