@@ -310,3 +310,17 @@ def test_an_island_reusing_its_path_model_trains_like_a_freshly_built_one(tiny, 
         for key, expected in fresh.inner[0].items():
             torch.testing.assert_close(reused.inner[0][key], expected, rtol=0, atol=0)
         assert reused.meta.losses == fresh.meta.losses and reused.meta.val_loss_start == fresh.meta.val_loss_start
+
+
+@pytest.mark.slow
+def test_a_compiled_island_trains_like_an_eager_one(tiny, tmp_path):
+    """`train.compile` changes how the path model runs, not what it computes (up to float rounding,
+    which AdamW can amplify where a gradient is near zero: compared as a relative norm)."""
+    task = Task.open(path=2, base=0, step_offset=0, inner_from=None)
+    eager = train_task(make_run(tiny, tmp_path / "eager", []).setup, task)
+    compiled = train_task(make_run(tiny, tmp_path / "compiled", ["train.compile=true"]).setup, task)
+    assert compiled.meta.losses == pytest.approx(eager.meta.losses, rel=1e-4)
+    assert compiled.pseudo_gradient.keys() == eager.pseudo_gradient.keys()
+    difference = torch.cat([(compiled.pseudo_gradient[k] - d).flatten() for k, d in eager.pseudo_gradient.items()])
+    size = torch.cat([d.flatten() for d in eager.pseudo_gradient.values()])
+    assert difference.norm() < 1e-2 * size.norm()
