@@ -75,11 +75,11 @@ def train_steps(
         input_ids = torch.as_tensor(next(batches), dtype=torch.long, device=device)  # (B, T)
         with autocast(device, precision):
             loss = model(input_ids=input_ids, labels=input_ids).loss
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # here, not before backward: no gradients live through the next forward
         losses[i] = loss.detach()
         tokens += input_ids.numel()
         if i + 1 - len(values) == CHECK_EVERY or i + 1 == steps:
