@@ -28,7 +28,11 @@ class Ledger:
         return self.useful / self.allocated
 
     def summary(self) -> dict[str, float]:
+        """Goodput, where the rest went, and the bytes per learner link: per second of the run and per
+        second a chip spent computing (what the link must carry while training)."""
         idle = self.allocated - self.useful - self.lost
+        computing = (self.useful + self.lost) / self.chips
         return {"goodput": self.goodput, "useful_chip_seconds": self.useful, "lost_chip_seconds": self.lost,
                 "idle_chip_seconds": idle, "allocated_chip_seconds": self.allocated,
-                "bytes_per_link_per_second": self.bytes_per_link / self.horizon}
+                "bytes_per_link_per_second": self.bytes_per_link / self.horizon,
+                "bytes_per_link_per_training_second": self.bytes_per_link / computing if computing else 0.0}

@@ -1,14 +1,13 @@
 """DiLoCo rounds over `learners` learners, each training its own replica path of one shared model
 (topology levels [1], replicas L: every module is shared by every path), decided by the real round
-policy through `PolicyPort`.
+policy (`dipaco.islands.policy`, through the coordinator's bookkeeping in `syncer`).
 
-A learner trains a task of `inner_steps` steps (its speed drawn per task) from the version the policy
-gives it, uploads the pseudo-gradient (the syncer receives it `upload seconds` later) and then
-- sync (`outer.mode: sync`): waits for the round to close, downloads the new version (`download
-  seconds`) and starts the next task: transfers and stragglers block every learner;
-- async (`outer.mode: async`): starts its next task at once from the newest version it can read
-  (transfers overlap training, as in Decoupled DiLoCo); the policy closes rounds on its quorum and
-  grace window and weights or drops stale results.
+Each learner is an island pinned to its path. It downloads the version its task starts from
+(`download seconds`), trains `inner_steps` steps (its speed drawn per task), uploads the
+pseudo-gradient (`upload seconds`), and is then idle until the policy gives it its next task: in sync
+mode after the round closes (stragglers and transfers block everyone); in async mode when the policy
+says (its quorum, adaptive grace window and idle-island rule), and stale results are weighted or
+dropped by the policy.
 A failure rolls the learner's task back to its last inner checkpoint (`restart`) or costs it a step and
 a pause (`elastic`); the task stays its own. Results applied by a committed round are useful; dropped
 ones, and tasks unfinished or unapplied at the horizon, are lost.
@@ -20,13 +19,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dipaco.islands.policy import IdleIsland, RoundPlan
 from dipaco.model.topology import Topology
 from dipaco.simulate.clock import EventQueue
 from dipaco.simulate.failures import FailureModel, schedule_failures
 from dipaco.simulate.learner import Learner, Work
 from dipaco.simulate.ledger import Ledger
-from dipaco.simulate.policy_port import Decision, PolicyPort
 from dipaco.simulate.settings import Settings
+from dipaco.simulate.syncer import SimTask, Syncer
 
 
 def replica_topology(learners: int) -> Topology:
@@ -35,34 +35,32 @@ def replica_topology(learners: int) -> Topology:
                     replicas=learners)
 
 
-@dataclass(frozen=True)
-class Task:
-    path: int
-    base: int
+def island_name(learner: int) -> str:
+    return f"learner-{learner:03d}"
 
 
 @dataclass(frozen=True)
 class RoundLog:
-    """One round close: when, and what the policy decided for each received result."""
+    """One round close: when, and the policy's plan (what it applied with which factor, what it dropped)."""
 
     time: float
-    round: int
-    decisions: tuple[Decision, ...]
+    plan: RoundPlan
 
 
 class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
-                 on_round: Callable[[RoundLog], None] | None = None) -> None:
+                 topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None) -> None:
         self.settings, self.failures = settings, failures
         self.outer = dataclasses.replace(settings.outer, mode=mode)
         self.queue = EventQueue()
         self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
-        self.policy = PolicyPort(replica_topology(settings.sim.learners), self.outer)
-        self.received: list[tuple[Task, float]] = []  # results at the syncer, not yet decided: (task, chip-seconds)
-        self.waiting: list[Learner] = []  # sync: learners that reported and wait for the round
-        self.wake_scheduled: float | None = None
+        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer)
+        self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
+        self.uploading: set[int] = set()
+        self.wake_scheduled: set[float] = set()
         self.on_round = on_round
         self.rounds: list[RoundLog] = []
+        self.handed: list[tuple[float, SimTask, str]] = []  # every task handed out: (time, task, island)
         self.bytes_moved = 0.0
         sim = settings.sim
         self.learners = [
@@ -74,77 +72,86 @@ class RoundsSimulation:
     def run(self) -> Ledger:
         settings = self.settings
         for learner in self.learners:
-            self._start_task(learner, not_before=0.0)
             times = self.failures.failure_times(learner.ident, learner.chips)
-            schedule_failures(self.queue, times, learner.fail, until=settings.horizon)
+            schedule_failures(self.queue, times, lambda learner=learner: self._fail(learner), until=settings.horizon)
+        self.queue.at(0.0, self._tick)
         self.queue.run(settings.horizon)
         for learner in self.learners:
             work = learner.finish_horizon()
             if work is not None:
                 self.ledger.lost += work.chip_seconds  # unfinished at the horizon
-        self.ledger.lost += sum(chip_seconds for _, chip_seconds in self.received)  # received, never applied
+        self.ledger.lost += sum(self.chip_seconds.values())  # received, never applied
         self.ledger.bytes_per_link = self.bytes_moved / len(self.learners)
         return self.ledger
 
     # --- learners ------------------------------------------------------------------------------------------
-    def _start_task(self, learner: Learner, *, not_before: float) -> None:
-        sim = self.settings.sim
-        task = Task(path=learner.ident, base=self.policy.task_base(learner.ident))
-        step = sim.step_seconds * self.failures.speed_factor()
-        learner.give(Work(seconds=sim.inner_steps * step, step=step, not_before=not_before, tag=task))
+    def _idle(self) -> list[IdleIsland]:
+        now = self.queue.now
+        return [IdleIsland(name=island_name(x.ident), pinned=(x.ident,), last_path=x.ident)
+                for x in self.learners
+                if x.work is None and x.ident not in self.uploading
+                and (x.response == "elastic" or now >= x.blocked_until)]  # a restarting learner is not alive
+
+    def _fail(self, learner: Learner) -> None:
+        learner.fail()
+        if learner.work is None and learner.response == "restart":
+            self.queue.at(learner.blocked_until, self._tick)  # it asks for work when it is back
 
     def _lost(self, chip_seconds: float) -> None:
         self.ledger.lost += chip_seconds
 
     def _task_done(self, learner: Learner, work: Work) -> None:
-        now = self.queue.now
-        upload = self.settings.transfer_seconds(self.settings.upload_bytes)
+        self.uploading.add(learner.ident)
         self.bytes_moved += self.settings.upload_bytes
-        self.queue.at(now + upload, self._receive, work.tag, work.chip_seconds)
-        if self.outer.mode == "sync":
-            self.waiting.append(learner)
-        else:
-            self.bytes_moved += self.settings.download_bytes  # the newest version, streamed while it trains
-            self._start_task(learner, not_before=now)
+        upload = self.settings.transfer_seconds(self.settings.upload_bytes)
+        self.queue.at(self.queue.now + upload, self._receive, learner, work)
 
-    # --- the syncer ---------------------------------------------------------------------------------------
-    def _receive(self, task: Task, chip_seconds: float) -> None:
-        self.received.append((task, chip_seconds))
-        self.policy.receive(task.path, task.base, self.queue.now)
-        self._check()
+    def _receive(self, learner: Learner, work: Work) -> None:
+        self.uploading.discard(learner.ident)
+        task: SimTask = work.tag
+        self.chip_seconds[task.key] = work.chip_seconds
+        self.syncer.received(task.key, tokens=max(1, round(work.chip_seconds)), now=self.queue.now)
+        self._tick()
 
-    def _check(self) -> None:
+    # --- the coordinator ----------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        """Coordinator passes at this instant until nothing changes (a real one polls again right away)."""
         now = self.queue.now
-        if self.policy.close_due(now):
-            self._close(now)
-            return
-        wake = self.policy.wake_at()
-        if wake is not None and wake > now and wake != self.wake_scheduled:
-            self.wake_scheduled = wake
-            self.queue.at(wake, self._check)
+        while True:
+            handed, plan = self.syncer.tick(now, self._idle())
+            for task, island in handed:
+                self._start(task, island, now)
+            if plan is not None:
+                self._account(plan, now)
+            if not handed and plan is None:
+                break
+        deadline = self.syncer.grace_deadline()
+        if deadline is not None and deadline > now and deadline not in self.wake_scheduled:
+            self.wake_scheduled.add(deadline)
+            self.queue.at(deadline, self._tick)
 
-    def _close(self, now: float) -> None:
-        decisions = self.policy.close(now)
-        by_key = {}
-        for task, chip_seconds in self.received:
-            by_key.setdefault((task.path, task.base), []).append(chip_seconds)
-        for decision in decisions:
-            chip_seconds = by_key[(decision.path, decision.base)].pop()
-            if decision.factor is None:
+    def _start(self, task: SimTask, island: str, now: float) -> None:
+        learner = self.learners[task.path]
+        if island != island_name(learner.ident):
+            raise AssertionError(f"task {task.key} went to {island}, not to the learner pinned to its path")
+        self.handed.append((now, task, island))
+        sim = self.settings.sim
+        self.bytes_moved += self.settings.download_bytes
+        step = sim.step_seconds * self.failures.speed_factor()
+        download = self.settings.transfer_seconds(self.settings.download_bytes)
+        learner.give(Work(seconds=sim.inner_steps * step, step=step, not_before=now + download, tag=task))
+
+    def _account(self, plan: RoundPlan, now: float) -> None:
+        for verdict in plan.verdicts:
+            chip_seconds = self.chip_seconds.pop(verdict.key)
+            if verdict.factor is None:
                 self.ledger.lost += chip_seconds
             else:
                 self.ledger.useful += chip_seconds
-        self.received.clear()
-        log = RoundLog(time=now, round=self.policy.committed, decisions=tuple(decisions))
+        log = RoundLog(time=now, plan=plan)
         self.rounds.append(log)
         if self.on_round:
             self.on_round(log)
-        if self.outer.mode == "sync":
-            download = self.settings.transfer_seconds(self.settings.download_bytes)
-            for learner in self.waiting:
-                self.bytes_moved += self.settings.download_bytes
-                self._start_task(learner, not_before=now + download)
-            self.waiting.clear()
 
 
 def simulate_rounds(settings: Settings, failures: FailureModel, *, mode: str) -> Ledger:
