@@ -61,6 +61,9 @@ class RoundsSimulation:
         self.on_round = on_round
         self.rounds: list[RoundLog] = []
         self.handed: list[tuple[float, SimTask, str]] = []  # every task handed out: (time, task, island)
+        # the event trace, in order: ("result", time, task, tokens) when a result arrives, ("tick", time)
+        # when the coordinator runs (tests replay it through the real coordinator)
+        self.trace: list[tuple] = []
         self.bytes_moved = 0.0
         sim = settings.sim
         self.learners = [
@@ -110,13 +113,16 @@ class RoundsSimulation:
         self.uploading.discard(learner.ident)
         task: SimTask = work.tag
         self.chip_seconds[task.key] = work.chip_seconds
-        self.syncer.received(task.key, tokens=max(1, round(work.chip_seconds)), now=self.queue.now)
+        tokens = max(1, round(work.chip_seconds))  # a shrunk (elastic) learner trains a smaller batch
+        self.trace.append(("result", self.queue.now, task, tokens))
+        self.syncer.received(task.key, tokens=tokens, now=self.queue.now)
         self._tick()
 
     # --- the coordinator ----------------------------------------------------------------------------------
     def _tick(self) -> None:
         """Coordinator passes at this instant until nothing changes (a real one polls again right away)."""
         now = self.queue.now
+        self.trace.append(("tick", now))
         while True:
             handed, plan = self.syncer.tick(now, self._idle())
             for task, island in handed:
