@@ -262,8 +262,8 @@ class SimulateConfig:
     learners: int = 8  # DiLoCo learners (islands), each a data-parallel group of chips_per_learner chips
     chips_per_learner: int = 150_000  # chips in one learner; data parallel runs on learners x this many
     chip_mtbi_hours: float = 8766.0  # mean time between interruptions of one chip (8766 h = 1 year)
-    restart_seconds: float = 30.0  # a stopped job or learner is back this long after its last chip failure
-    reconfigure_seconds: float = 7.0  # elastic: every chip of the group pauses this long when a chip leaves or returns
+    restart_seconds: float = 30.5  # a stopped job or learner is back this long after its last chip failure (fitted: docs/simulate.md)
+    reconfigure_seconds: float = 6.8  # elastic: every chip of the group pauses this long when a chip leaves or returns (fitted)
     learner_failure: str = "elastic"  # what a DiLoCo learner does on a chip failure: elastic (shrink, go on) | restart
     checkpoint_steps: int = 5  # a restart resumes from the last checkpoint, taken every this many steps
     step_seconds: float = 2.0  # one training step (inner step) on any group of chips

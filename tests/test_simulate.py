@@ -184,3 +184,42 @@ def test_the_simulator_and_the_real_coordinator_decide_the_same_on_the_same_trac
     for (t, r, decided), (st, sr, sdecided) in zip(closes, sim_closes):
         assert (r, decided) == (sr, sdecided)
         assert math.isclose(t, st)
+
+
+# --- the command ---------------------------------------------------------------------------------------
+def test_the_simulator_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dipaco.stages.simulate, dipaco.simulate.scenario; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_dipaco_simulate_writes_the_table_json_and_plot(tmp_path, capsys):
+    import json
+
+    from dipaco.cli import main
+
+    small = ["simulate.learners=2", "simulate.chips_per_learner=5000", "simulate.horizon_hours=0.5",
+             "simulate.chip_mtbi_hours=100", "simulate.sweep_chips=[2000,8000]", "simulate.sweep_learners=[1,2]"]
+    assert main(["simulate", "--run", str(tmp_path / "sim"), *small]) == 0
+    printed = capsys.readouterr().out
+    for strategy in STRATEGIES:
+        assert strategy in printed
+    results = json.loads((tmp_path / "sim" / "simulate" / "simulate.json").read_text())
+    assert set(results["strategies"]) == set(STRATEGIES)
+    assert len(results["sweep"]) == 2 * (2 + 2)  # per chip count: async at 1 and 2 learners, both data parallels
+    assert (tmp_path / "sim" / "simulate" / "goodput-vs-chips.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("override, message", [
+    ("simulate.learner_failure=crash", "simulate.learner_failure must be 'elastic' or 'restart'"),
+    ("simulate.chip_mtbi_hours=0", "simulate.chip_mtbi_hours must be > 0"),
+    ("simulate.sweep_learners=[]", "simulate.sweep_learners must be a non-empty list"),
+])
+def test_bad_simulate_settings_are_refused_naming_the_field(override, message):
+    from dipaco.config import load_config
+
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [override])
