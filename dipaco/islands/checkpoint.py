@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dipaco.atomic import replacing
@@ -78,7 +78,7 @@ class InnerCheckpoint:
                        adam={k.removeprefix(ADAM): v for k, v in tensors.items() if k.startswith(ADAM)},
                        adam_meta=meta["adam_meta"], losses=tuple(meta["losses"]), tokens=int(meta["tokens"]),
                        seconds=float(meta["seconds"]), val_loss_start=float(meta["val_loss_start"]))
-        except (SafetensorsError, OSError, KeyError, ValueError, TypeError) as err:
+        except (SafetensorError, OSError, KeyError, ValueError, TypeError) as err:
             raise ValueError(f"inner checkpoint {path} cannot be read ({err}); delete it to start the task afresh") from None
 
 
