@@ -138,3 +138,13 @@ def test_no_island_idles_while_a_commit_would_give_its_path_work(tiny, tmp_path)
     coordinator.tick()
     assert a.next_task() is not None and a.next_task().base == 1
     assert c.next_task() == held  # the running task keeps going (its result is applied stale later)
+
+
+def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
+    from dipaco.islands.checkpoint import InnerCheckpoint
+
+    broken = tmp_path / "a.safetensors"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="a.safetensors"):
+        InnerCheckpoint.load(broken)
+    assert InnerCheckpoint.load(tmp_path / "none.safetensors") is None
