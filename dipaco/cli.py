@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="inject failures with this mean time between failures in seconds (train.fail_mtbf)")
     parsers["island"].add_argument("--return-after", type=float, default=None,
                                    help="a failed island comes back after this many seconds (train.return_after)")
+    parsers["island"].add_argument("--slowdown", type=float, default=None,
+                                   help="inject a straggler: every inner step takes this many times longer (train.slowdown)")
     parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     parsers["eval"].add_argument("--mode", action="append", default=None,
                                  help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
@@ -145,7 +147,7 @@ def cmd_island(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.island import island
 
     island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
-           return_after=args.return_after, max_tasks=args.max_tasks)
+           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
 
 
 def cmd_baselines(config: Config, run: RunDir, args) -> None:

@@ -192,6 +192,8 @@ class TrainConfig:
     fail_mtbf: float = 0.0  # fault injection: islands fail at random with this mean time between failures (s); 0 = never
     return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
+    slowdown: float = 1.0  # fault injection: island-0 of `dipaco train` (or an island run with --slowdown) is this many times slower
+    checkpoint_steps: int = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
     stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     fused_adamw: bool = False  # the islands' inner AdamW as torch's fused kernel (rounds differently from the default)
@@ -207,6 +209,9 @@ class TrainConfig:
             raise ValueError(f"train.fail_mtbf and return_after must be >= 0, got {self.fail_mtbf}, {self.return_after}")
         if self.fail_mode not in ("die", "stall"):
             raise ValueError(f"train.fail_mode must be 'die' or 'stall', got {self.fail_mode!r}")
+        if self.slowdown < 1 or self.checkpoint_steps < 0:
+            raise ValueError(f"train.slowdown must be >= 1 and train.checkpoint_steps >= 0, "
+                             f"got {self.slowdown}, {self.checkpoint_steps}")
         if self.stop_after_round < 0:
             raise ValueError(f"train.stop_after_round must be >= 0, got {self.stop_after_round}")
         if self.rounds < 1:

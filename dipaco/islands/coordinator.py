@@ -11,11 +11,12 @@
 3. opens a task for every path that has none in flight, from the newest module version;
 4. hands a lost task to another island as the next attempt (in async mode a lost task from an old
    version is replaced by one from the newest version);
-5. assigns open tasks to idle islands: an island pinned with `--path` only takes its paths, and an
-   island prefers the path it trained last (its inner optimiser state is then already local);
-6. closes the round when the round policy says so: applies the outer step it plans, writes
+5. closes the round when the round policy says so: applies the outer step it plans, writes
    module version t, the round manifest `rounds/round-t.json` (which results were applied), then
-   `state.json` (the commit point); tasks still open move to version t.
+   `state.json` (the commit point); tasks still open move to version t, reported paths get new ones;
+6. assigns open tasks to idle islands (after any commit, so always from the newest version): an
+   island pinned with `--path` only takes its paths, and an island prefers the path it trained last
+   (its inner optimiser state is then already local).
 
 Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
 a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
@@ -144,7 +145,6 @@ class Coordinator:
             if task.status == "received":
                 self._tell_policy(task, arrived=clock())
         self.seen: dict[str, Seen] = {}
-        self._idle: list[IdleIsland] = []  # live islands left without a task by the last assignment
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.last_stats: RoundStats | None = None
         self._board_written = board.to_json() if board else None
@@ -163,8 +163,10 @@ class Coordinator:
         if self.committed < self.train.rounds:
             self._open_tasks()
             self._reassign_lost(now)
-            self._assign(now)
-            self._maybe_close(now)
+            if self._maybe_close(now) and self.committed < self.train.rounds:
+                self._open_tasks()  # the paths that reported train on from the new version
+            if self.committed < self.train.rounds:
+                self._assign(now)  # after any commit: a task is handed out from the newest version
         self._write_board()
         return self.committed >= self.train.rounds
 
@@ -247,26 +249,31 @@ class Coordinator:
                 log.warning("%s: island %s lost it; attempt %d is open", key, task.island, task.attempt + 1)
                 self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
-    def _assign(self, now: float) -> None:
+    def _idle_islands(self, now: float) -> list[IdleIsland]:
         busy = {t.island for t in self.tasks.values() if t.status == "assigned"}
-        idle = [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
+        return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
                 for name, seen in sorted(self.seen.items())
                 if name not in busy and self.alive(name, now) and seen.beat.status == "idle"]
-        taken = set()
-        for key, island in self.policy.assign(_open(self.tasks), idle):
+
+    def _assign(self, now: float) -> None:
+        for key, island in self.policy.assign(_open(self.tasks), self._idle_islands(now)):
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
                                       incarnation=self.seen[island].beat.incarnation)
             self.started[key] = now
-            taken.add(island)
             log.info("%s attempt %d -> island %s", key, task.attempt, island)
-        self._idle = [i for i in idle if i.name not in taken]
 
-    def _maybe_close(self, now: float) -> None:
+    def _maybe_close(self, now: float) -> bool:
+        """Close the round when the policy says so (told which islands would stay idle); True when closed."""
+        idle, open_tasks = self._idle_islands(now), _open(self.tasks)
+        taken = {island for _, island in self.policy.assign(open_tasks, idle)}
         running = [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key))
                    for t in self.tasks.values() if t.status == "assigned"]
-        if self.policy.close_due(now, running=running, idle=self._idle, open=_open(self.tasks)):
-            self._close()
+        if not self.policy.close_due(now, running=running, idle=[i for i in idle if i.name not in taken],
+                                     open=open_tasks):
+            return False
+        self._close()
+        return True
 
     def _close(self) -> None:
         self._write_board()  # the results received this tick, before the commit: a restart continues from them
