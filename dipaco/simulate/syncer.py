@@ -1,8 +1,9 @@
 """The coordinator's bookkeeping around the real round policy (`dipaco.islands.policy.RoundPolicy`), on
 the simulator's clock: the tasks (open, running, received) and one `tick` in the coordinator's order
-(open tasks for the paths the policy names, assign open tasks to idle learners, ask whether the
-round closes; on a close: plan, commit, move open tasks to the newest version). Every decision is the
-policy's; this file only keeps the state the coordinator keeps in its task board.
+(`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close
+plan, commit, move open tasks to the newest version and open tasks for the paths that reported; then
+hand open tasks to idle learners. Every decision is the policy's; this file only keeps the state the
+coordinator keeps in its task board.
 """
 
 from __future__ import annotations
@@ -44,28 +45,34 @@ class Syncer:
                                     started=started))
 
     def tick(self, now: float, idle: list[IdleIsland]) -> tuple[list[tuple[SimTask, str]], RoundPlan | None]:
-        """One coordinator pass: (the tasks handed to idle islands, the plan of the round it closed or None)."""
-        busy = {t.path for t in self.open.values()} | {t.path for t, _, _ in self.running.values()}
-        for path in self.policy.paths_to_open(busy=busy):
-            task = self._new_task(path)
-            self.open[task.key] = task
+        """One coordinator pass, in its order: open the tasks the policy names; close the round if the
+        policy says so (told which idle islands would stay idle), then open tasks from the new version;
+        hand open tasks to idle islands. Returns (the tasks handed out, the closed round's plan or None)."""
+        self._open_tasks()
+        plan = None
+        taken = {island for _, island in self.policy.assign(self._open_view(), idle)}
+        running = [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
+        if self.policy.close_due(now, running=running, idle=[i for i in idle if i.name not in taken],
+                                 open=self._open_view()):
+            plan = self.policy.plan()
+            self.policy.commit(plan)
+            for stale in self.policy.rebase(self._open_view()):
+                del self.open[stale.key]
+                task = self._new_task(stale.path)
+                self.open[task.key] = task
+            self._open_tasks()  # the paths that reported train on from the new version
         handed = []
         for key, island in self.policy.assign(self._open_view(), idle):
             task = self.open.pop(key)
             self.running[key] = (task, island, now)
             handed.append((task, island))
-        taken = {island for _, island in handed}
-        left_idle = [i for i in idle if i.name not in taken]
-        running = [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
-        if not self.policy.close_due(now, running=running, idle=left_idle, open=self._open_view()):
-            return handed, None
-        plan = self.policy.plan()
-        self.policy.commit(plan)
-        for stale in self.policy.rebase(self._open_view()):
-            del self.open[stale.key]
-            task = self._new_task(stale.path)
-            self.open[task.key] = task
         return handed, plan
+
+    def _open_tasks(self) -> None:
+        busy = {t.path for t in self.open.values()} | {t.path for t, _, _ in self.running.values()}
+        for path in self.policy.paths_to_open(busy=busy):
+            task = self._new_task(path)
+            self.open[task.key] = task
 
     def grace_deadline(self) -> float | None:
         """When a running grace window ends (the round may close then with no other event)."""
