@@ -15,6 +15,15 @@ as plain dataclasses:
     policy.assign(open_tasks, idle_islands)                      # [(task key, island)]
     policy.keep_from(keep_rounds=2, bases=[...])                 # oldest version retention may not delete
 
+Driving it (the coordinator's `tick`, which a simulator repeats to make the same decisions):
+1. `received(...)` for every result that arrived (started = when its attempt was handed out);
+2. a task for each of `paths_to_open(busy=paths with a task open or running)`;
+3. lost tasks: `on_lost(base, resumable=island back with its checkpoint)`: retry or replace;
+4. `close_due(now, running, idle=the idle islands a dry `assign` would leave without work, open)`;
+   when due: `plan()`, write it, `commit(plan)`, move `rebase(open)` to the newest version, then step 2
+   again;
+5. `assign(open, idle)`: the hand-outs, after any commit.
+
 The rules (`outer.mode`):
 
 - **sync** (the paper): round t closes once every path has reported from version t − 1; every result
