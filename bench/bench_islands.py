@@ -52,7 +52,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ISLANDS = int(os.environ.get("BENCH_ISLANDS", "2"))
 CHECKPOINT_STEPS = 5  # of the demo's 25 inner steps
 COMMON = [f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-          "eval.baselines=false", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
+          "eval.baselines=false", "eval.modes=[prefix]", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
           "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
           f"train.checkpoint_steps={CHECKPOINT_STEPS}"]
 ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]

@@ -103,6 +103,7 @@ def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_asy
     open_tasks = [OpenTask("p0-b1", 0, 1), OpenTask("p1-b2", 1, 2)]
     assert policy.rebase(open_tasks) == [open_tasks[0]]
     assert policy.on_lost(1) == "replace" and policy.on_lost(2) == "retry"
+    assert policy.on_lost(1, resumable=True) == "retry"  # back with the task's checkpoint: still its own
     assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=2).on_lost(1) == "retry"
     assert policy.keep_from(keep_rounds=1, bases=[]) == -1  # async keeps max_staleness + 2 versions
     assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5).keep_from(keep_rounds=1, bases=[3]) == 3
@@ -115,3 +116,14 @@ def test_assignment_prefers_pinned_then_last_path_and_respects_pins():
     idle = [IdleIsland("a"), IdleIsland("b", last_path=1), IdleIsland("c", pinned=(0,))]
     assert sorted(policy.assign(open_tasks, idle)) == [("p0", "c"), ("p1", "b"), ("p2", "a")]
     assert policy.assign(open_tasks, [IdleIsland("d", pinned=(3,))]) == []
+    behind = [OpenTask("p0", 0, 1, steps_done=50), OpenTask("p3", 3, 1, steps_done=25)]
+    assert policy.assign(behind, [IdleIsland("a")]) == [("p3", "a")]  # the path furthest behind first
+
+
+def test_the_policy_imports_neither_torch_nor_the_store():
+    import subprocess
+    import sys
+
+    code = "import sys, dipaco.islands.policy; print(sorted(m for m in ('torch', 'dipaco.store') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

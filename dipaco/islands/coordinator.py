@@ -237,10 +237,13 @@ class Coordinator:
         for key, task in list(self.tasks.items()):
             if task.status != "assigned":
                 continue
-            lost = not self.alive(task.island, now) or self.seen[task.island].beat.incarnation != task.incarnation
-            if not lost:
+            alive = self.alive(task.island, now)
+            beat = self.seen[task.island].beat if alive else None
+            came_back = beat is not None and beat.incarnation != task.incarnation
+            if alive and not came_back:
                 continue
-            if self.policy.on_lost(task.base) == "replace":
+            resumable = came_back and beat.last_path == task.path  # it reports its checkpointed path
+            if self.policy.on_lost(task.base, resumable=resumable) == "replace":
                 log.warning("%s: island %s lost it; replaced by a task from version %d", key, task.island, self.committed)
                 self.tasks[key] = replace(task, status="lost")
                 fresh = self._new_task(task.path)
@@ -323,7 +326,8 @@ class Coordinator:
 
 
 def _open(tasks: dict[str, Task]) -> list[OpenTask]:
-    return [OpenTask(key=t.key, path=t.path, base=t.base) for t in tasks.values() if t.status == "open"]
+    return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.step_offset)
+            for t in tasks.values() if t.status == "open"]
 
 
 def prune_keeping_best(store: ModuleStore, topology: Topology, *, keep_from: int) -> None:

@@ -15,6 +15,15 @@ as plain dataclasses:
     policy.assign(open_tasks, idle_islands)                      # [(task key, island)]
     policy.keep_from(keep_rounds=2, bases=[...])                 # oldest version retention may not delete
 
+Driving it (the coordinator's `tick`, which a simulator repeats to make the same decisions):
+1. `received(...)` for every result that arrived (started = when its attempt was handed out);
+2. a task for each of `paths_to_open(busy=paths with a task open or running)`;
+3. lost tasks: `on_lost(base, resumable=island back with its checkpoint)`: retry or replace;
+4. `close_due(now, running, idle=the idle islands a dry `assign` would leave without work, open)`;
+   when due: `plan()`, write it, `commit(plan)`, move `rebase(open)` to the newest version, then step 2
+   again;
+5. `assign(open, idle)`: the hand-outs, after any commit.
+
 The rules (`outer.mode`):
 
 - **sync** (the paper): round t closes once every path has reported from version t − 1; every result
@@ -42,8 +51,10 @@ The rules (`outer.mode`):
 - **Tasks.** A path gets a new task as soon as it has none in flight and has not yet reported from the
   newest version; every open task (no island has it) is moved to the newest version at each commit, so
   an island only ever receives a task based on the newest committed versions. A lost task in async
-  mode is replaced by one from the newest version when its base is older (sync: retried as is).
-  Idle islands take open tasks oldest-base, lowest path first: an island pinned to paths only takes
+  mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
+  its island is back with the task's inner checkpoint: then it is retried, and resumed there.
+  Idle islands take open tasks oldest base first, then the path that has trained fewest steps (no path
+  starves when every open task is rebased), then the lowest path: an island pinned to paths only takes
   those; an island prefers the path it trained last (its inner state is local). A fast island simply
   asks again sooner, so it takes more tasks; a slow one never holds a round beyond its grace window.
 """
@@ -108,6 +119,7 @@ class OpenTask:
     key: str
     path: int
     base: int
+    steps_done: int = 0  # inner steps its path has trained so far: the path furthest behind goes first
 
 
 @dataclass(frozen=True)
@@ -302,16 +314,19 @@ class RoundPolicy:
         """The open tasks to move to the newest version (nobody has started them)."""
         return [t for t in open if t.base < self.committed]
 
-    def on_lost(self, base: int) -> str:
+    def on_lost(self, base: int, *, resumable: bool = False) -> str:
         """A task's island was lost: "retry" it (next attempt, same base) or "replace" it by a task from
-        the newest version."""
+        the newest version. `resumable`: the island is back and holds the task's inner checkpoint, so the
+        task is still its own (its result, if stale, is weighted or dropped like any other)."""
+        if resumable:
+            return "retry"
         return "replace" if self.config.mode == "async" and base < self.committed else "retry"
 
     def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[str, str]]:
         """(task key, island) for the open tasks idle islands take now."""
         waiting = sorted(idle, key=lambda i: i.name)
         decisions = []
-        for task in sorted(open, key=lambda t: (t.base, t.path)):
+        for task in sorted(open, key=lambda t: (t.base, t.steps_done, t.path)):
             candidates = [i for i in waiting if i.may_take(task.path)]
             if not candidates:
                 continue
