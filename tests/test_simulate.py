@@ -179,7 +179,7 @@ def test_the_simulator_and_the_real_coordinator_decide_the_same_on_the_same_trac
     if mode == "async":
         stale = [d for _, _, decided in sim_closes for d in decided if d[2] is None or d[2] < 1]
         assert stale, "the trace should exercise staleness weighting or dropping"
-    assert handed == sim_handed
+    assert sorted(handed) == sorted(sim_handed)  # the same hand-outs at the same instants (order within one is free)
     assert len(closes) == len(sim_closes)
     for (t, r, decided), (st, sr, sdecided) in zip(closes, sim_closes):
         assert (r, decided) == (sr, sdecided)

@@ -54,7 +54,8 @@ class RoundsSimulation:
         self.outer = dataclasses.replace(settings.outer, mode=mode)
         self.queue = EventQueue()
         self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
-        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer)
+        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer,
+                             inner_steps=settings.sim.inner_steps)
         self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
         self.uploading: set[int] = set()
         self.wake_scheduled: set[float] = set()

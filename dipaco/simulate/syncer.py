@@ -21,11 +21,14 @@ class SimTask:
     key: str
     path: int
     base: int
+    steps_done: int  # inner steps its path had trained when it was opened (the coordinator's step_offset)
 
 
 class Syncer:
-    def __init__(self, topology: Topology, outer: OuterConfig) -> None:
+    def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int) -> None:
         self.policy = RoundPolicy(Grid.of(topology), outer)
+        self.inner_steps = inner_steps
+        self.steps_done = {p: 0 for p in range(topology.n_paths)}  # per path, from the results received
         self.open: dict[str, SimTask] = {}
         self.running: dict[str, tuple[SimTask, str, float]] = {}  # key -> (task, island, handed out at)
         self._serial = itertools.count()
@@ -36,11 +39,13 @@ class Syncer:
 
     def _new_task(self, path: int) -> SimTask:
         base = self.policy.committed
-        return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base)
+        return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
+                       steps_done=self.steps_done[path])
 
     def received(self, key: str, *, tokens: int, now: float) -> None:
         """The result of running task `key` arrived."""
         task, _, started = self.running.pop(key)
+        self.steps_done[task.path] = task.steps_done + self.inner_steps
         self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
                                     started=started))
 
@@ -80,4 +85,4 @@ class Syncer:
         return max(starts) + self.policy.config.grace_seconds if starts else None
 
     def _open_view(self) -> list[OpenTask]:
-        return [OpenTask(key=t.key, path=t.path, base=t.base) for t in self.open.values()]
+        return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.steps_done) for t in self.open.values()]
