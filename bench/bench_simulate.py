@@ -1,7 +1,7 @@
 """Calibration of `dipaco simulate` against the published Decoupled DiLoCo points (arXiv 2604.21428).
 
-    python bench/bench_simulate.py              # about 3 min on one core
-    python bench/bench_simulate.py --seeds 1    # one failure draw per point (about 1 min)
+    python bench/bench_simulate.py              # about 1.5 min on one core
+    python bench/bench_simulate.py --seeds 1    # one failure draw per point (about 40 s)
 
 The paper's setting as summarised in /work/shared/REFERENCES.md: 1.2M chips, per-chip mean time between
 interruptions (MTBI) one year; goodput non-elastic data parallel 27%, elastic data parallel 58%,
