@@ -5,6 +5,7 @@ For a module m shared by the paths P(m) that reported this round:
     pseudo-gradient of path p     Δ_p = θ_m(start of round) − θ_m(end of p's inner steps)
     weights                       α_p = tokens_p / Σ_{q∈P(m)} tokens_q      (or 1/|P(m)|)
     outer gradient                g = s · Σ_p α_p Δ_p,   s = √|P(m)| if rescale_by_paths else 1
+                                  (|P(m)|: every path through m, however many reported)
     update                        θ_m ← NesterovSGD(θ_m, g; lr 0.7, momentum 0.9)
 
 With lr 1 and momentum 0 (and no rescale) this is plain averaging: θ_m ← Σ_p α_p θ_p.
@@ -30,10 +31,12 @@ def combine_pseudo_gradients(contributions: list[tuple[Tensors, float]], *, resc
                             rescale_by_paths=rescale_by_paths)
 
 
-def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale_by_paths: bool) -> Tensors:
+def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale_by_paths: bool,
+                     paths: int | None = None) -> Tensors:
     """`combine_pseudo_gradients` with the Δ_p arriving one at a time (`deltas` may read each from the
     store when asked), so memory holds the sum and one Δ_p. The weights are known up front, so each
-    Δ_p is added with the same factor weight_p / Σ weights, in the same order: the same floats."""
+    Δ_p is added with the same factor weight_p / Σ weights, in the same order: the same floats.
+    `paths`: the paths through the module, which the √ rescale counts (default: the Δ_p given)."""
     if not weights:
         raise ValueError("a module's outer step needs at least one pseudo-gradient")
     total = sum(weights)
@@ -54,7 +57,7 @@ def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale
         del delta  # before the next one is read
     if count != len(weights):
         raise ValueError(f"{count} pseudo-gradients for {len(weights)} weights")
-    scale = math.sqrt(count) if rescale_by_paths else 1.0
+    scale = math.sqrt(count if paths is None else paths) if rescale_by_paths else 1.0
     for acc in combined.values():
         acc.mul_(scale)
     return combined
