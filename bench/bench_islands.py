@@ -59,7 +59,7 @@ ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]
 
 
 RESTART_TASKS = 0.2  # restart time R, in task times T
-FAILURE_RATES = [float(x) for x in os.environ.get("BENCH_MTBF_TASKS", "3,1").split(",")]  # MTBF per island, in T
+FAILURE_RATES = [float(x) for x in os.environ.get("BENCH_MTBF_TASKS", "0.5").split(",")]  # MTBF per island, in T
 SLOWDOWN = 3.0
 
 
