@@ -52,8 +52,17 @@ class ModuleStore:
         self.bytes_written = 0
         self.bytes_read = 0
 
+    @property
+    def is_local(self) -> bool:
+        """A directory on this machine's filesystem (not an object store)."""
+        return isinstance(self.fs, LocalFileSystem)
+
     # --- raw files -------------------------------------------------------------------------------
     def _path(self, relative: str) -> str:
+        """The full name of a store file; a name that would lead outside the store is refused."""
+        parts = relative.replace("\\", "/").split("/")
+        if not relative or relative.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in relative:
+            raise StoreError(f"store file name {relative!r} does not stay inside the store {self.url}")
         return f"{self.root.rstrip('/')}/{relative}"
 
     def location(self, relative: str) -> str:
