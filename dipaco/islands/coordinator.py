@@ -55,6 +55,7 @@ from dipaco.eval.early_stopping import (
     unscored_paths,
 )
 from dipaco.islands.rounds import apply_round, round_ready
+from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
 from dipaco.store.board import (
@@ -113,9 +114,12 @@ class Seen:
 
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
-                 inner_steps: int, clock: Callable[[], float] = time.monotonic):
-        """Resume from the store's committed round (`initialise_store` must have run)."""
+                 inner_steps: int, clock: Callable[[], float] = time.monotonic,
+                 validator: ResultValidator | None = None):
+        """Resume from the store's committed round (`initialise_store` must have run). Results are
+        checked by `validator` (`dipaco.islands.validation`) before they are received."""
         self.store, self.topology = store, topology
+        self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
         self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
         self.committed = store.current_round()
@@ -180,6 +184,11 @@ class Coordinator:
                 continue
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if result_exists(self.store, round=task.round, path=task.path, attempt=attempt):
+                    reason = self.validator.check(task, attempt)
+                    if reason is not None:  # rejected: never applied; the current attempt is handed out again
+                        if attempt == task.attempt:
+                            self.tasks[key] = task = self.validator.requeue(task, reason)
+                        continue
                     self.tasks[key] = replace(task, status="received", result_attempt=attempt)
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
                                                       inner=inner_ref(path=task.path, round=task.round, attempt=attempt))

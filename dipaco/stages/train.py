@@ -27,6 +27,7 @@ from dipaco.device import resolve_device
 from dipaco.islands import coordinator
 from dipaco.islands.coordinator import Coordinator, finish_run, goodput
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
+from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
@@ -52,7 +53,10 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps)
+    validator = ResultValidator(store, topology, outer=config.outer,
+                                tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
+    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
+                          validator=validator)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:
