@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    from dipaco.islands.processes import set_threads_from_env
+    from dipaco.islands.processes import exit_with_parent, set_threads_from_env
 
     set_threads_from_env()
+    exit_with_parent()
+    previous = stop_on_signals()
     try:
         config_file = args.config
         if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
@@ -109,10 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a filesystem refusal the checks above did not foresee: name it, no traceback
         log.error("%s: %s", type(err).__name__, err)
         return 1
-    except KeyboardInterrupt:
-        log.error("interrupted; run the same command again to resume")
+    except KeyboardInterrupt as stop:
+        log.error("%s; run the same command again to resume", stop.args[0] if stop.args else "interrupted (SIGINT)")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def stop_on_signals():
+    """SIGTERM ends a command as Ctrl-C does: an exception, so every `finally` runs (the train stage stops
+    its island processes; `dipaco.islands.processes`). Committed rounds stay; the same command resumes."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # signal handlers can only be set from the main thread (tests call main() from others)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    return signal.signal(signal.SIGTERM, stop)  # the handler it replaces, restored when main() returns
 
 
 READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
