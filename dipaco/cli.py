@@ -286,8 +286,9 @@ def cmd_export(config: Config, run: RunDir, args) -> None:
 
 def cmd_generate(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.context import PathFactory
-    from dipaco.stages.generate import generate
+    from dipaco.stages.generate import check_options, generate
 
+    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
     text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,

@@ -346,6 +346,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raw = yaml.safe_load(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise FileNotFoundError(f"config file {path} does not exist") from None
+        except IsADirectoryError:
+            raise ValueError(f"config file {path} is a directory; give a YAML file such as configs/tiny.yaml") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"config file {path} is not UTF-8 text (byte {err.start}); give a YAML file") from None
+        except OSError as err:
+            raise ValueError(f"config file {path} cannot be read: {err.strerror or err}") from None
         except yaml.YAMLError as err:
             raise ValueError(f"config file {path} is not valid YAML: {err}") from None
         if not isinstance(raw, dict):

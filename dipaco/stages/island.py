@@ -34,6 +34,9 @@ def island_setup(config: Config, run: RunDir) -> IslandSetup:
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,
            fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round."""
+    if not PathFactory(config, run).store.shared:
+        raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory: an island "
+                         f"cannot share it with the coordinator; use a directory or a shared URL (s3://, gs://)")
     if not pull:
         setup = island_setup(config, run)
         for path in paths or []:

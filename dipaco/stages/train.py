@@ -41,8 +41,11 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
 
     The rounds are run by the task-board coordinator (`dipaco.islands.coordinator`); with `local_islands`
     it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`)."""
-    save_config(config, run.config)
     factory = PathFactory(config, run)
+    if not factory.store.shared:
+        raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
+                         f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
+    save_config(config, run.config)
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology

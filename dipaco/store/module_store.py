@@ -53,7 +53,15 @@ class StoreError(RuntimeError):
 class ModuleStore:
     def __init__(self, url: str):
         self.url = url
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except ImportError as err:
+            raise StoreError(f"store {url}: the fsspec backend for {protocol}:// is not installed ({err}); install "
+                             f"it (s3: `pip install s3fs`, gs: `pip install gcsfs`, az: `pip install adlfs`)") from None
+        except ValueError as err:
+            raise StoreError(f"store {url}: {err}; use a directory or an fsspec URL such as s3://bucket/run") from None
+        self.shared = protocol != "memory"  # seen by other processes (memory:// lives in this one only)
         self.bytes_written = 0
         self.bytes_read = 0
         self._written_sums: dict[int, dict[str, str]] = {}  # round -> module file -> sha256, of this process's writes
@@ -183,6 +191,9 @@ class ModuleStore:
     def current_round(self) -> int:
         state = self.state()
         if state is None:
+            if not self.shared:
+                raise StoreError(f"store {self.url} is empty: a memory:// store lives in one process, so nothing "
+                                 f"another dipaco command trained is in it; use a directory or a shared URL")
             raise StoreError(f"store {self.url} is empty: run `dipaco train` to initialise it")
         return int(state["round"])
 

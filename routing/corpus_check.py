@@ -1,0 +1,52 @@
+"""Find the line of a local corpus file that `datasets` failed on, for an error a person can act on.
+
+    first_bad_line(["docs.jsonl.zst"], "json", "text")   # "docs.jsonl.zst line 3: not valid JSON (...)" or None
+
+`routing.corpus.load_corpus` calls it only when loading failed, so a good corpus is read once. It
+streams each file (compressed ones through fsspec, as `datasets` opens them) and stops at the first
+problem: an empty file, bytes that are not UTF-8 (with the byte), a line that is not a JSON object,
+or a text field that is neither a string nor null.
+"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+
+
+def first_bad_line(files: list[str], builder: str, text_field: str) -> str | None:
+    """The first problem in `files` read as `builder` ("json" / "text"), naming the file and the line."""
+    if builder not in ("json", "text"):
+        return None  # parquet is checked by its own reader
+    for file in files:
+        with fsspec.open(file, "rb", compression="infer") as f:
+            empty = True
+            for number, raw in enumerate(f, start=1):
+                empty = False
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    byte = raw[err.start : err.start + 1]
+                    return (f"corpus file {file} line {number}: byte {byte!r} at column {err.start + 1} is not "
+                            f"UTF-8 (convert the file, e.g. `iconv -f latin1 -t utf-8`)")
+                if builder == "json" and line.strip():
+                    problem = _json_problem(line, text_field)
+                    if problem:
+                        return f"corpus file {file} line {number}: {problem}"
+            if empty:
+                return f"corpus file {file} is empty"
+    return None
+
+
+def _json_problem(line: str, text_field: str) -> str | None:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        return f"not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object"
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}, not an object like {{\"{text_field}\": \"...\"}}"
+    value = obj.get(text_field)
+    if value is not None and not isinstance(value, str):
+        return f"field {text_field!r} is a JSON {type(value).__name__}, not a string"
+    return None
