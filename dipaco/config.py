@@ -260,7 +260,10 @@ class EvalConfig:
                              f"got {self.large_hidden_size}, {self.large_n_layers}")
         check_device_precision("eval", self.device, self.precision)
         for mode in self.modes:
-            parse_mode(mode)
+            try:
+                parse_mode(mode)
+            except ValueError as err:
+                raise ValueError(f"eval.modes: {err}") from None
 
 
 @dataclass(kw_only=True)
@@ -365,7 +368,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"section {section!r} in {source} must be a mapping")
-        raw[section][name] = yaml.safe_load(value) if value != "" else ""
+        try:
+            raw[section][name] = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError as err:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
     return _build(Config, raw, source=source, prefix="")
 
 

@@ -119,6 +119,9 @@ def load_corpus(
         kwargs = {"sample_by": "document"} if one_doc_per_file else {}
         logger.info("loading %d %s file(s) from %s", len(files), builder, path)
         where = files[0] if len(files) == 1 else f"{path} ({len(files)} files)"
+        problem = first_bad_line(files, builder, text_field, max_lines=1)  # pyarrow crashes on some first lines
+        if problem:
+            raise ValueError(problem)
         try:
             ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
             return _normalise(ds, text_field=text_field, where=where, max_documents=max_documents)

@@ -17,8 +17,9 @@ CORPORA = {
     "binary.jsonl": (bytes(range(200, 256)) * 4, "line 1: byte"),
     "latin1.txt": ("café au lait\nsecond\n".encode("latin-1"), "is not UTF-8"),
     "latin1.jsonl": ('{"text": "café"}\n'.encode("latin-1"), "line 1: byte b'\\xe9'"),
-    "list.jsonl": (b'{"text": "a"}\n[1, 2]\n', "line 2: a JSON list, not an object"),
-    "number.jsonl": (b'{"text": 5}\n', "line 1: field 'text' is a JSON int"),
+    "list.jsonl": (b'{"text": "a"}\n[1, 2]\n', "line 2: JSON array, not an object"),
+    "number.jsonl": (b'{"text": 5}\n', "line 1: field 'text' is a JSON number"),
+    "null-first.jsonl": (b'null\n{"text": "a"}\n', "line 1: JSON null"),  # pyarrow segfaulted on it
 }
 
 
