@@ -102,7 +102,7 @@ def check_run_dir(root: Path) -> None:
     if root.exists() and not root.is_dir():
         raise OutputError(f"run directory {root} exists and is not a directory")
     if root.is_dir() and not (root / RUN_MARKER).exists():
-        entries = [p.name for p in root.iterdir()]
+        entries = [p.name for p in root.iterdir() if not p.name.startswith(".")]  # .gitkeep, .DS_Store: empty
         if entries and not any(name in RUN_ARTIFACTS for name in entries):
             raise OutputError(f"run directory {root} is not empty and holds no dipaco run (it has "
                               f"{sorted(entries)[:5]}{' ...' if len(entries) > 5 else ''}); use a new or empty directory")

@@ -26,7 +26,7 @@ def first_bad_line(files: list[str], builder: str, text_field: str, *, max_lines
         with fsspec.open(file, "rb", compression="infer") as f:
             empty = True
             checked = 0
-            for number, raw in enumerate(f, start=1):
+            for number, raw in enumerate(_lines(f), start=1):
                 empty = False
                 if max_lines is not None and checked >= max_lines:
                     break
@@ -44,6 +44,18 @@ def first_bad_line(files: list[str], builder: str, text_field: str, *, max_lines
             if empty:
                 return f"corpus file {file} is empty"
     return None
+
+
+def _lines(f, chunk: int = 1 << 20):
+    """The lines of a binary stream, ending newline kept (a zstd stream has no readline)."""
+    pending = b""
+    while block := f.read(chunk):
+        pending += block
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if pending:
+        yield pending
 
 
 def _json_problem(line: str, text_field: str) -> str | None:

@@ -84,3 +84,12 @@ def test_an_unreadable_train_json_is_not_a_traceback(tmp_path):
     (run / "train.json").write_text(json.dumps({"rounds": "oops"}))
     code, log = dipaco_in_process("report", "--config", TINY, "--run", run)
     assert code == 1 and "is not a training summary" in log
+
+
+def test_a_bad_line_in_a_compressed_corpus_is_found_too(tmp_path):
+    import zstandard
+
+    data = zstandard.ZstdCompressor().compress(b'{"text": "fine"}\n{"text": "also fine"}\n{oops}\n')
+    (tmp_path / "docs.jsonl.zst").write_bytes(data)
+    with pytest.raises(ValueError, match=r"docs\.jsonl\.zst line 3: not valid JSON"):
+        load_corpus(path=str(tmp_path / "docs.jsonl.zst"))
