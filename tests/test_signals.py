@@ -50,6 +50,7 @@ def test_a_stopped_train_leaves_no_island_running_and_resumes(sig, tiny_routed, 
     args = ("train", "--config", str(TINY), "--run", str(run.root), "train.device=cpu", "train.islands=2",
             "train.rounds=40", "inner.val_batches=0")
     train = start_dipaco(*args)
+    islands: list[int] = []
     try:
         heartbeats = run.root / "store" / "heartbeats"
         wait_for(lambda: heartbeats.is_dir() and len(list(heartbeats.glob("*.json"))) == 2, 120, "two islands")
@@ -59,9 +60,11 @@ def test_a_stopped_train_leaves_no_island_running_and_resumes(sig, tiny_routed, 
         code = train.wait(timeout=60)
         assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
         wait_for(lambda: not any(running(pid) for pid in islands), 30, f"islands {islands} to stop")
-    finally:
-        if train.poll() is None:
-            os.killpg(train.pid, signal.SIGKILL)
+    finally:  # whatever happened, nothing this test started keeps running
+        for pid in [train.pid, *islands]:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        train.wait()
     done = ModuleStore(str(run.root / "store")).current_round()
     result = dipaco(*args[:-3], "train.rounds=40", "inner.val_batches=0", "train.islands=1",
                     f"train.stop_after_round={done + 1}")
