@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in commands.items():
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
         if name == "export":
-            parsers[name].add_argument("out", help="output directory")
+            parsers[name].add_argument("out", help="output directory: new, empty, or an earlier export (--overwrite)")
+            parsers[name].add_argument("--overwrite", action="store_true",
+                                       help="replace an earlier dipaco export in OUT (never anything else)")
         if name == "generate":
             parsers[name].add_argument("prompt", help="the text to continue")
         _common(parsers[name])
@@ -96,21 +100,62 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    from dipaco.islands.processes import set_threads_from_env
+    from dipaco.islands.processes import exit_with_parent, set_threads_from_env
 
     set_threads_from_env()
+    exit_with_parent()
+    previous = stop_on_signals()
     try:
         config_file = args.config
         if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
             config_file = Path(args.run) / "config.yaml"  # the run's own resolved config
         config = load_config(config_file, args.overrides)
         run = RunDir(args.run)
-        run.root.mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(run, args.command)
         STAGES[args.command](config, run, args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         log.error("%s", err)
         return 1
+    except OSError as err:  # a filesystem refusal the checks above did not foresee: name it, no traceback
+        log.error("%s: %s", type(err).__name__, err)
+        return 1
+    except KeyboardInterrupt as stop:
+        log.error("%s; run the same command again to resume", stop.args[0] if stop.args else "interrupted (SIGINT)")
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def stop_on_signals():
+    """SIGTERM ends a command as Ctrl-C does: an exception, so every `finally` runs (the train stage stops
+    its island processes; `dipaco.islands.processes`). Committed rounds stay; the same command resumes."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # signal handlers can only be set from the main thread (tests call main() from others)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    return signal.signal(signal.SIGTERM, stop)  # the handler it replaces, restored when main() returns
+
+
+READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
+
+
+def prepare_run_dir(run: RunDir, command: str) -> None:
+    """Before any work: refuse a `--run` that is not a run directory (`dipaco.outputs`); stages that read a
+    finished run need it to exist, and stages that write into it need it writable."""
+    from dipaco.outputs import check_run_dir, check_writable, mark_run_dir
+
+    check_run_dir(run.root)
+    if command in RUN_CONFIG_STAGES:  # eval, export, generate, report: a run made by earlier stages
+        run.require(run.root, "run")
+    if command in READ_ONLY_STAGES:
+        return
+    run.root.mkdir(parents=True, exist_ok=True)
+    check_writable(run.root)
+    mark_run_dir(run.root)
 
 
 def cmd_route(config: Config, run: RunDir, args) -> None:
@@ -235,20 +280,21 @@ def cmd_export(config: Config, run: RunDir, args) -> None:
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
     if args.all:
-        out = export_all(factory, rounds=rounds, out=args.out)
+        out = export_all(factory, rounds=rounds, out=args.out, overwrite=args.overwrite)
         print(f"exported {factory.topology.n_paths} paths, the router and the tokenizer to {out}")
         return
     if not 0 <= args.path < factory.topology.n_paths:
         raise ValueError(f"--path {args.path} is outside 0..{factory.topology.n_paths - 1}")
-    out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out)
+    out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out, overwrite=args.overwrite)
     print(f"exported path {args.path} (round {rounds[args.path]}) to {out}; "
           f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
 def cmd_generate(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.context import PathFactory
-    from dipaco.stages.generate import generate
+    from dipaco.stages.generate import check_options, generate
 
+    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
     text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,

@@ -4,7 +4,7 @@
     cfg = load_config("configs/tiny.yaml", ["inner.steps=10", "topology.levels=[4,4]"])
 
 Every field has a default and a one-line doc; each dataclass checks its values in `__post_init__`
-and names the bad value. An unknown key or a value of the wrong type is an error that names the key
+and names the bad value (no float may be NaN or infinite: `check_finite`). An unknown key or a value of the wrong type is an error that names the key
 and the file it came from. The corpus, routing and sharding sections live in their own packages
 (`routing.config`, `sharding.config`) because those stages run without `dipaco`.
 """
@@ -12,6 +12,7 @@ and the file it came from. The corpus, routing and sharding sections live in the
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -61,6 +62,7 @@ class ModelConfig:
     dropout: float = 0.0  # attention dropout
 
     def __post_init__(self) -> None:
+        check_finite(self, "model")
         for name in ("hidden_size", "n_layers", "n_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
@@ -74,6 +76,8 @@ class ModelConfig:
             raise ValueError(f"model.intermediate_size must be >= 0, got {self.intermediate_size}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.rope_theta <= 0 or self.init_std <= 0:
+            raise ValueError(f"model.rope_theta and model.init_std must be > 0, got {self.rope_theta}, {self.init_std}")
 
     @property
     def mlp_size(self) -> int:
@@ -93,6 +97,7 @@ class TopologyConfig:
     replicas: int = 1  # replica islands per path (DiLoCo): each trains on a random share of the path's documents
 
     def __post_init__(self) -> None:
+        check_finite(self, "topology")
         if not self.levels or any(k < 1 for k in self.levels):
             raise ValueError(f"topology.levels must be a non-empty list of ints >= 1, got {self.levels}")
         if self.replicas < 1:
@@ -122,6 +127,7 @@ class InnerConfig:
     val_batches: int = 4  # validation batches each island scores at the start of a task
 
     def __post_init__(self) -> None:
+        check_finite(self, "inner")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"inner.steps and inner.batch_size must be >= 1, got {self.steps}, {self.batch_size}")
         if self.lr <= 0:
@@ -136,6 +142,9 @@ class InnerConfig:
                 f"inner.grad_clip, weight_decay and val_batches must be >= 0, "
                 f"got {self.grad_clip}, {self.weight_decay}, {self.val_batches}"
             )
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"inner.{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True)
@@ -154,8 +163,11 @@ class OuterConfig:
     grace_seconds: float = 2.0  # async: after the quorum, wait at most this long for the other paths
     staleness_power: float = 1.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power
     max_staleness: int = 2  # async: results more than this many versions stale are dropped
+    max_grad_norm_ratio: float = 50.0  # reject a result whose pseudo-gradient norm exceeds this times the median of its path's accepted norms; 0 = off
+    max_rejections: int = 3  # stop the run when one task's results are rejected this many times (dipaco.store.validation)
 
     def __post_init__(self) -> None:
+        check_finite(self, "outer")
         if self.lr <= 0 or not 0 <= self.momentum < 1:
             raise ValueError(f"outer.lr must be > 0 and outer.momentum in [0, 1), got {self.lr}, {self.momentum}")
         if self.weighting not in ("tokens", "uniform"):
@@ -173,6 +185,10 @@ class OuterConfig:
                 f"outer.grace_seconds, staleness_power and max_staleness must be >= 0, "
                 f"got {self.grace_seconds}, {self.staleness_power}, {self.max_staleness}"
             )
+        if self.max_grad_norm_ratio != 0 and self.max_grad_norm_ratio <= 1:
+            raise ValueError(f"outer.max_grad_norm_ratio must be 0 (off) or > 1, got {self.max_grad_norm_ratio}")
+        if self.max_rejections < 1:
+            raise ValueError(f"outer.max_rejections must be >= 1, got {self.max_rejections}")
 
 
 @dataclass(kw_only=True)
@@ -200,6 +216,9 @@ class TrainConfig:
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
 
     def __post_init__(self) -> None:
+        check_finite(self, "train")
+        if self.seed < 0:
+            raise ValueError(f"train.seed must be >= 0, got {self.seed}")
         if self.heartbeat_seconds <= 0 or self.heartbeat_timeout <= self.heartbeat_seconds:
             raise ValueError(
                 f"train.heartbeat_seconds must be > 0 and below train.heartbeat_timeout, "
@@ -238,6 +257,7 @@ class EvalConfig:
     large_n_layers: int = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)
 
     def __post_init__(self) -> None:
+        check_finite(self, "eval")
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
         if self.large_hidden_size < 0 or self.large_n_layers < 0:
@@ -245,7 +265,10 @@ class EvalConfig:
                              f"got {self.large_hidden_size}, {self.large_n_layers}")
         check_device_precision("eval", self.device, self.precision)
         for mode in self.modes:
-            parse_mode(mode)
+            try:
+                parse_mode(mode)
+            except ValueError as err:
+                raise ValueError(f"eval.modes: {err}") from None
 
 
 @dataclass(kw_only=True)
@@ -256,6 +279,7 @@ class PretrainConfig:
     warm_start: bool = True  # initialise every module of the grid from the pretrained model when it exists
 
     def __post_init__(self) -> None:
+        check_finite(self, "pretrain")
         if self.steps < 0:
             raise ValueError(f"pretrain.steps must be >= 0, got {self.steps}")
 
@@ -351,6 +375,14 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def check_finite(section: Any, name: str) -> None:
+    """Refuse a NaN or infinite float in a config section, naming the key (every section calls it first)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}.{f.name} must be a finite number, got {value}")
+
+
 def check_device_precision(section: str, device: str, precision: str) -> None:
     if device not in DEVICES:
         raise ValueError(f"{section}.device must be one of {DEVICES}, got {device!r}")
@@ -367,6 +399,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raw = yaml.safe_load(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise FileNotFoundError(f"config file {path} does not exist") from None
+        except IsADirectoryError:
+            raise ValueError(f"config file {path} is a directory; give a YAML file such as configs/tiny.yaml") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"config file {path} is not UTF-8 text (byte {err.start}); give a YAML file") from None
+        except OSError as err:
+            raise ValueError(f"config file {path} cannot be read: {err.strerror or err}") from None
         except yaml.YAMLError as err:
             raise ValueError(f"config file {path} is not valid YAML: {err}") from None
         if not isinstance(raw, dict):
@@ -380,7 +418,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"section {section!r} in {source} must be a mapping")
-        raw[section][name] = yaml.safe_load(value) if value != "" else ""
+        try:
+            raw[section][name] = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError as err:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
     return _build(Config, raw, source=source, prefix="")
 
 
@@ -435,6 +476,8 @@ def _coerce(value: Any, hint: Any, *, key: str, source: str) -> Any:
     elif hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{key} in {source} must be a finite number, got {value}")
         return float(value)
     elif hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)

@@ -10,7 +10,8 @@ clustered into paths. Both are plain `kw_only` dataclasses checked in `__post_in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 FEATURIZERS = ("tfidf", "hf", "base-model")
 METHODS = ("product", "flat")
@@ -27,6 +28,9 @@ class CorpusConfig:
     router_fraction: float = 0.0  # whole documents held out as the router split (never trained on; `dipaco reroute` scores them)
 
     def __post_init__(self) -> None:
+        _check_finite(self, "corpus")
+        if self.seed < 0:
+            raise ValueError(f"corpus.seed must be >= 0, got {self.seed}")
         if not self.path:
             raise ValueError(f"corpus.path must be non-empty, got {self.path!r}")
         if not self.text_field:
@@ -60,6 +64,9 @@ class RoutingConfig:
     reroute_target: str = "current"  # path-size distribution the router's bias matches: "current" (train sizes) or "uniform"
 
     def __post_init__(self) -> None:
+        _check_finite(self, "routing")
+        if self.seed < 0:
+            raise ValueError(f"routing.seed must be >= 0, got {self.seed}")
         if self.featurizer not in FEATURIZERS:
             raise ValueError(f"routing.featurizer must be one of {FEATURIZERS}, got {self.featurizer!r}")
         if self.method not in METHODS:
@@ -78,3 +85,10 @@ class RoutingConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"routing.{name} must be >= 1, got {value}")
+
+
+def _check_finite(section: object, name: str) -> None:
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}.{f.name} must be a finite number, got {value}")

@@ -29,6 +29,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from routing.corpus_check import first_bad_line
+
 logger = logging.getLogger(__name__)
 
 TRAIN = 0
@@ -116,8 +118,20 @@ def load_corpus(
         builder, files, one_doc_per_file = local
         kwargs = {"sample_by": "document"} if one_doc_per_file else {}
         logger.info("loading %d %s file(s) from %s", len(files), builder, path)
-        ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
         where = files[0] if len(files) == 1 else f"{path} ({len(files)} files)"
+        problem = first_bad_line(files, builder, text_field, max_lines=1)  # pyarrow crashes on some first lines
+        if problem:
+            raise ValueError(problem)
+        try:
+            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
+            return _normalise(ds, text_field=text_field, where=where, max_documents=max_documents)
+        except Exception as err:  # datasets wraps the cause (DatasetGenerationError, StopIteration, ...)
+            problem = first_bad_line(files, builder, text_field)
+            if problem:
+                raise ValueError(problem) from None
+            if type(err) is ValueError:
+                raise  # already says what is wrong
+            raise ValueError(f"corpus {where} could not be read as {builder}: {_root_cause(err)}") from err
     else:
         logger.info("%s is not a local path; loading it as a hub dataset (split %s)", path, split)
         try:
@@ -129,6 +143,12 @@ def load_corpus(
             ) from e
         where = f"hub dataset {path} [{split}]"
     return _normalise(ds, text_field=text_field, where=where, max_documents=max_documents)
+
+
+def _root_cause(err: BaseException) -> str:
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    return f"{type(err).__name__}: {err}"
 
 
 def _normalise(ds: datasets.Dataset, *, text_field: str, where: str, max_documents: int) -> datasets.Dataset:

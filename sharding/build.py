@@ -404,6 +404,13 @@ def _split_entry(writer: BlockWriter) -> dict[str, Any]:
 
 
 def _remove_files(files: list[Path], out_dir: Path) -> None:
+    """Delete the old index's files, only those inside `out_dir` (an edited index cannot name others)."""
+    root = out_dir.resolve()
+    outside = [f for f in files if root not in f.resolve().parents]
+    if outside:
+        logger.warning("the old index names %d file(s) outside %s (e.g. %s); left alone", len(outside), out_dir,
+                       outside[0])
+    files = [f for f in files if f not in outside]
     for f in files:
         f.unlink(missing_ok=True)
     for d in sorted({f.parent for f in files}, reverse=True):

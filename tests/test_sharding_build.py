@@ -221,3 +221,16 @@ def test_cli_info_prints_the_table(built, capsys):
     assert len([line for line in text.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"])]) == N_PATHS
     assert cli_main(["verify", str(out)]) == 0
     assert cli_main(["info", str(out / "nope")]) == 1
+
+
+def test_an_edited_old_index_cannot_make_overwrite_delete_files_outside_the_shards(corpus, tmp_path):
+    """Issue 13 item 1: only files dipaco wrote, inside the shard directory, are removed on overwrite."""
+    out = tmp_path / "shards"
+    build(corpus, out)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    index = json.loads((out / "index.json").read_text())
+    index["paths"][0]["train"]["shards"][0]["file"] = "../precious.txt"
+    (out / "index.json").write_text(json.dumps(index))
+    build(corpus, out, overwrite=True)
+    assert precious.read_text() == "mine"

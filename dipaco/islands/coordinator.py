@@ -60,6 +60,7 @@ from dipaco.eval.early_stopping import (
 )
 from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
 from dipaco.islands.rounds import apply_round
+from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
 from dipaco.store.board import (
@@ -119,9 +120,12 @@ class Seen:
 
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
-                 inner_steps: int, clock: Callable[[], float] = time.monotonic):
-        """Resume from the store's committed round (`initialise_store` must have run)."""
+                 inner_steps: int, clock: Callable[[], float] = time.monotonic,
+                 validator: ResultValidator | None = None):
+        """Resume from the store's committed round (`initialise_store` must have run). Results are
+        checked by `validator` (`dipaco.islands.validation`) before they are received."""
         self.store, self.topology = store, topology
+        self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
         self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
         self.committed = store.current_round()
@@ -194,6 +198,11 @@ class Coordinator:
                 continue
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if result_exists(self.store, round=task.round, path=task.path, attempt=attempt):
+                    reason = self.validator.check(task, attempt)
+                    if reason is not None:  # rejected: never applied; the current attempt is handed out again
+                        if attempt == task.attempt:
+                            self.tasks[key] = task = self.validator.requeue(task, reason)
+                        continue
                     self.tasks[key] = replace(task, status="received", result_attempt=attempt)
                     self._tell_policy(self.tasks[key], arrived=self.clock())
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,

@@ -6,14 +6,21 @@
 Each process gets its share of the cores for torch's threads (oversubscribed threads slow a small
 machine many-fold), writes its own log file, and a failure stops the batch with an error that names
 the log and shows its last lines.
+
+No worker outlives its launcher: each starts in a process group of its own, stopped as a whole
+(SIGTERM, then SIGKILL after a grace period) when the launcher stops or is interrupted (SIGINT and
+SIGTERM end the launcher through `dipaco.cli`, so its `finally` runs); and a worker whose launcher
+died without stopping it (SIGKILL) notices within a second and exits (`exit_with_parent`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +30,8 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 
 THREADS_ENV = "DIPACO_THREADS"
+PARENT_ENV = "DIPACO_PARENT_PID"  # the launcher's pid, given to its workers (`exit_with_parent`)
+STOP_SECONDS = 10.0  # a worker's grace period between SIGTERM and SIGKILL
 
 
 @dataclass(frozen=True)
@@ -56,15 +65,57 @@ def set_threads_from_env() -> None:
         torch.set_num_threads(int(threads))
 
 
+def exit_with_parent() -> None:
+    """Called first thing in a worker process: exit (SIGTERM to itself) as soon as the launcher that
+    started it is gone. Only a direct child of the launcher watches; its own children are left to it."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if not parent or os.getppid() != int(parent):
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        log.error("the process that started this one (pid %s) is gone; stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _env(threads: int) -> dict[str, str]:
-    return {**os.environ, THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**os.environ, THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            PARENT_ENV: str(os.getpid())}
 
 
 def _start(task: Task, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
     task.log.parent.mkdir(parents=True, exist_ok=True)
     out = open(task.log, "a")  # noqa: SIM115 - closed when the process ends
-    proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)  # its own process group: stopped with everything it started
     return proc, out
+
+
+def stop_processes(procs: list[subprocess.Popen], *, grace: float = STOP_SECONDS) -> None:
+    """SIGTERM the process group of every process still running, wait up to `grace` s, then SIGKILL."""
+    alive = [p for p in procs if p.poll() is None]
+    for proc in alive:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in alive:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("process %d did not stop in %.0fs after SIGTERM; killing it", proc.pid, grace)
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+    for proc in alive:
+        _signal_group(proc, signal.SIGKILL)  # anything its group still holds (e.g. torchrun ranks)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone
 
 
 def _failure(task: Task, code: int) -> RuntimeError:
@@ -98,15 +149,13 @@ class WorkerPool:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in %.0fs; terminating it", task.name, timeout)
-                proc.terminate()
-                proc.wait()
+                stop_processes([proc])
             out.close()
 
     def terminate(self) -> None:
-        for _, proc, out in self.running:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait()
+        """Stop every worker and what it started (its process group)."""
+        stop_processes([proc for _, proc, _ in self.running])
+        for _, _, out in self.running:
             out.close()
 
 
@@ -132,9 +181,8 @@ def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> 
                     bar.update(1)
                 time.sleep(0.1)
         finally:
-            for _, proc, out in running:
-                proc.terminate()
-                proc.wait()
+            stop_processes([proc for _, proc, _ in running])
+            for _, _, out in running:
                 out.close()
 
 

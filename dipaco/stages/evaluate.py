@@ -7,13 +7,15 @@ path (`dipaco.eval.prefix_routing`), and that path scores the tokens after the p
 is in memory at a time. The baselines score the very same tokens, so the perplexities are
 comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed from the same table
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
-`eval.json` and are printed as a table.
+`eval.json` and are printed as a table. Results holding a NaN or infinite number (a broken module)
+never replace eval.json: they go to `eval-rejected.json` and the command fails naming them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from functools import partial
 
 import numpy as np
@@ -95,8 +97,25 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                                   device=resolve_device(config.train.device))[0] if best else None
         results["modes"] = evaluate_modes(table, route=router, paths=paths, modes=modes, rounds=last,
                                           best=best_rounds, n_paths=topology.n_paths, prefix=prefix)
+    broken = non_finite(results)
+    if broken:
+        rejected = write_json(run.root / "eval-rejected.json", results)
+        raise ValueError(f"evaluation gave non-finite numbers ({', '.join(broken[:4])}); {run.eval_results} "
+                         f"was not replaced, the results are in {rejected}. Check the store's module files "
+                         f"(round {round}) and the baselines")
     write_json(run.eval_results, results)
     return results
+
+
+def non_finite(obj, where: str = "") -> list[str]:
+    """Where a results object holds a NaN or infinite float, e.g. `models[0].perplexity`."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [f"{where}={obj}"]
+    if isinstance(obj, dict):
+        return [w for k, v in obj.items() for w in non_finite(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [w for i, v in enumerate(obj) for w in non_finite(v, f"{where}[{i}]")]
+    return []
 
 
 def per_path_table(topology: Topology, paths: np.ndarray, nll: np.ndarray, tokens: np.ndarray) -> list[dict]:

@@ -10,6 +10,8 @@ it through `transformers`' `generate`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -24,6 +26,7 @@ def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_n
     """Route the prompt, then continue it with the chosen path at module version `rounds[path]`.
 
     Returns (the prompt and its continuation as text, the path)."""
+    check_options(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     router = PrefixRouter(factory.router, factory.tokenizer, factory.topology,
                           prefix_tokens=factory.config.routing.prefix_tokens)
     path = int(router.route_texts([prompt])[0])
@@ -31,6 +34,16 @@ def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_n
     text = continue_text(model, factory.tokenizer, prompt, max_length=factory.config.sharding.seq_len,
                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     return text, path
+
+
+def check_options(*, max_new_tokens: int, temperature: float, seed: int) -> None:
+    """Refuse options that would silently mean something else (a negative temperature is not greedy)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"--temperature must be 0 (greedy) or a positive number, got {temperature}")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
 
 
 @torch.no_grad()

@@ -33,12 +33,19 @@ log = logging.getLogger(__name__)
 
 def write_report(config: Config, run: RunDir) -> Path:
     """Write `run/report.md` and its images under `run/report/`; returns the report's path."""
+    if not run.train_summary.exists() and not run.eval_results.exists():
+        raise FileNotFoundError(f"{run.root} has neither {run.train_summary.name} nor {run.eval_results.name}: "
+                                f"nothing to report; run `dipaco train` and `dipaco eval --run {run.root}` first")
     import matplotlib
 
     matplotlib.use("Agg")
     figures = run.root / "report"
     figures.mkdir(parents=True, exist_ok=True)
     train = _json(run.train_summary)
+    rounds = train.get("rounds", []) if isinstance(train, dict) else None
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise ValueError(f"{run.train_summary} is not a training summary (\"rounds\" should be a list of objects); "
+                         f"`dipaco train --run {run.root}` writes it again")
     evaluation = _json(run.eval_results)
     index = _json(run.shards / "index.json")
     best = _best(config, run)

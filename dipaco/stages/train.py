@@ -27,6 +27,7 @@ from dipaco.device import resolve_device
 from dipaco.islands import coordinator
 from dipaco.islands.coordinator import Coordinator, finish_run, goodput
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
+from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
@@ -40,8 +41,11 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
 
     The rounds are run by the task-board coordinator (`dipaco.islands.coordinator`); with `local_islands`
     it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`)."""
-    save_config(config, run.config)
     factory = PathFactory(config, run)
+    if not factory.store.shared:
+        raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
+                         f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
+    save_config(config, run.config)
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology
@@ -52,7 +56,10 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps)
+    validator = ResultValidator(store, topology, outer=config.outer,
+                                tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
+    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
+                          validator=validator)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:

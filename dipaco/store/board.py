@@ -103,6 +103,11 @@ def write_result(store: ModuleStore, task: Task, tensors: dict[str, torch.Tensor
     return meta, stats
 
 
+def result_file(*, round: int, path: int, attempt: int, compression: str | None = None) -> str:
+    """The store name of a result's JSON, or with `compression` of its pseudo-gradient (KeyError: unknown)."""
+    return _result_stem(round, path, attempt) + (".json" if compression is None else EXTENSIONS[compression])
+
+
 def result_exists(store: ModuleStore, *, round: int, path: int, attempt: int) -> bool:
     return store.exists(_result_stem(round, path, attempt) + ".json")
 

@@ -6,6 +6,7 @@ sit on different machines). Layout under the root:
 
     state.json                                  last completed round (written last: the commit point)
     modules/round-000003/<module>.safetensors   every module after round 3's outer step
+    modules/round-000003/checksums.json         the sha256 of each of those files (written at the commit)
     outer/round-000003/<module>.safetensors     the outer optimiser's momentum after round 3
     best.json                                   validation loss per path and version (dipaco.eval.early_stopping)
     tasks.json, rounds/, heartbeats/, results/, islands/   the task board (dipaco.store.board)
@@ -13,7 +14,9 @@ sit on different machines). Layout under the root:
 Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `best.json` and
 the board's tasks and round manifests; an island writes only its own heartbeat, results and inner
 states. Writes are atomic (a temporary name then a rename on local disks, a single put on object
-stores). Tensors are safetensors, never pickle. Old versions are deleted by `dipaco.store.retention`.
+stores). Tensors are safetensors, never pickle. Every module read is checked against its version's
+`checksums.json` (a file changed after its commit is an error naming it; versions committed before
+checksums existed are read unchecked). Old versions are deleted by `dipaco.store.retention`.
 The raw-file methods (`read_json`, `write_bytes`, `listdir`, ...) are for `dipaco.store`'s own modules.
 
     store = ModuleStore("runs/demo/store")
@@ -23,6 +26,7 @@ The raw-file methods (`read_json`, `write_bytes`, `listdir`, ...) are for `dipac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 STORE_VERSION = 1
 BEST_FILE = "best.json"
 KINDS = ("modules", "outer")
+CHECKSUMS = "checksums.json"
 
 
 class StoreError(RuntimeError):
@@ -48,12 +53,31 @@ class StoreError(RuntimeError):
 class ModuleStore:
     def __init__(self, url: str):
         self.url = url
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except ImportError as err:
+            raise StoreError(f"store {url}: the fsspec backend for {protocol}:// is not installed ({err}); install "
+                             f"it (s3: `pip install s3fs`, gs: `pip install gcsfs`, az: `pip install adlfs`)") from None
+        except ValueError as err:
+            raise StoreError(f"store {url}: {err}; use a directory or an fsspec URL such as s3://bucket/run") from None
+        self.shared = protocol != "memory"  # seen by other processes (memory:// lives in this one only)
         self.bytes_written = 0
         self.bytes_read = 0
+        self._written_sums: dict[int, dict[str, str]] = {}  # round -> module file -> sha256, of this process's writes
+        self._committed_sums: dict[int, dict[str, str]] = {}  # round -> its checksums.json, once read
+
+    @property
+    def is_local(self) -> bool:
+        """A directory on this machine's filesystem (not an object store)."""
+        return isinstance(self.fs, LocalFileSystem)
 
     # --- raw files -------------------------------------------------------------------------------
     def _path(self, relative: str) -> str:
+        """The full name of a store file; a name that would lead outside the store is refused."""
+        parts = relative.replace("\\", "/").split("/")
+        if not relative or relative.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in relative:
+            raise StoreError(f"store file name {relative!r} does not stay inside the store {self.url}")
         return f"{self.root.rstrip('/')}/{relative}"
 
     def location(self, relative: str) -> str:
@@ -135,6 +159,7 @@ class ModuleStore:
         """Delete a file or a folder with everything in it (nothing when it does not exist)."""
         if self.exists(relative):
             self.fs.rm(self._path(relative), recursive=True)
+            self._committed_sums.clear()  # read again when needed
 
     # --- run state -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
@@ -150,21 +175,55 @@ class ModuleStore:
         return state
 
     def commit(self, *, round: int, **meta: Any) -> None:
-        """Mark `round` complete; written after every file of that round."""
+        """Mark `round` complete; written after every file of that round. First the version's
+        checksums.json: the sha256 of each of its module files (hashed as written, else read back)."""
+        folder = f"modules/{round_dir(round)}"
+        written = self._written_sums.pop(round, {})
+        sums = {}
+        for name in self.listdir(folder):
+            if name.endswith(".safetensors"):
+                sums[name] = written.get(name) or hashlib.sha256(self.read_bytes(f"{folder}/{name}")).hexdigest()
+        if sums:
+            self.write_json(f"{folder}/{CHECKSUMS}", sums)
+            self._committed_sums[round] = sums
         self.write_json("state.json", {"store_version": STORE_VERSION, "round": round, **meta})
 
     def current_round(self) -> int:
         state = self.state()
         if state is None:
+            if not self.shared:
+                raise StoreError(f"store {self.url} is empty: a memory:// store lives in one process, so nothing "
+                                 f"another dipaco command trained is in it; use a directory or a shared URL")
             raise StoreError(f"store {self.url} is empty: run `dipaco train` to initialise it")
         return int(state["round"])
 
     # --- modules and outer state -----------------------------------------------------------------
     def write_module(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        self.write_tensors(_version_file("modules", round, name), tensors)
+        data = save_safetensors({k: v.contiguous() for k, v in tensors.items()})
+        self.write_bytes(_version_file("modules", round, name), data)
+        self._written_sums.setdefault(round, {})[f"{name}.safetensors"] = hashlib.sha256(data).hexdigest()
 
     def read_module(self, round: int, name: str) -> dict[str, torch.Tensor]:
-        return self.read_tensors(_version_file("modules", round, name))
+        """Module `name` of version `round`, verified against the version's checksums."""
+        relative = _version_file("modules", round, name)
+        data = self.read_bytes(relative)
+        expected = self._checksums(round).get(f"{name}.safetensors")
+        if expected is not None:
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != expected:
+                raise StoreError(f"store file {self._path(relative)} has sha256 {actual[:16]}..., but version "
+                                 f"{round}'s {CHECKSUMS} lists {expected[:16]}...: it changed after it was committed. "
+                                 f"Restore it, or delete the store's versions from {round} on and train again")
+        return self._decode_tensors(data, relative)
+
+    def _checksums(self, round: int) -> dict[str, str]:
+        """Version `round`'s checksums ({} for an uncommitted version or one committed without them)."""
+        if round not in self._committed_sums:
+            relative = f"modules/{round_dir(round)}/{CHECKSUMS}"
+            if not self.exists(relative):
+                return {}
+            self._committed_sums[round] = self.read_json(relative)
+        return self._committed_sums[round]
 
     def read_modules(self, round: int, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         """Several modules of version `round`, e.g. every module of one path."""
@@ -196,6 +255,8 @@ class ModuleStore:
         for name in self.listdir(folder):
             if name.endswith(".safetensors") and name.removesuffix(".safetensors") in keep:
                 kept += self.size(f"{folder}/{name}")
+            elif name == CHECKSUMS:
+                continue  # the kept files are still checked
             else:
                 self.remove(f"{folder}/{name}")
         return kept

@@ -1,0 +1,95 @@
+"""Errors a person can act on (issue 13, item 8), for each probe of the issue's Why 9: every one printed a
+traceback, exited 0 or did something else on main; now each is one line naming the file, line, key or
+option and what to do."""
+
+import importlib.util
+import json
+import re
+
+import pytest
+from cli_helpers import TINY, dipaco_in_process
+
+from routing.corpus import load_corpus
+
+CORPORA = {
+    "empty.jsonl": (b"", "is empty"),
+    "not-json.jsonl": (b'{"text": "fine"}\nnot json at all\n', "line 2: not valid JSON"),
+    "binary.jsonl": (bytes(range(200, 256)) * 4, "line 1: byte"),
+    "latin1.txt": ("café au lait\nsecond\n".encode("latin-1"), "is not UTF-8"),
+    "latin1.jsonl": ('{"text": "café"}\n'.encode("latin-1"), "line 1: byte b'\\xe9'"),
+    "list.jsonl": (b'{"text": "a"}\n[1, 2]\n', "line 2: JSON array, not an object"),
+    "number.jsonl": (b'{"text": 5}\n', "line 1: field 'text' is a JSON number"),
+    "null-first.jsonl": (b'null\n{"text": "a"}\n', "line 1: JSON null"),  # pyarrow segfaulted on it
+}
+
+
+@pytest.mark.parametrize("name", CORPORA)
+def test_a_bad_corpus_names_the_file_and_line(name, tmp_path):
+    data, message = CORPORA[name]
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        load_corpus(path=str(tmp_path / name))
+    assert str(tmp_path / name) in str(err.value)
+
+
+def test_route_on_a_bad_corpus_is_one_error_line(tmp_path):
+    (tmp_path / "docs.jsonl").write_bytes(b'{"text": "ok"}\n{"text": \n')
+    code, log = dipaco_in_process("route", "--config", TINY, "--run", tmp_path / "run",
+                                  f"corpus.path={tmp_path / 'docs.jsonl'}")
+    assert code == 1 and "docs.jsonl line 2: not valid JSON" in log and "Traceback" not in log
+
+
+def test_a_config_path_that_is_a_directory(tmp_path):
+    code, log = dipaco_in_process("route", "--config", tmp_path, "--run", tmp_path / "run")
+    assert code == 1 and "is a directory" in log
+
+
+@pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed here")
+def test_an_object_store_without_its_backend_names_the_package(tmp_path):
+    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", "train.store_url=s3://bucket/run")
+    assert code == 1 and "pip install s3fs" in log
+
+
+def test_a_memory_store_is_refused_for_processes_that_cannot_share_it(tmp_path):
+    for command in ("train", "coordinator", "island"):
+        code, log = dipaco_in_process(command, "--config", TINY, "--run", tmp_path / "run", "train.store_url=memory://x")
+        assert code == 1 and "lives in one process's memory" in log, (command, log)
+
+
+def test_report_on_an_empty_run_is_an_error(tmp_path):
+    (tmp_path / "run").mkdir()
+    code, log = dipaco_in_process("report", "--config", TINY, "--run", tmp_path / "run")
+    assert code == 1 and "nothing to report" in log
+    assert not (tmp_path / "run" / "report.md").exists()
+
+
+@pytest.mark.parametrize("option, message", [(["--temperature", "-1"], "--temperature must be 0"),
+                                             (["--temperature", "nan"], "--temperature must be 0"),
+                                             (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+                                             (["--seed", "-3"], "--seed must be >= 0")])
+def test_invalid_generate_options_are_refused(option, message, tmp_path):
+    (tmp_path / "run").mkdir()
+    code, log = dipaco_in_process("generate", "hello", "--config", TINY, "--run", tmp_path / "run", *option)
+    assert code == 1 and message in log
+
+
+def test_eval_on_a_missing_run_says_so(tmp_path):
+    code, log = dipaco_in_process("eval", "--config", TINY, "--run", tmp_path / "nowhere")
+    assert code == 1 and "does not exist" in log and not (tmp_path / "nowhere").exists()
+
+
+def test_an_unreadable_train_json_is_not_a_traceback(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text(json.dumps({"rounds": "oops"}))
+    code, log = dipaco_in_process("report", "--config", TINY, "--run", run)
+    assert code == 1 and "is not a training summary" in log
+
+
+def test_a_bad_line_in_a_compressed_corpus_is_found_too(tmp_path):
+    import zstandard
+
+    data = zstandard.ZstdCompressor().compress(b'{"text": "fine"}\n{"text": "also fine"}\n{oops}\n')
+    (tmp_path / "docs.jsonl.zst").write_bytes(data)
+    with pytest.raises(ValueError, match=r"docs\.jsonl\.zst line 3: not valid JSON"):
+        load_corpus(path=str(tmp_path / "docs.jsonl.zst"))

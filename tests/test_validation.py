@@ -1,0 +1,184 @@
+"""Island results are validated before any shared module sees them (issue 13, item 3).
+
+Every probe of the issue edits a result file an island wrote: on main each was accepted (exit 0) and
+poisoned the outer step. Here the coordinator rejects it, names the reason, hands the task out again
+as the next attempt, and once a good result arrives the round's modules are bit-for-bit those of a run
+that never saw the edited file. Results are trained once (module fixture) and written to a fresh store
+per case, as the islands' `push_result` writes them."""
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import copy_run
+from safetensors.torch import load_file, save_file
+
+from dipaco.config import load_config
+from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.island import push_result, train_task
+from dipaco.islands.validation import ResultValidator
+from dipaco.stages.context import PathFactory
+from dipaco.stages.island import island_setup
+from dipaco.stages.train import initialise_store
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Task, task_key
+
+TAMPERED = 1  # the path whose result the probes edit
+
+
+@dataclasses.dataclass
+class Case:
+    store: ModuleStore
+    coordinator: Coordinator
+    validator: ResultValidator
+    setup: object
+    tasks: dict[int, Task]
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_routed, tmp_path_factory):
+    """Each path's trained first task (from the seeded version 0), and the modules of a clean round 1."""
+    case = fresh(tiny_routed, tmp_path_factory.mktemp("clean"))
+    results = {p: train_task(case.setup, task) for p, task in case.tasks.items()}
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="clean")
+    assert case.coordinator.tick() is False and case.coordinator.committed == 1
+    clean = {name: case.store.read_module(1, name) for name in case.setup.topology.modules}
+    return results, clean
+
+
+def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
+    """A copy of the routed tiny run with version 0 in its store, and a coordinator that opened round 1's tasks."""
+    run = copy_run(tiny_routed, root / "run")
+    config = load_config(run.config, ["train.device=cpu", "train.rounds=2", *overrides])
+    factory = PathFactory(config, run)
+    initialise_store(factory)
+    setup = island_setup(config, run)
+    tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
+    validator = ResultValidator(setup.store, setup.topology, outer=config.outer, tokens_per_task=tokens)
+    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
+                              inner_steps=config.inner.steps, validator=validator)
+    coordinator.tick()  # opens a task for every path
+    tasks = {t.path: t for t in coordinator.tasks.values()}
+    return Case(setup.store, coordinator, validator, setup, tasks, root)
+
+
+def result_files(case: Case, path: int, attempt: int = 0) -> tuple[Path, Path]:
+    folder = Path(case.store.root) / "results" / "round-000001"
+    suffix = "" if attempt == 0 else f".a{attempt}"
+    return folder / f"path-{path:04d}{suffix}.json", folder / f"path-{path:04d}{suffix}.safetensors"
+
+
+def edit_meta(**fields):
+    def tamper(case: Case, attempt: int = 0) -> None:
+        meta_file, _ = result_files(case, TAMPERED, attempt)
+        meta = json.loads(meta_file.read_text())
+        meta.update(fields)
+        meta_file.write_text(json.dumps(meta))  # json writes NaN / Infinity literals, as a hand edit can
+    return tamper
+
+
+def edit_tensor(change):
+    def tamper(case: Case, attempt: int = 0) -> None:
+        _, tensor_file = result_files(case, TAMPERED, attempt)
+        tensors = load_file(tensor_file)
+        name = sorted(tensors)[-1]
+        tensors[name] = change(tensors[name])
+        save_file(tensors, tensor_file)
+    return tamper
+
+
+def evil_file(case: Case, attempt: int = 0) -> None:
+    """The result JSON names a file outside the store, holding a pseudo-gradient scaled 1000x."""
+    meta_file, tensor_file = result_files(case, TAMPERED, attempt)
+    evil = case.root / "elsewhere" / "evil.safetensors"
+    evil.parent.mkdir()
+    save_file({k: v * 1000 for k, v in load_file(tensor_file).items()}, evil)
+    meta = json.loads(meta_file.read_text())
+    meta["file"] = "../../../../elsewhere/evil.safetensors"
+    meta_file.write_text(json.dumps(meta))
+
+
+PROBES = {
+    "nan values": (edit_tensor(lambda t: torch.full_like(t, math.nan)), "NaN or infinite"),
+    "inf value": (edit_tensor(lambda t: t.index_fill(0, torch.tensor([0]), math.inf)), "NaN or infinite"),
+    "tokens 1e15": (edit_meta(tokens=10**15), "tokens 1000000000000000 is not"),
+    "negative tokens": (edit_meta(tokens=-4), "tokens -4 is not"),
+    "nan tokens": (edit_meta(tokens=math.nan), "'tokens' should be an integer"),
+    "1x1 tensor": (edit_tensor(lambda t: torch.ones(1, 1)), "has shape [1, 1]"),
+    "float16 tensor": (edit_tensor(lambda t: t.half()), "torch.float16"),
+    "missing tensor": (edit_meta(file="path-0002.safetensors"), "is not this result's file"),
+    "file outside the store": (evil_file, "is not this result's file"),
+    "nan train loss": (edit_meta(train_loss=math.nan), "train_loss is nan"),
+    "wrong path": (edit_meta(path=2), "path is 2"),
+}
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_a_tampered_result_is_rejected_requeued_and_never_applied(probe, trained, tiny_routed, tmp_path, caplog):
+    results, clean = trained
+    tamper, reason = PROBES[probe]
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    tamper(case)
+    with caplog.at_level(logging.WARNING):
+        case.coordinator.tick()
+    assert case.coordinator.committed == 0  # the round waits for a good result of the tampered path
+    task = case.coordinator.tasks[task_key(TAMPERED, 0)]
+    assert (task.status, task.attempt) == ("open", 1)
+    assert reason in case.validator.verdicts[(task.key, 0)]
+    assert f"rejected the result of {task.key} attempt 0" in caplog.text
+    push_result(case.setup, task, results[TAMPERED], island="j")  # attempt 1, as an honest island trains it
+    case.coordinator.tick()
+    assert case.coordinator.committed == 1
+    for name, tensors in clean.items():
+        for key, value in case.store.read_module(1, name).items():
+            torch.testing.assert_close(value, tensors[key], rtol=0, atol=0)
+
+
+def test_an_outlier_norm_against_the_paths_history_is_rejected(trained, tiny_routed, tmp_path):
+    results, _ = trained
+    case = fresh(tiny_routed, tmp_path, ("outer.max_grad_norm_ratio=10",))
+    norm = math.sqrt(sum(float(t.double().square().sum()) for t in results[TAMPERED].pseudo_gradient.values()))
+    case.validator.norms[TAMPERED] = [norm / 20]  # its earlier results were 20 times smaller
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    case.coordinator.tick()
+    assert "outer.max_grad_norm_ratio 10" in case.validator.verdicts[(task_key(TAMPERED, 0), 0)]
+    assert case.coordinator.committed == 0
+    case.validator.norms[TAMPERED] = [norm / 5]  # within the ratio
+    push_result(case.setup, case.coordinator.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="j")
+    case.coordinator.tick()
+    assert case.coordinator.committed == 1
+
+
+def test_a_task_rejected_again_and_again_stops_the_run_with_the_reasons(trained, tiny_routed, tmp_path):
+    results, _ = trained
+    case = fresh(tiny_routed, tmp_path, ("outer.max_rejections=2",))
+    tamper = edit_meta(tokens=7)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    tamper(case)
+    case.coordinator.tick()
+    push_result(case.setup, case.coordinator.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="i")
+    tamper(case, attempt=1)
+    with pytest.raises(RuntimeError, match=r"2 results of path-0001-round-000001 were rejected.*tokens 7"):
+        case.coordinator.tick()
+
+
+def test_store_names_cannot_leave_the_store(tmp_path):
+    from dipaco.store.module_store import StoreError
+
+    (tmp_path / "secret").write_text("x")
+    store = ModuleStore(str(tmp_path / "store"))
+    for name in ("../secret", "results/../../secret", "/etc/passwd", "a//b", ""):
+        with pytest.raises(StoreError, match="does not stay inside the store"):
+            store.read_bytes(name)
+    shutil.rmtree(tmp_path / "store", ignore_errors=True)
