@@ -126,3 +126,13 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     assert compute["steps_total"] == 11 and compute["train_tokens_total"] == ours["train_tokens_total"]
     table = format_results(evaluate(config, run, modes=[]))
     assert "warm start" in table and "train tokens (all)" in table
+
+
+def test_the_diloco_config_has_diloco_s_outer_step():
+    """configs/diloco.yaml: 4 replicas of one path sharing every module, Nesterov 0.7 / 0.9, no √ rescale."""
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "diloco.yaml", [])
+    assert config.topology.levels == [1] and config.topology.replicas == 4
+    outer = config.outer
+    assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths) == (0.7, 0.9, True, False)
