@@ -59,7 +59,7 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     validator = ResultValidator(store, topology, outer=config.outer,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
-                          validator=validator)
+                          sizes=factory.path_sizes, validator=validator)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:
