@@ -65,7 +65,8 @@ class TinyRun:
 
     def coordinator(self, clock: Clock) -> Coordinator:
         return Coordinator(self.store, self.topology, train=self.config.train, outer=self.config.outer,
-                           inner_steps=self.config.inner.steps, clock=clock)
+                           inner_steps=self.config.inner.steps, sizes=PathFactory(self.config, self.dir).path_sizes,
+                           clock=clock)
 
     def island(self, name: str, clock: Clock, **kwargs) -> IslandWorker:
         return IslandWorker(self.setup, name=name, clock=clock, **kwargs)

@@ -28,7 +28,8 @@ After each round it records the validation losses the islands reported (`dipaco.
 and applies retention (`dipaco.store.retention`); `finish_run` does the same for the last version.
 
     store = ModuleStore("runs/tiny/store")
-    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps)
+    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps,
+                              sizes=factory.path_sizes)   # shard sizes for outer.weighting: shard
     while not coordinator.tick(): time.sleep(0.1)
 """
 
@@ -57,6 +58,7 @@ from dipaco.eval.early_stopping import (
 from dipaco.islands.rounds import apply_round, round_ready
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
+from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
     inner_ref,
     read_board,
@@ -113,9 +115,13 @@ class Seen:
 
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
-                 inner_steps: int, clock: Callable[[], float] = time.monotonic):
-        """Resume from the store's committed round (`initialise_store` must have run)."""
-        self.store, self.topology = store, topology
+                 inner_steps: int, sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic):
+        """Resume from the store's committed round (`initialise_store` must have run). `sizes` (each
+        path's training-shard tokens, `PathFactory.path_sizes`) is needed by `outer.weighting: shard`."""
+        if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
+            raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
+                             f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
+        self.store, self.topology, self.sizes = store, topology, sizes
         self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
         self.committed = store.current_round()
@@ -258,7 +264,8 @@ class Coordinator:
         self._write_board()  # the results received this tick, before the commit: a restart continues from them
         round = self.committed + 1
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
-        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer)
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer,
+                               sizes=self.sizes)
         write_manifest(self.store, manifest)
         _commit(self.store, self.topology, round)
         self.committed = round

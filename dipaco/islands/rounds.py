@@ -4,8 +4,11 @@
 - `async` (Decoupled DiLoCo): round t may close once, for every module, at least
   ceil(outer.quorum × its paths) of its paths have reported from version t − 1; it then waits at
   most `outer.grace_seconds` for the rest. Results that arrive later (their task started from an
-  older version b) are applied in a later round t' with weight tokens × (1 + s) ** −staleness_power,
+  older version b) are applied in a later round t' with their weight × (1 + s) ** −staleness_power,
   s = t' − 1 − b, and dropped when s > outer.max_staleness.
+
+Each result's weight and what the weights are divided by are `dipaco.optim.weighting.result_weights`
+(`outer.weighting`, `outer.normalize`; the shard sizes come from the run's shards/index.json).
 
 The outer step itself is `dipaco.optim.outer` (weighted average per module, then Nesterov SGD); a module
 no result touches this round is carried over unchanged.
@@ -34,6 +37,7 @@ import math
 from dipaco.config import OuterConfig
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
+from dipaco.optim.weighting import PathSizes, result_weights
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, RoundManifest, Task
@@ -63,7 +67,7 @@ def round_ready(topology: Topology, fresh_paths: set[int], *, config: OuterConfi
 
 
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
-                config: OuterConfig) -> RoundManifest:
+                config: OuterConfig, sizes: PathSizes | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     Streams module by module (module docstring): memory holds a few copies of one module."""
@@ -85,9 +89,9 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         sharing = [entry for entry in applied if entry.path in paths]
         outer_grad = None
         if sharing:
-            weights = [(float(e.tokens) if config.weighting == "tokens" else 1.0) * e.factor for e in sharing]
+            weights, total = result_weights(sharing, n_paths=topology.n_paths, sizes=sizes, config=config)
             deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
-            outer_grad = combine_streamed(deltas, weights, rescale_by_paths=config.rescale_by_paths)
+            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths)
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)
         if outer_grad is not None:

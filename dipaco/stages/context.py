@@ -22,6 +22,7 @@ from dipaco.eval.baselines import baseline_steps
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
+from dipaco.optim.weighting import PathSizes
 from dipaco.run_dir import RunDir
 from dipaco.store.module_store import ModuleStore
 from routing.router import Router
@@ -60,6 +61,14 @@ class PathFactory:
                 f"`dipaco shard` again for this grid, or use another --run"
             )
         return reader
+
+    @cached_property
+    def path_sizes(self) -> PathSizes:
+        """Each path's training-shard tokens (from shards/index.json, no shard is read) and the tokens one
+        task asks for: what the outer step weights results by (`dipaco.optim.weighting`)."""
+        reader, inner = self.reader, self.config.inner
+        return PathSizes(shard_tokens=tuple(reader.num_tokens(p, "train") for p in range(self.topology.n_paths)),
+                         task_tokens=inner.steps * inner.batch_size * reader.seq_len)
 
     @cached_property
     def spec(self) -> PathSpec:

@@ -52,7 +52,8 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps)
+    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
+                          sizes=factory.path_sizes)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:
