@@ -43,6 +43,8 @@ WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "base": ("the demo recipe: plain averaging, TF-IDF flat k-means, H 25, from random init", []),
     "paper-outer": ("Nesterov lr 0.7 / momentum 0.9, sqrt(paths) rescale (the paper's outer step)", PAPER_OUTER),
+    "paper-outer-all": ("the paper's outer step with alpha normalised over all paths (outer.normalize all)",
+                        [*PAPER_OUTER, "outer.normalize=all"]),
     "diloco-outer": ("Nesterov lr 0.7 / momentum 0.9, no rescale (DiLoCo's outer step)", DILOCO_OUTER),
     "outer-lr0.5-m0.5": ("gentler Nesterov: lr 0.5, momentum 0.5, no rescale",
                          ["outer.lr=0.5", "outer.momentum=0.5", "outer.rescale_by_paths=false"]),
@@ -56,6 +58,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "warm75": ("75% dense warm start (600 steps, then 2 rounds), base-model routing",
                ["pretrain.steps=600", "train.rounds=2", "routing.featurizer=base-model"]),
     "warm25-paper-outer": ("25% warm start, base-model routing, the paper's outer step", [*WARM25, *PAPER_OUTER]),
+    "warm25-paper-outer-all": ("25% warm start, base-model routing, the paper's outer step normalised over all paths",
+                               [*WARM25, *PAPER_OUTER, "outer.normalize=all"]),
     "warm25-diloco-outer": ("25% warm start, base-model routing, DiLoCo's outer step", [*WARM25, *DILOCO_OUTER]),
     "private-emb": ("path-private embeddings / head / final norm", ["topology.private_embeddings=true"]),
     "private-last-block": ("the last block private to each path", ["topology.private_blocks=[3]"]),
@@ -126,7 +130,7 @@ def collect(runs: Path, config_file: Path) -> dict:
             "oracle_gap": prefix / oracle - 1 if oracle else None,
             "ratio_dense_equal_compute": prefix / reference,
             "gain_vs_base": None, "routing_agreement": ev.get("routing_agrees_with_shards"),
-            "outer": {k: getattr(config.outer, k) for k in ("lr", "momentum", "rescale_by_paths", "weighting")},
+            "outer": {k: getattr(config.outer, k) for k in ("lr", "momentum", "rescale_by_paths", "weighting", "normalize")},
             "seconds": float(seconds.read_text()) if seconds.exists() else None,
         })
     base_ppl = next(r["perplexity"] for r in rows if r["variant"] == "base")
