@@ -1,7 +1,7 @@
 """How the outer step weights and normalises pseudo-gradients: `outer.normalize` module vs all,
 `outer.weighting` shard vs tokens, with the paper's outer step and with plain averaging.
 
-    python bench/bench_outer_weighting.py            # ~15 min on 2 CPU cores (reduced demo budget)
+    python bench/bench_outer_weighting.py --parallel 3   # ~25 CPU-minutes (reduced demo budget)
     python bench/bench_outer_weighting.py --rounds 8 --inner-steps 25 --seq-len 256   # the demo's budget
 
 Side by side in one run, on the bundled corpus with configs/demo.yaml (2x2 grid, flat k-means
@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import mean
 
@@ -63,32 +64,40 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128, help="model.hidden_size")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "bench-outer-weighting"), help="where the runs go")
     parser.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
+    parser.add_argument("--parallel", type=int, default=1, help="variants trained at once (each on train.islands)")
+    parser.add_argument("--keep", action="store_true",
+                        help="reuse the shards and the evaluated variants of an earlier run with the same settings")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     runs = Path(args.runs)
-    shutil.rmtree(runs, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(runs, ignore_errors=True)
     started = time.perf_counter()
     config = str(ROOT / "configs" / "demo.yaml")
     common = [f"train.rounds={args.rounds}", f"inner.steps={args.inner_steps}", f"sharding.seq_len={args.seq_len}",
               f"model.hidden_size={args.hidden}", "train.precision=fp32", "eval.precision=fp32",
               "eval.baselines=false", "eval.modes=[]"]
     base = runs / "shards"
-    dipaco("route", "--config", config, "--run", str(base), *common)
-    dipaco("shard", "--config", config, "--run", str(base), *common)
-    rows = []
-    for name, outer, weighting, normalize in VARIANTS:
-        if args.only and name not in args.only:
-            continue
+    if not (base / "shards" / "index.json").exists():
+        dipaco("route", "--config", config, "--run", str(base), *common)
+        dipaco("shard", "--config", config, "--run", str(base), *common)
+
+    def variant(name: str, outer: list[str], weighting: str, normalize: str) -> dict:
         run = runs / name.replace(", ", "-")
-        for part in ("tokenizer", "routing", "shards"):
-            shutil.copytree(base / part, run / part)
-        overrides = [*common, *outer, f"outer.weighting={weighting}", f"outer.normalize={normalize}"]
-        variant_started = time.perf_counter()
-        dipaco("train", "--config", config, "--run", str(run), *overrides)
-        dipaco("eval", "--config", config, "--run", str(run), *overrides)
-        rows.append(collect(run, name=name, weighting=weighting, normalize=normalize,
-                            seconds=time.perf_counter() - variant_started))
-        log.info("%s: perplexity %.2f", name, rows[-1]["perplexity"])
+        if not (args.keep and (run / "eval.json").exists()):
+            shutil.rmtree(run, ignore_errors=True)
+            for part in ("tokenizer", "routing", "shards"):
+                shutil.copytree(base / part, run / part)
+            overrides = [*common, *outer, f"outer.weighting={weighting}", f"outer.normalize={normalize}"]
+            dipaco("train", "--config", config, "--run", str(run), *overrides)
+            dipaco("eval", "--config", config, "--run", str(run), *overrides)
+        row = collect(run, name=name, weighting=weighting, normalize=normalize)
+        log.info("%s: perplexity %.2f", name, row["perplexity"])
+        return row
+
+    chosen = [v for v in VARIANTS if not args.only or v[0] in args.only]
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each variant is its own processes
+        rows = list(pool.map(lambda v: variant(*v), chosen))
     results = {"rows": rows, "scales": module_scales(base), "rounds": args.rounds, "inner_steps": args.inner_steps,
                "seq_len": args.seq_len, "hidden_size": args.hidden, "seconds": time.perf_counter() - started}
     path = write_results("outer-weighting", results, markdown(results))
@@ -96,13 +105,13 @@ def main() -> None:
     print(f"results in {path} and {path.with_suffix('.md')}")
 
 
-def collect(run: Path, *, name: str, weighting: str, normalize: str, seconds: float) -> dict:
+def collect(run: Path, *, name: str, weighting: str, normalize: str) -> dict:
     evaluation = json.loads((run / "eval.json").read_text())
     train = json.loads((run / "train.json").read_text())
     routed = evaluation["models"][0]
     return {"variant": name, "weighting": weighting, "normalize": normalize, "perplexity": routed["perplexity"],
             "train_loss_last_round": mean(train["rounds"][-1]["train_loss"].values()), "scored_tokens": evaluation["scored_tokens"], "tokens_seen": routed["tokens_seen"],
-            "seconds": seconds}
+            "train_seconds": train["seconds"]}
 
 
 def module_scales(base: Path) -> dict:
@@ -132,10 +141,10 @@ def module_scales(base: Path) -> dict:
 
 
 def markdown(results: dict) -> str:
-    headers = ["variant", "weighting", "normalize", "routed perplexity", "train loss (last round)", "seconds"]
+    headers = ["variant", "weighting", "normalize", "routed perplexity", "train loss (last round)", "train s"]
     rows = [[r["variant"], r["weighting"], r["normalize"], f"{r['perplexity']:.2f}",
              f"{r['train_loss_last_round']:.3f}",
-             f"{r['seconds']:.0f}"] for r in results["rows"]]
+             f"{r['train_seconds']:.0f}"] for r in results["rows"]]
     scales = results["scales"]
     kinds = [k for k in next(iter(scales["modules"].values())) if k != "paths"]
     scale_rows = [[name, len(m["paths"]), *(f"{m[k]:.3f}" for k in kinds)] for name, m in scales["modules"].items()]

@@ -98,6 +98,7 @@ def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
 
 
 def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
-    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`)."""
+    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`): the
+    warm start's `pretrain.steps` included."""
     return baseline_steps(steps_per_path=config.train.rounds * config.inner.steps, n_paths=n_paths,
-                          large=config.eval.large_hidden_size > 0)
+                          large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain.steps)
