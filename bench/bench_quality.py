@@ -127,10 +127,10 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
     rows = []
 
     def add(model: str, m: dict, *, perplexity: float, kind: str, warm: bool) -> None:
-        # a routed model / DiLoCo starts from the warm start; a baseline's row says what it counted
+        # eval.json rows say the warm-start steps a model started from and its training tokens in all
+        # (a baseline trains from scratch for the warm start's steps more: dipaco.eval.baselines)
         pretrain_steps = m.get("pretrain_steps", pre_steps if warm else 0)
-        trained = m["tokens_seen"] or 0
-        total = m.get("total_tokens") or trained + (pre_tokens if warm else 0)
+        total = m.get("train_tokens_total") or (m["tokens_seen"] or 0) + (pre_tokens if warm else 0)
         rows.append({"model": model, "kind": kind, "paths": m["paths"], "params_per_path": m["params_per_path"],
                      "params_total": m["params_total"], "pretrain_steps": pretrain_steps,
                      "steps_per_path": m["steps_per_path"], "total_tokens": total,
@@ -183,17 +183,17 @@ def markdown(results: dict) -> str:
                      f"{r['total_tokens']:,} | {r['flops']:.2e} | {r['perplexity']:.2f} |")
     c = results["checks"]
 
-    def pct(x):
-        return "-" if x is None else f"{100 * x:+.1f}%"
+    def lower(x):
+        return "-" if x is None else f"{abs(100 * x):.1f}% {'lower' if x >= 0 else 'higher'} perplexity"
 
     check_lines = [
-        f"- DiPaCo (prefix routing) vs DiLoCo with its own outer step: {pct(c['dipaco_vs_diloco'])} "
-        f"(target: at least 5% lower perplexity)",
-        f"- DiPaCo vs DiLoCo with DiPaCo's outer step: {pct(c['dipaco_vs_diloco_same_outer'])}",
+        f"- DiPaCo (prefix routing) against DiLoCo with its own outer step: {lower(c['dipaco_vs_diloco'])} "
+        f"(target: at least 5% lower)",
+        f"- DiPaCo against DiLoCo with DiPaCo's outer step: {lower(c['dipaco_vs_diloco_same_outer'])}",
         f"- DiPaCo ÷ dense equal compute: {c['dipaco_over_dense_equal_compute']:.2f} (target: ≤ 1.5 at the demo "
         f"budget, ≤ 1.2 at 4x)",
-        f"- DiPaCo vs dense equal steps: {pct(c['dipaco_vs_dense_equal_steps'])}",
-        f"- routed ÷ oracle − 1: {pct(c['routed_over_oracle'])} (target: within 2%)",
+        f"- DiPaCo against dense equal steps: {lower(c['dipaco_vs_dense_equal_steps'])}",
+        f"- routed ÷ oracle − 1: {100 * c['routed_over_oracle']:+.1f}% (target: within 2%)",
     ]
     if c["dipaco_over_dense_large"] is not None:
         check_lines.append(f"- DiPaCo ÷ dense large: {c['dipaco_over_dense_large']:.2f}")
@@ -207,7 +207,7 @@ def markdown(results: dict) -> str:
         f"Outer steps: DiPaCo lr {o['lr']}, momentum {o['momentum']}, rescale {o['rescale_by_paths']}, weighting "
         f"{o['weighting']}; DiLoCo's own lr {d['lr']}, momentum {d['momentum']}, rescale {d['rescale_by_paths']}.\n\n"
         + "\n".join(table) + "\n\n" + "\n".join(check_lines)
-        + f"\n\nPer path (prefix routing): "
+        + "\n\nPer path (prefix routing): "
         + ", ".join(f"{p['label']} {p['documents']} docs {p['perplexity']:.1f}" for p in results["per_path"]
                     if p["perplexity"])
         + f"\nBenchmark wall time: {results['seconds'] / 60:.1f} min.\n"
@@ -221,26 +221,24 @@ def plot(results: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"dipaco": ("tab:red", "o"), "diloco": ("tab:blue", "s"), "dense": ("tab:gray", "^")}
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    markers = {"dipaco-prefix": ("tab:red", "o"), "dipaco-every:64": ("tab:orange", "o"),
+               "dipaco-oracle": ("tab:red", "x"), "diloco": ("tab:blue", "s"), "diloco-dipaco-outer": ("tab:cyan", "D"),
+               "dense-equal-steps": ("tab:gray", "^"), "dense-equal-compute": ("black", "^"),
+               "dense-large": ("tab:green", "v")}
     for r in results["rows"]:
-        if r["kind"] in ("dipaco-every:64",):
-            continue
-        family = "dipaco" if r["kind"].startswith("dipaco") else "diloco" if r["kind"].startswith("diloco") else "dense"
-        color, marker = styles[family]
-        ax.scatter(r["total_tokens"], r["perplexity"], color=color, marker=marker,
-                   facecolors="none" if r["kind"] == "dipaco-oracle" else color)
-        ax.annotate(r["model"], (r["total_tokens"], r["perplexity"]), fontsize=7, xytext=(4, 3),
-                    textcoords="offset points")
+        color, marker = markers.get(r["kind"], ("tab:purple", "*"))
+        ax.scatter(r["total_tokens"], r["perplexity"], color=color, marker=marker, s=50,
+                   label=f"{r['model']}: {r['perplexity']:.1f}")
     dense = sorted((r["total_tokens"], r["perplexity"]) for r in results["rows"]
                    if r["kind"] in ("dense-equal-steps", "dense-equal-compute"))
-    ax.plot(*zip(*dense), color="tab:gray", linestyle="--", linewidth=1, label="dense path-size model")
+    ax.plot(*zip(*dense), color="tab:gray", linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("total training tokens per model (warm start included)")
     ax.set_ylabel("held-out perplexity")
     ax.set_title(f"DiPaCo, DiLoCo and dense ({results['rounds']} rounds, budget x{results['budget']:g})")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
