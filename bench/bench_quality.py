@@ -210,7 +210,8 @@ def markdown(results: dict) -> str:
         + "\n\nPer path (prefix routing): "
         + ", ".join(f"{p['label']} {p['documents']} docs {p['perplexity']:.1f}" for p in results["per_path"]
                     if p["perplexity"])
-        + f"\nBenchmark wall time: {results['seconds'] / 60:.1f} min.\n"
+        + f"\nWall time of this invocation: {results['seconds'] / 60:.1f} min (with `--keep`, stages finished "
+        f"by an earlier invocation are reused and not counted); training seconds per model are in the JSON.\n"
     )
 
 

@@ -152,7 +152,7 @@ def markdown(results: dict) -> str:
         f"(paths x rounds x H + pretrain steps) and is scored on the same {results['scored_tokens']:,} held-out "
         f"tokens ({results['test_documents']} documents). Dense path-size baselines: equal steps (200) "
         f"{dense['dense-equal-steps']:.2f}, equal compute (800) {dense['dense-equal-compute']:.2f}.\n",
-        "| variant | what | routed ppl | vs base | ÷ dense equal compute | every:64 | oracle | routed ÷ oracle − 1 "
+        "| variant | what | routed ppl | ÷ base − 1 | ÷ dense equal compute | every:64 | oracle | routed ÷ oracle − 1 "
         "| params total | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -161,7 +161,7 @@ def markdown(results: dict) -> str:
         gap = f"{100 * r['oracle_gap']:+.1f}%" if r["oracle_gap"] is not None else "-"
         every = f"{r['every64']:.2f}" if r["every64"] else "-"
         secs = f"{r['seconds']:.0f}" if r["seconds"] else "-"
-        lines.append(f"| {r['variant']} | {r['what']} | {r['perplexity']:.2f} | {100 * r['gain_vs_base']:+.1f}% | "
+        lines.append(f"| {r['variant']} | {r['what']} | {r['perplexity']:.2f} | {-100 * r['gain_vs_base']:+.1f}% | "
                      f"{r['ratio_dense_equal_compute']:.2f} | {every} | {oracle} | {gap} | {r['params_total']:,} | "
                      f"{secs} |")
     lines.append("\nOverrides of each variant: `python bench/bench_recipe_search.py --list`.")
