@@ -84,10 +84,12 @@ def main() -> None:
     parser.add_argument("--name", default="", help="results name (default quality, or quality-budget<B>)")
     parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
     parser.add_argument("--keep", action="store_true", help="reuse finished stages of an earlier run of the same name")
+    parser.add_argument("--collect-only", action="store_true",
+                        help="train nothing: write the results from the runs already in --runs (implies --keep)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     name = args.name or ("quality" if args.budget == 1 else f"quality-budget{args.budget:g}")
-    runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{name}"), keep=args.keep)
+    runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{name}"), keep=args.keep or args.collect_only)
     started = time.perf_counter()
 
     config = load_config(args.config, [*args.set, *args.dipaco])
@@ -98,16 +100,20 @@ def main() -> None:
     large = [f"eval.large_hidden_size={large_hidden}", f"eval.large_n_layers={large_layers if large_hidden else 0}"]
     dipaco_overrides = [*args.set, *args.dipaco, *budget, *large]
     config = load_config(args.config, dipaco_overrides)
-    dipaco_run = runner.pipeline("dipaco", Path(args.config), dipaco_overrides, baselines=True, modes=DIPACO_MODES)
+    pipeline = runner.pipeline
+    if args.collect_only:
+        def pipeline(name, *_, **__):
+            return runner.root / name
+    dipaco_run = pipeline("dipaco", Path(args.config), dipaco_overrides, baselines=True, modes=DIPACO_MODES)
 
     diloco_file = ROOT / "configs" / "diloco.yaml"
     own = load_config(diloco_file, diloco_overrides(config, outer=False))
     if own.outer.rescale_by_paths:
         raise ValueError(f"{diloco_file} must hold DiLoCo's own outer step (no sqrt(paths) rescale)")
-    runs = {"DiLoCo, its own outer step": runner.pipeline(
+    runs = {"DiLoCo, its own outer step": pipeline(
         "diloco", diloco_file, diloco_overrides(config, outer=False), baselines=False, modes=["prefix"])}
     if not args.no_diloco_dipaco_outer:
-        runs["DiLoCo, DiPaCo's outer step"] = runner.pipeline(
+        runs["DiLoCo, DiPaCo's outer step"] = pipeline(
             "diloco-dipaco-outer", diloco_file, diloco_overrides(config, outer=True), baselines=False,
             modes=["prefix"])
     results = collect(config, own, dipaco_run, runs)
@@ -159,7 +165,8 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
         "dipaco_vs_diloco_same_outer": (1 - by["dipaco-prefix"] / by["diloco-dipaco-outer"])
         if "diloco-dipaco-outer" in by else None,
         "dipaco_over_dense_equal_compute": by["dipaco-prefix"] / by["dense-equal-compute"],
-        "dipaco_vs_dense_equal_steps": 1 - by["dipaco-prefix"] / by["dense-equal-steps"],
+        "dipaco_vs_dense_equal_steps": (1 - by["dipaco-prefix"] / by["dense-equal-steps"])
+        if "dense-equal-steps" in by else None,
         "routed_over_oracle": by["dipaco-prefix"] / by["dipaco-oracle"] - 1,
         "dipaco_over_dense_large": by["dipaco-prefix"] / by["dense-large"] if "dense-large" in by else None,
     }
@@ -233,7 +240,8 @@ def plot(results: dict, out: Path) -> None:
                    label=f"{r['model']}: {r['perplexity']:.1f}")
     dense = sorted((r["total_tokens"], r["perplexity"]) for r in results["rows"]
                    if r["kind"] in ("dense-equal-steps", "dense-equal-compute"))
-    ax.plot(*zip(*dense), color="tab:gray", linestyle="--", linewidth=1)
+    if len(dense) == 2:
+        ax.plot(*zip(*dense), color="tab:gray", linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("total training tokens per model (warm start included)")

@@ -38,7 +38,8 @@ log = logging.getLogger("bench_recipe_search")
 # when configs/demo.yaml takes its findings.
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "train.rounds=8", "inner.steps=25",
            "train.precision=fp32", "eval.precision=fp32", "pretrain.steps=0", "routing.featurizer=tfidf",
-           "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]
+           "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
+           "topology.private_embeddings=false"]
 PAPER_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=true"]
 DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=false"]
 WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
