@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality clean help pretrain reroute
+.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -65,6 +65,9 @@ pretrain:  ## the dense warm start (ARGS='pretrain.steps=200'), before route
 
 reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds
 	$(DIPACO) reroute --config $(CONFIG) --run $(RUN) $(ARGS)
+
+simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goodput of data parallel, elastic, sync, async; JSON + PNG in $(RUN)/simulate
+	$(DIPACO) simulate --config $(CONFIG) --run $(RUN) $(ARGS)
 
 test:  ## the test suite without the tests marked slow (offline, one torch thread: tests/conftest.py)
 	$(PYTHON) -m pytest -q --durations=10

@@ -1,23 +1,30 @@
-"""Benchmark: bytes per island per round with compressed pseudo-gradients, and goodput sync vs async.
+"""Benchmark: goodput and perplexity of sync vs async rounds under restart-style failures and a straggler,
+and (with --compression) bytes per island per round with compressed pseudo-gradients.
 
-    python bench/bench_islands.py            # or `make bench`; writes bench/results/islands.{json,md}
-    python bench/bench_islands.py --markdown-only   # re-render the table from bench/results/islands.json
-    BENCH_MTBF_TASKS=3 python bench/bench_islands.py --failures-only   # redo (b) with failures only
+    python bench/bench_islands.py                  # writes bench/results/islands.{json,md}
+    python bench/bench_islands.py --compression    # also part (a), three more runs
+    python bench/bench_islands.py --markdown-only  # re-render the tables from bench/results/islands.json
+    BENCH_ROUNDS=3 BENCH_ISLANDS=2 python bench/bench_islands.py
 
-Budget (2 CPU cores, about 10 minutes when idle): the demo grid (2x2 paths of 1.3M parameters, 25 inner
-steps per round of batch 4, fp32) on the bundled corpus, `ROUNDS` rounds, plain-averaging outer step (lr 1, momentum 0, no
-rescale; see the brief), one island process per path (`train.islands=4`), each run a real
-`dipaco train` (coordinator + pull-based island processes over a local store), then routed
-held-out perplexity (`dipaco.stages.evaluate`).
+Each run is a real `dipaco train` (coordinator + pull-based island processes over a local store) of the
+demo grid (2x2 paths, 25 inner steps of batch 4, fp32, plain-averaging outer step), then routed held-out
+perplexity (`dipaco eval`). Goodput is docs/islands.md#goodput's: the inner-loop seconds of the results
+committed rounds applied (a resumed task counts the steps before its checkpoint once) / (islands x
+seconds from the first heartbeat to the last commit), from `train.json`.
 
-(a) outer.compression none / int8 / int4: bytes each island uploads and downloads per round (one
-    task = one path for one round), next to what data-parallel training would send for the same
-    inner steps: every step, each worker sends its full float32 gradient and receives the averaged
-    one (P parameters x 4 bytes each way, per step). Perplexity cost of each compression.
-(b) outer.mode sync vs async, with no failures and with injected island deaths
-    (`train.fail_mtbf`, `train.return_after`, `train.heartbeat_timeout`): goodput = island seconds
-    spent on inner steps whose results were applied / (islands x wall seconds from the first
-    heartbeat to the last commit), and final perplexity.
+(b) Failures as the paper models them: an island fails (its process keeps its disk), is back after a
+    restart time R and resumes its task from its last inner checkpoint (`train.checkpoint_steps`);
+    failures per island are exponential with mean MTBF (`train.fail_mtbf`, `train.fail_mode=die`).
+    MTBF and R are set in units of the task time T measured by the failure-free sync run, so the
+    settings mean the same on a loaded machine. For each failure rate, sync and async run side by side
+    (one after the other, in this one invocation).
+(c) A straggler: island-0 runs `train.slowdown`x slower, sync vs async.
+(a) outer.compression none / int8 / int4 (--compression): bytes each island uploads and downloads per
+    task, next to what data-parallel training would send for the same inner steps (a float32 gradient
+    each way per step), and the perplexity each compression costs.
+
+Budget: the machine is shared, so by default `BENCH_ISLANDS=2` island processes of one thread each (two
+cores) for the four paths, and `BENCH_ROUNDS=3` rounds; about 1-2 minutes per run when idle.
 """
 
 from __future__ import annotations
@@ -42,23 +49,29 @@ from dipaco.store.module_store import ModuleStore  # noqa: E402
 CONFIG = ROOT / "configs" / "demo.yaml"
 WORK = ROOT / "runs" / "bench-islands"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-ISLANDS = 4
+ISLANDS = int(os.environ.get("BENCH_ISLANDS", "2"))
+CHECKPOINT_STEPS = 5  # of the demo's 25 inner steps
 COMMON = [f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-          "eval.baselines=false", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
-          "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4"]
+          "eval.baselines=false", "eval.modes=[prefix]", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
+          "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
+          f"train.checkpoint_steps={CHECKPOINT_STEPS}"]
 ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]
 
 
-MTBF_TASKS = float(os.environ.get("BENCH_MTBF_TASKS", "2"))
+RESTART_TASKS = 0.2  # restart time R, in task times T
+FAILURE_RATES = [float(x) for x in os.environ.get("BENCH_MTBF_TASKS", "0.5").split(",")]  # MTBF per island, in T
+SLOWDOWN = 3.0
 
 
-def failure_overrides(task_seconds: float) -> list[str]:
-    """Failures scaled to the measured task time T (machines differ, and so does their load): each island
-    fails on average every MTBF_TASKS x T, stays away T / 2, and is declared lost after T / 3 without
-    heartbeats."""
-    t = max(task_seconds, 3.0)
-    return [f"train.fail_mtbf={MTBF_TASKS * t:.1f}", f"train.return_after={t / 2:.1f}",
-            f"train.heartbeat_timeout={t / 3:.1f}", "train.heartbeat_seconds=0.5"]
+def failure_overrides(task_seconds: float, mtbf_tasks: float) -> list[str]:
+    """Restart-style failures scaled to the measured task time T: each island fails on average every
+    mtbf_tasks x T of its up-time, is back after R = RESTART_TASKS x T and resumes from its inner
+    checkpoint; a silent island's task is handed on after T / 2."""
+    t = max(task_seconds, 2.0)
+    return [f"train.fail_mtbf={mtbf_tasks * t:.1f}", f"train.return_after={RESTART_TASKS * t:.1f}",
+            "train.fail_mode=die", f"train.heartbeat_timeout={t / 2:.1f}", "train.heartbeat_seconds=0.5"]
+
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -113,6 +126,7 @@ def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
         "inner_state_bytes_down": sum(t["bytes_down_inner"] for t in tasks) / n,
         "inner_steps": config.inner.steps,
         "task_seconds": sum(t["seconds"] for t in tasks) / n,
+        "tasks_by_island": _tasks_by_island(store),
     }
     log(f"{name}: perplexity {perplexity:.2f}, goodput {row['goodput']:.2f}, {wall:.0f}s, "
         f"{row['pseudo_gradient_bytes_up'] / 1e3:.1f} kB pseudo-gradient per island-round, "
@@ -131,6 +145,16 @@ def _applied_tasks(store: ModuleStore) -> list[dict]:
     return tasks
 
 
+def _tasks_by_island(store: ModuleStore) -> dict[str, int]:
+    """Applied results per island (fast islands take more tasks)."""
+    counts: dict[str, int] = {}
+    for manifest in _manifests(store):
+        for entry in manifest.applied:
+            island = read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt).island
+            counts[island] = counts.get(island, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def _manifests(store: ModuleStore) -> list:
     return [m for m in (read_manifest(store, r) for r in range(1, store.current_round() + 1)) if m is not None]
 
@@ -146,92 +170,98 @@ def main() -> None:
     started = time.perf_counter()
     base = prepare()
     params = path_parameters(base)
-    if "--failures-only" in sys.argv:  # reuse the failure-free runs of the last benchmark
-        previous = json.loads((RESULTS / "islands.json").read_text())
-        rows = {k: previous["runs"][k] for k in ("none", "int8", "int4", "async")}
-        started -= previous["budget"]["seconds"] - sum(previous["runs"][k]["wall_seconds"]
-                                                       for k in ("sync-failures", "async-failures"))
-    else:
-        rows = {}
-        rows["none"] = train_and_eval(base, "none", [])
+    rows = {"sync": train_and_eval(base, "sync", [])}
+    task_seconds = rows["sync"]["task_seconds"]
+    grace = [f"outer.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
+    rows["async"] = train_and_eval(base, "async", [*ASYNC, *grace])
+    goodput = [_goodput_row(rows, "sync", "sync", "none"), _goodput_row(rows, "async", "async", "none")]
+    settings = {}
+    for mtbf in FAILURE_RATES:
+        failures = failure_overrides(task_seconds, mtbf)
+        settings[f"mtbf {mtbf:g}T"] = failures
+        for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])):
+            name = f"{mode}-mtbf{mtbf:g}"
+            rows[name] = train_and_eval(base, name, [*extra, *failures])
+            goodput.append(_goodput_row(rows, name, mode, f"MTBF {mtbf:g}T, restart {RESTART_TASKS:g}T"))
+    for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])):
+        name = f"{mode}-slow"
+        rows[name] = train_and_eval(base, name, [*extra, f"train.slowdown={SLOWDOWN:g}"])
+        goodput.append(_goodput_row(rows, name, mode, f"island-0 {SLOWDOWN:g}x slower"))
+    compression = []
+    steps = rows["sync"]["inner_steps"]
+    if "--compression" in sys.argv:
         rows["int8"] = train_and_eval(base, "int8", ["outer.compression=int8"])
         rows["int4"] = train_and_eval(base, "int4", ["outer.compression=int4"])
-    task_seconds = rows["none"]["task_seconds"]
-    grace = [f"outer.grace_seconds={task_seconds / 5:.1f}"]  # the fast islands wait at most T / 5 for stragglers
-    failures = failure_overrides(task_seconds)
-    if "async" not in rows:
-        rows["async"] = train_and_eval(base, "async", [*ASYNC, *grace])
-    rows["sync-failures"] = train_and_eval(base, "sync-failures", failures)
-    rows["async-failures"] = train_and_eval(base, "async-failures", [*ASYNC, *grace, *failures])
-
-    steps = rows["none"]["inner_steps"]
-    dp_up = steps * params * 4  # per round: one full float32 gradient sent per inner step
-    compression = []
-    for name in ("none", "int8", "int4"):
-        r = rows[name]
-        compression.append({
-            "compression": name, "pseudo_gradient_bytes_up": r["pseudo_gradient_bytes_up"],
-            "data_parallel_bytes_up": dp_up, "ratio_to_data_parallel": dp_up / r["pseudo_gradient_bytes_up"],
-            "module_bytes_down": r["module_bytes_down"], "data_parallel_bytes_down": dp_up,
-            "ratio_down_to_data_parallel": dp_up / r["module_bytes_down"],
-            "inner_state_bytes_up": r["inner_state_bytes_up"], "inner_state_bytes_down": r["inner_state_bytes_down"],
-            "perplexity": r["perplexity"],
-            "perplexity_cost_pct": 100 * (r["perplexity"] / rows["none"]["perplexity"] - 1),
-        })
-    goodput = []
-    for name, mode, failing in (("none", "sync", False), ("async", "async", False),
-                                ("sync-failures", "sync", True), ("async-failures", "async", True)):
-        r = rows[name]
-        goodput.append({"mode": mode, "failures": failing, "goodput": r["goodput"], "perplexity": r["perplexity"],
-                        "perplexity_vs_failure_free_sync_pct": 100 * (r["perplexity"] / rows["none"]["perplexity"] - 1),
-                        "injected_failures": r["injected_failures"], "stale_applied": r["stale_applied"],
-                        "dropped": r["dropped_tasks"], "applied": r["applied_tasks"], "wall_seconds": r["wall_seconds"]})
+        dp_up = steps * params * 4  # per task: one full float32 gradient sent per inner step
+        for name, key in (("none", "sync"), ("int8", "int8"), ("int4", "int4")):
+            r = rows[key]
+            compression.append({
+                "compression": name, "pseudo_gradient_bytes_up": r["pseudo_gradient_bytes_up"],
+                "data_parallel_bytes_up": dp_up, "ratio_to_data_parallel": dp_up / r["pseudo_gradient_bytes_up"],
+                "module_bytes_down": r["module_bytes_down"], "data_parallel_bytes_down": dp_up,
+                "ratio_down_to_data_parallel": dp_up / r["module_bytes_down"],
+                "inner_state_bytes_up": r["inner_state_bytes_up"], "inner_state_bytes_down": r["inner_state_bytes_down"],
+                "perplexity": r["perplexity"],
+                "perplexity_cost_pct": 100 * (r["perplexity"] / rows["sync"]["perplexity"] - 1),
+            })
     out = {
-        "budget": {"config": "configs/demo.yaml", "overrides": COMMON, "failure_overrides": failures,
-                   "async_overrides": ASYNC + grace, "task_seconds": task_seconds, "path_parameters": params, "inner_steps_per_round": steps,
+        "budget": {"config": "configs/demo.yaml", "overrides": COMMON, "islands": ISLANDS, "rounds": ROUNDS,
+                   "failure_settings": settings, "async_overrides": ASYNC + grace, "task_seconds": task_seconds,
+                   "checkpoint_steps": CHECKPOINT_STEPS, "restart_tasks": RESTART_TASKS, "slowdown": SLOWDOWN,
+                   "path_parameters": params, "inner_steps_per_task": steps,
                    "seconds": time.perf_counter() - started},
-        "compression": compression, "goodput": goodput, "runs": rows,
+        "goodput": goodput, "compression": compression, "runs": rows,
     }
     path = write_results("islands", out, markdown(out))
     print(path.with_suffix(".md").read_text())
 
 
+def _goodput_row(rows: dict, name: str, mode: str, fault: str) -> dict:
+    r, reference = rows[name], rows["sync"]
+    return {"run": name, "mode": mode, "fault": fault, "goodput": r["goodput"], "perplexity": r["perplexity"],
+            "perplexity_vs_failure_free_sync_pct": 100 * (r["perplexity"] / reference["perplexity"] - 1),
+            "injected_failures": r["injected_failures"], "stale_applied": r["stale_applied"],
+            "dropped": r["dropped_tasks"], "applied": r["applied_tasks"], "tasks_by_island": r["tasks_by_island"],
+            "wall_seconds": r["wall_seconds"]}
+
+
 def markdown(out: dict) -> str:
     b = out["budget"]
     lines = [
-        "# Islands: compressed pseudo-gradients and goodput",
+        "# Islands: goodput sync vs async under failures and a straggler",
         "",
-        f"demo grid 2x2, {b['path_parameters']:,} parameters per path, {b['inner_steps_per_round']} inner steps per "
-        f"round (batch 4, fp32), {ROUNDS} rounds, {ISLANDS} island processes (one per path) on this machine, "
-        f"mean task {b['task_seconds']:.1f}s; "
-        f"whole benchmark {b['seconds']:.0f}s. Data parallel = one float32 gradient per inner step each way.",
+        f"demo grid 2x2, {b['path_parameters']:,} parameters per path, {b['inner_steps_per_task']} inner steps per "
+        f"task (batch 4, fp32), {b['rounds']} rounds, {b['islands']} island processes of one thread for 4 paths on "
+        f"this machine, task time T = {b['task_seconds']:.1f}s (failure-free sync run), inner checkpoints every "
+        f"{b['checkpoint_steps']} steps, async {' '.join(b['async_overrides'])}; whole benchmark {b['seconds']:.0f}s. "
+        "Goodput as docs/islands.md#goodput defines it.",
         "",
-        "## (a) bytes per island per round",
-        "",
-        "| compression | pseudo-gradient up | DP up | DP / ours (up) | modules down | DP / ours (down) "
-        "| inner state up / down | perplexity | cost |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in out["compression"]:
-        lines.append(
-            f"| {c['compression']} | {c['pseudo_gradient_bytes_up'] / 1e3:,.1f} kB | {c['data_parallel_bytes_up'] / 1e6:,.1f} MB "
-            f"| {c['ratio_to_data_parallel']:,.0f}x | {c['module_bytes_down'] / 1e3:,.1f} kB "
-            f"| {c['ratio_down_to_data_parallel']:,.0f}x | {c['inner_state_bytes_up'] / 1e3:,.0f} / "
-            f"{c['inner_state_bytes_down'] / 1e3:,.0f} kB | {c['perplexity']:.2f} | {c['perplexity_cost_pct']:+.2f}% |")
-    lines += [
-        "",
-        f"## (b) goodput, sync vs async (failures: {' '.join(b['failure_overrides'])}; async: "
-        f"{' '.join(b['async_overrides'])})",
-        "",
-        "| mode | failures | injected | goodput | perplexity | vs failure-free sync | applied | stale applied "
-        "| dropped | wall |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run | mode | fault | failures | goodput | perplexity | vs failure-free sync | applied | stale | dropped "
+        "| tasks by island | wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in out["goodput"]:
+        by_island = ", ".join(f"{k}: {v}" for k, v in g["tasks_by_island"].items())
         lines.append(
-            f"| {g['mode']} | {'yes' if g['failures'] else 'no'} | {g['injected_failures']} | {g['goodput']:.1%} "
+            f"| {g['run']} | {g['mode']} | {g['fault']} | {g['injected_failures']} | {g['goodput']:.1%} "
             f"| {g['perplexity']:.2f} | {g['perplexity_vs_failure_free_sync_pct']:+.2f}% | {g['applied']} "
-            f"| {g['stale_applied']} | {g['dropped']} | {g['wall_seconds']:.0f}s |")
+            f"| {g['stale_applied']} | {g['dropped']} | {by_island} | {g['wall_seconds']:.0f}s |")
+    lines += ["", "Failure settings: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in b["failure_settings"].items())]
+    if out["compression"]:
+        lines += [
+            "",
+            "## Bytes per island per task (data parallel = one float32 gradient per inner step each way)",
+            "",
+            "| compression | pseudo-gradient up | DP up | DP / ours (up) | modules down | DP / ours (down) "
+            "| inner state up / down | perplexity | cost |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in out["compression"]:
+            lines.append(
+                f"| {c['compression']} | {c['pseudo_gradient_bytes_up'] / 1e3:,.1f} kB | {c['data_parallel_bytes_up'] / 1e6:,.1f} MB "
+                f"| {c['ratio_to_data_parallel']:,.0f}x | {c['module_bytes_down'] / 1e3:,.1f} kB "
+                f"| {c['ratio_down_to_data_parallel']:,.0f}x | {c['inner_state_bytes_up'] / 1e3:,.0f} / "
+                f"{c['inner_state_bytes_down'] / 1e3:,.0f} kB | {c['perplexity']:.2f} | {c['perplexity_cost_pct']:+.2f}% |")
     return "\n".join(lines) + "\n"
 
 

@@ -66,7 +66,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
     parser.add_argument("--parallel", type=int, default=1, help="variants trained at once (each on train.islands)")
     parser.add_argument("--keep", action="store_true",
-                        help="reuse the shards and the evaluated variants of an earlier run with the same settings")
+                        help="reuse the shards and evaluated variants of an earlier run with the same settings, "
+                             "and resume its unfinished ones")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     runs = Path(args.runs)
@@ -85,9 +86,10 @@ def main() -> None:
     def variant(name: str, outer: list[str], weighting: str, normalize: str) -> dict:
         run = runs / name.replace(", ", "-")
         if not (args.keep and (run / "eval.json").exists()):
-            shutil.rmtree(run, ignore_errors=True)
-            for part in ("tokenizer", "routing", "shards"):
-                shutil.copytree(base / part, run / part)
+            if not (args.keep and (run / "store").exists()):  # with --keep a started variant resumes
+                shutil.rmtree(run, ignore_errors=True)
+                for part in ("tokenizer", "routing", "shards"):
+                    shutil.copytree(base / part, run / part)
             overrides = [*common, *outer, f"outer.weighting={weighting}", f"outer.normalize={normalize}"]
             dipaco("train", "--config", config, "--run", str(run), *overrides)
             dipaco("eval", "--config", config, "--run", str(run), *overrides)

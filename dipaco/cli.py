@@ -4,6 +4,7 @@
     dipaco route  --config configs/tiny.yaml --run runs/tiny routing.prefix_tokens=16
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3
     dipaco coordinator --config configs/tiny.yaml --run runs/tiny  # + `dipaco island ...` on other machines
+    dipaco simulate --run runs/sim simulate.learners=16             # chaos simulation, no training
 
 Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
 any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report": "write report.md with plots into the run directory",
         "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
         "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
+        "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
     }
     parsers = {}
     for name, help_text in commands.items():
@@ -77,11 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="inject failures with this mean time between failures in seconds (train.fail_mtbf)")
     parsers["island"].add_argument("--return-after", type=float, default=None,
                                    help="a failed island comes back after this many seconds (train.return_after)")
+    parsers["island"].add_argument("--slowdown", type=float, default=None,
+                                   help="inject a straggler: every inner step takes this many times longer (train.slowdown)")
     parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     parsers["eval"].add_argument("--mode", action="append", default=None,
                                  help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
     parsers["eval"].add_argument("--best", action="store_true", default=None,
                                  help="also evaluate each path at its round with the lowest validation loss")
+    parsers["simulate"].add_argument("--no-sweep", action="store_true",
+                                     help="only the four strategies at the configured cluster, not the goodput-vs-chips sweep")
     parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
 
@@ -141,7 +147,7 @@ def cmd_island(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.island import island
 
     island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
-           return_after=args.return_after, max_tasks=args.max_tasks)
+           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
 
 
 def cmd_baselines(config: Config, run: RunDir, args) -> None:
@@ -258,6 +264,18 @@ def cmd_report(config: Config, run: RunDir, args) -> None:
     print(f"report: {path}")
 
 
+def cmd_simulate(config: Config, run: RunDir, args) -> None:
+    from dipaco.simulate.scenario import format_comparison
+    from dipaco.stages.simulate import simulate
+
+    results = simulate(config, run, with_sweep=not args.no_sweep)
+    sim = config.simulate
+    print(f"{sim.learners} learners x {sim.chips_per_learner:,} chips, per-chip MTBI {sim.chip_mtbi_hours:g} h, "
+          f"{sim.horizon_hours:g} h simulated")
+    print(format_comparison(results["strategies"]))
+    print(f"\nresults in {run.root / 'simulate'}")
+
+
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")
 
 STAGES = {
@@ -275,6 +293,7 @@ STAGES = {
     "report": cmd_report,
     "pretrain": cmd_pretrain,
     "reroute": cmd_reroute,
+    "simulate": cmd_simulate,
 }
 
 if __name__ == "__main__":

@@ -148,8 +148,8 @@ class OuterConfig:
     lr: float = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)
     momentum: float = 0.9  # outer momentum (0.9)
     nesterov: bool = True  # Nesterov momentum
-    weighting: str = "shard"  # weight each path's pseudo-gradient by its training shard's tokens ("shard", the paper's |D_p|; x the share of the task trained), the "tokens" the task trained, or "uniform"
-    normalize: str = "module"  # divide the weights by their sum over the paths that reported for the module ("module") or over all paths ("all"; docs/outer-step.md)
+    weighting: str = "shard"  # weight each path's pseudo-gradient by the tokens of its training shard ("shard", the paper's shard size; x the share of the task trained), the "tokens" the task trained, or "uniform"
+    normalize: str = "module"  # divide the weights by their sum over the module's reporting paths ("module": the paper's weighted average; routed ppl 767.9 vs 789.4 with the paper's step, 519.7 vs 536.2 with plain averaging, bench/results/outer-weighting.md) or over all paths ("all")
     rescale_by_paths: bool = True  # multiply a shared module's average by sqrt(paths through it) (DiPaCo)
     compression: str = "none"  # pseudo-gradients sent as none (float32) | int8 | int4 (per-row scales, then zstd)
     zstd_level: int = 1  # zstd level for compressed pseudo-gradients
@@ -198,6 +198,8 @@ class TrainConfig:
     fail_mtbf: float = 0.0  # fault injection: islands fail at random with this mean time between failures (s); 0 = never
     return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
+    slowdown: float = 1.0  # fault injection: island-0 of `dipaco train` (or an island run with --slowdown) is this many times slower
+    checkpoint_steps: int = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
     stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     fused_adamw: bool = False  # the islands' inner AdamW as torch's fused kernel (rounds differently from the default)
@@ -213,6 +215,9 @@ class TrainConfig:
             raise ValueError(f"train.fail_mtbf and return_after must be >= 0, got {self.fail_mtbf}, {self.return_after}")
         if self.fail_mode not in ("die", "stall"):
             raise ValueError(f"train.fail_mode must be 'die' or 'stall', got {self.fail_mode!r}")
+        if self.slowdown < 1 or self.checkpoint_steps < 0:
+            raise ValueError(f"train.slowdown must be >= 1 and train.checkpoint_steps >= 0, "
+                             f"got {self.slowdown}, {self.checkpoint_steps}")
         if self.stop_after_round < 0:
             raise ValueError(f"train.stop_after_round must be >= 0, got {self.stop_after_round}")
         if self.rounds < 1:
@@ -262,6 +267,50 @@ class PretrainConfig:
 
 
 @dataclass(kw_only=True)
+class SimulateConfig:
+    """`dipaco simulate`: the chaos simulator's cluster, failures and workload (docs/simulate.md)."""
+
+    learners: int = 8  # DiLoCo learners (islands), each a data-parallel group of chips_per_learner chips
+    chips_per_learner: int = 150_000  # chips in one learner; data parallel runs on learners x this many
+    chip_mtbi_hours: float = 8766.0  # mean time between interruptions of one chip (8766 h = 1 year)
+    restart_seconds: float = 30.5  # a stopped job or learner is back this long after its last chip failure (fitted: docs/simulate.md)
+    reconfigure_seconds: float = 6.8  # elastic: every chip of the group pauses this long when a chip leaves or returns (fitted)
+    learner_failure: str = "elastic"  # what a DiLoCo learner does on a chip failure: elastic (shrink, go on) | restart
+    checkpoint_steps: int = 5  # a restart resumes from the last checkpoint, taken every this many steps
+    step_seconds: float = 2.0  # one training step (inner step) on any group of chips
+    inner_steps: int = 100  # inner steps per DiLoCo task (round)
+    speed_sigma: float = 0.05  # log-normal sigma of a learner's speed per task (stragglers); 0 = identical speeds
+    model_parameters: int = 12_000_000_000  # parameters of the model (for the bytes each strategy moves)
+    parameter_bytes: float = 2.0  # bytes per parameter of gradients (data parallel) and downloaded modules
+    link_gbit_per_s: float = 100.0  # each learner's link to the others / the syncer; sync rounds wait for the transfer
+    horizon_hours: float = 24.0  # simulated wall-clock time of each run
+    seed: int = 0  # failure times and speeds (numpy)
+    sweep_chips: list[int] = field(default_factory=lambda: [150_000, 300_000, 600_000, 1_200_000, 2_400_000])  # total chips of the goodput-vs-chips plot
+    sweep_learners: list[int] = field(default_factory=lambda: [1, 2, 8, 16])  # learner counts of the plot (async rounds)
+
+    def __post_init__(self) -> None:
+        if self.learners < 1 or self.chips_per_learner < 1 or self.inner_steps < 1 or self.checkpoint_steps < 1:
+            raise ValueError(
+                f"simulate.learners, chips_per_learner, inner_steps and checkpoint_steps must be >= 1, got "
+                f"{self.learners}, {self.chips_per_learner}, {self.inner_steps}, {self.checkpoint_steps}")
+        positive = ("chip_mtbi_hours", "step_seconds", "horizon_hours", "model_parameters", "parameter_bytes",
+                    "link_gbit_per_s")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"simulate.{name} must be > 0, got {getattr(self, name)}")
+        if self.restart_seconds < 0 or self.reconfigure_seconds < 0 or self.speed_sigma < 0:
+            raise ValueError(
+                f"simulate.restart_seconds, reconfigure_seconds and speed_sigma must be >= 0, got "
+                f"{self.restart_seconds}, {self.reconfigure_seconds}, {self.speed_sigma}")
+        if self.learner_failure not in ("elastic", "restart"):
+            raise ValueError(f"simulate.learner_failure must be 'elastic' or 'restart', got {self.learner_failure!r}")
+        if not self.sweep_chips or any(c < 1 for c in self.sweep_chips):
+            raise ValueError(f"simulate.sweep_chips must be a non-empty list of ints >= 1, got {self.sweep_chips}")
+        if not self.sweep_learners or any(n < 1 for n in self.sweep_learners):
+            raise ValueError(f"simulate.sweep_learners must be a non-empty list of ints >= 1, got {self.sweep_learners}")
+
+
+@dataclass(kw_only=True)
 class Config:
     """The whole run: one section per component."""
 
@@ -275,6 +324,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
     def __post_init__(self) -> None:
         blocks = self.topology.blocks_per_level

@@ -11,11 +11,15 @@
 3. opens a task for every path that has none in flight, from the newest module version;
 4. hands a lost task to another island as the next attempt (in async mode a lost task from an old
    version is replaced by one from the newest version);
-5. assigns open tasks to idle islands: an island pinned with `--path` only takes its paths, and an
-   island prefers the path it trained last (its inner optimiser state is then already local);
-6. closes the round when `dipaco.islands.rounds.round_ready` says so: applies the outer step, writes
+5. closes the round when the round policy says so: applies the outer step it plans, writes
    module version t, the round manifest `rounds/round-t.json` (which results were applied), then
-   `state.json` (the commit point).
+   `state.json` (the commit point); tasks still open move to version t, reported paths get new ones;
+6. assigns open tasks to idle islands (after any commit, so always from the newest version): an
+   island pinned with `--path` only takes its paths, and an island prefers the path it trained last
+   (its inner optimiser state is then already local).
+
+Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
+a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
 
 Restarting after a crash resumes from the store: rounds up to the committed one are final, the
 applied set is rebuilt from their manifests (nothing is applied twice), and a half-written round t is
@@ -55,7 +59,8 @@ from dipaco.eval.early_stopping import (
     record_val_losses,
     unscored_paths,
 )
-from dipaco.islands.rounds import apply_round, round_ready
+from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
+from dipaco.islands.rounds import apply_round
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, needs_sizes
@@ -64,6 +69,7 @@ from dipaco.store.board import (
     read_board,
     read_heartbeats,
     read_manifest,
+    read_result_meta,
     result_exists,
     write_board,
     write_manifest,
@@ -131,14 +137,20 @@ class Coordinator:
             p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=None)
             for p in range(topology.n_paths)}
         self.used: set[str] = set()  # task keys applied or dropped by committed rounds
+        applied: list[tuple[int, int]] = []  # (round, path) of the applied results: private modules' versions
         for r in range(1, self.committed + 1):
             manifest = read_manifest(store, r)
             if manifest is not None:
                 self.used |= manifest.keys
+                applied += [(r, e.path) for e in manifest.applied]
         for key in [k for k in self.tasks if k in self.used]:
             del self.tasks[key]  # applied by a committed round whose board update was lost in a crash
+        self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
+        self.policy = RoundPolicy(Grid.of(topology), outer, committed=self.committed, applied=applied)
+        for task in self.tasks.values():
+            if task.status == "received":
+                self._tell_policy(task, arrived=clock())
         self.seen: dict[str, Seen] = {}
-        self.quorum_since: float | None = None
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.last_stats: RoundStats | None = None
         self._board_written = board.to_json() if board else None
@@ -157,8 +169,10 @@ class Coordinator:
         if self.committed < self.train.rounds:
             self._open_tasks()
             self._reassign_lost(now)
-            self._assign(now)
-            self._maybe_close(now)
+            if self._maybe_close(now) and self.committed < self.train.rounds:
+                self._open_tasks()  # the paths that reported train on from the new version
+            if self.committed < self.train.rounds:
+                self._assign(now)  # after any commit: a task is handed out from the newest version
         self._write_board()
         return self.committed >= self.train.rounds
 
@@ -187,10 +201,16 @@ class Coordinator:
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if result_exists(self.store, round=task.round, path=task.path, attempt=attempt):
                     self.tasks[key] = replace(task, status="received", result_attempt=attempt)
+                    self._tell_policy(self.tasks[key], arrived=self.clock())
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
                                                       inner=inner_ref(path=task.path, round=task.round, attempt=attempt))
                     log.info("received %s (attempt %d)", key, attempt)
                     break
+
+    def _tell_policy(self, task: Task, *, arrived: float) -> None:
+        meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=task.result_attempt)
+        self.policy.received(Result(key=task.key, path=task.path, base=task.base, tokens=meta.tokens,
+                                    arrived=arrived, started=self.started.get(task.key)))
 
     def _in_flight(self, path: int) -> Task | None:
         for task in self.tasks.values():
@@ -204,22 +224,32 @@ class Coordinator:
         return Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner)
 
     def _open_tasks(self) -> None:
-        for path in range(self.topology.n_paths):
-            if self._in_flight(path) is not None:
-                continue
+        busy = {t.path for t in self.tasks.values() if t.status in ("open", "assigned")}
+        for path in self.policy.paths_to_open(busy=busy):
             if task_key(path, self.committed) in self.tasks:
-                continue  # this path already reported from the newest version; it waits for the round
+                continue  # reported from the newest version (the policy knows), or replaced and lost
             task = self._new_task(path)
             self.tasks[task.key] = task
+
+    def _rebase_open(self) -> None:
+        """Open tasks nobody has taken move to the newest version (a returning island never gets an old one)."""
+        for stale in self.policy.rebase(_open(self.tasks)):
+            del self.tasks[stale.key]
+            task = self._new_task(stale.path)
+            self.tasks[task.key] = task
+            log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
 
     def _reassign_lost(self, now: float) -> None:
         for key, task in list(self.tasks.items()):
             if task.status != "assigned":
                 continue
-            lost = not self.alive(task.island, now) or self.seen[task.island].beat.incarnation != task.incarnation
-            if not lost:
+            alive = self.alive(task.island, now)
+            beat = self.seen[task.island].beat if alive else None
+            came_back = beat is not None and beat.incarnation != task.incarnation
+            if alive and not came_back:
                 continue
-            if self.outer.mode == "async" and task.base < self.committed:
+            resumable = came_back and beat.last_path == task.path  # it reports its checkpointed path
+            if self.policy.on_lost(task.base, resumable=resumable) == "replace":
                 log.warning("%s: island %s lost it; replaced by a task from version %d", key, task.island, self.committed)
                 self.tasks[key] = replace(task, status="lost")
                 fresh = self._new_task(task.path)
@@ -228,51 +258,48 @@ class Coordinator:
                 log.warning("%s: island %s lost it; attempt %d is open", key, task.island, task.attempt + 1)
                 self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
-    def _assign(self, now: float) -> None:
+    def _idle_islands(self, now: float) -> list[IdleIsland]:
         busy = {t.island for t in self.tasks.values() if t.status == "assigned"}
-        idle = sorted(name for name, seen in self.seen.items()
-                      if name not in busy and self.alive(name, now) and seen.beat.status == "idle")
-        for task in sorted((t for t in self.tasks.values() if t.status == "open"), key=lambda t: (t.base, t.path)):
-            path = task.path
+        return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
+                for name, seen in sorted(self.seen.items())
+                if name not in busy and self.alive(name, now) and seen.beat.status == "idle"]
 
-            def rank(name: str, path: int = path) -> tuple:
-                beat = self.seen[name].beat
-                return (0 if path in beat.pinned else 1, 0 if beat.last_path == path else 1, name)
+    def _assign(self, now: float) -> None:
+        for key, island in self.policy.assign(_open(self.tasks), self._idle_islands(now)):
+            task = self.tasks[key]
+            self.tasks[key] = replace(task, status="assigned", island=island,
+                                      incarnation=self.seen[island].beat.incarnation)
+            self.started[key] = now
+            log.info("%s attempt %d -> island %s", key, task.attempt, island)
 
-            candidates = [n for n in idle if not self.seen[n].beat.pinned or path in self.seen[n].beat.pinned]
-            if not candidates:
-                continue
-            island = min(candidates, key=rank)
-            idle.remove(island)
-            self.tasks[task.key] = replace(task, status="assigned", island=island,
-                                           incarnation=self.seen[island].beat.incarnation)
-            log.info("%s attempt %d -> island %s", task.key, task.attempt, island)
-
-    def _maybe_close(self, now: float) -> None:
-        fresh = {t.path for t in self.tasks.values() if t.status == "received" and t.base == self.committed}
-        all_in, quorum = round_ready(self.topology, fresh, config=self.outer)
-        if not quorum:
-            self.quorum_since = None
-            return
-        if self.quorum_since is None:
-            self.quorum_since = now
-        if not all_in and now - self.quorum_since < self.outer.grace_seconds:
-            return
+    def _maybe_close(self, now: float) -> bool:
+        """Close the round when the policy says so (told which islands would stay idle); True when closed."""
+        idle, open_tasks = self._idle_islands(now), _open(self.tasks)
+        taken = {island for _, island in self.policy.assign(open_tasks, idle)}
+        running = [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key))
+                   for t in self.tasks.values() if t.status == "assigned"]
+        if not self.policy.close_due(now, running=running, idle=[i for i in idle if i.name not in taken],
+                                     open=open_tasks):
+            return False
         self._close()
+        return True
 
     def _close(self) -> None:
         self._write_board()  # the results received this tick, before the commit: a restart continues from them
         round = self.committed + 1
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
-        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer,
+        plan = self.policy.plan()
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
                                sizes=self.sizes)
         write_manifest(self.store, manifest)
         _commit(self.store, self.topology, round)
         self.committed = round
+        self.policy.commit(plan)
         self.used |= manifest.keys
         for key in [k for k, t in self.tasks.items() if k in self.used or t.status == "lost"]:
             del self.tasks[key]  # finished business: the manifests keep the record
-        self.quorum_since = None
+            self.started.pop(key, None)
+        self._rebase_open()
         self._retain(round, manifest.applied)
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
         self.last_stats = RoundStats.of(manifest, in_flight=in_flight)
@@ -281,16 +308,16 @@ class Coordinator:
 
     def _retain(self, round: int, applied: tuple[ManifestEntry, ...]) -> None:
         """Record each applied result's validation loss for the version it started from, then apply
-        retention: versions older than `train.keep_rounds` (in async mode at least the versions a
-        stale result may still start from) except the modules some path's best version needs, and
-        the inner states no task or path state names."""
+        retention: versions older than the policy's oldest kept one (`train.keep_rounds`, in async mode
+        the versions a stale result may still start from, and every open or running task's base) except
+        the modules some path's best version needs, and the inner states no task or path state names."""
         losses: dict[int, dict[int, float]] = {}
         for entry in applied:
             losses.setdefault(entry.base, {})[entry.path] = entry.val_loss_start
         if losses:
             record_val_losses(self.store, losses)
-        at_least = self.outer.max_staleness + 2 if self.outer.mode == "async" else 0
-        keep = keep_from(round, keep_rounds=self.train.keep_rounds, at_least=at_least)
+        bases = [t.base for t in self.tasks.values() if t.status in ("open", "assigned")]
+        keep = self.policy.keep_from(keep_rounds=self.train.keep_rounds, bases=bases)
         if keep is None:
             return
         prune_keeping_best(self.store, self.topology, keep_from=keep)
@@ -303,6 +330,11 @@ class Coordinator:
         if written != self._board_written:
             write_board(self.store, board)
             self._board_written = written
+
+
+def _open(tasks: dict[str, Task]) -> list[OpenTask]:
+    return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.step_offset)
+            for t in tasks.values() if t.status == "open"]
 
 
 def prune_keeping_best(store: ModuleStore, topology: Topology, *, keep_from: int) -> None:

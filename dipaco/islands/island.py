@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from dipaco.config import InnerConfig, OuterConfig, TrainConfig
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
+from dipaco.islands.checkpoint import InnerCheckpoint, task_identity, task_path_of
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.model_slot import ModelSlot
 from dipaco.model.path_model import PathSpec, path_parameters
@@ -87,6 +89,7 @@ class IslandSetup:
     inner: InnerConfig  # steps, batch size, AdamW, validation batches
     outer: OuterConfig  # compression of the pseudo-gradients it uploads
     train: TrainConfig  # device, precision, compile / fused AdamW / TF32, rounds (LR schedule), seed, heartbeats
+    checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (train.checkpoint_steps)
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
     @cached_property
@@ -112,9 +115,13 @@ def data_seed(seed: int, *, path: int) -> int:
 
 def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
                cached_inner: tuple[str, dict, dict] | None = None,
-               check: Callable[[], None] | None = None, timings: dict[str, float] | None = None) -> TrainedTask:
+               check: Callable[[], None] | None = None, timings: dict[str, float] | None = None,
+               checkpoint: Path | None = None) -> TrainedTask:
     """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state.
 
+    `checkpoint`: the island's inner checkpoint file (`dipaco.islands.checkpoint`), resumed from when it
+    holds this task and written every `train.checkpoint_steps` steps (not inside a DDP island).
+    `train.slowdown` F > 1 sleeps (F − 1) × each step's time after it (an injected straggler).
     `timings`, when given, receives the seconds of each phase (`PHASES`; bench/bench_speed.py)."""
     store, inner, train = setup.store, setup.inner, setup.train
     read_before = store.bytes_read
@@ -126,40 +133,75 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=train.compile,
                                            wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
+    names = {param: name for name, param in params.items()}
+    if ctx is not None or not train.checkpoint_steps:
+        checkpoint = None
+    resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
+    if resume is not None and not resume.matches(task):
+        resume = None  # another task's: this one starts afresh and replaces it
     with _timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, inner, fused=train.fused_adamw)
         inner_local = False
-        if task.inner_from:
+        if resume is not None:
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(resume.params[name])
+            load_optimizer_state(optimizer, params, resume.adam, resume.adam_meta)
+        elif task.inner_from:
             if cached_inner is not None and cached_inner[0] == task.inner_from:
                 saved, inner_local = cached_inner[1:], True
             else:
                 saved = read_inner(store, task.inner_from)
             load_optimizer_state(optimizer, params, *saved)
+    done = resume.steps if resume is not None else 0
+    if resume is not None:
+        log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, inner.steps)
+
+    last_seconds = 0.0  # inner-loop seconds at the end of the previous step (slowdown included)
+
+    def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
+        nonlocal last_seconds
+        if train.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
+            time.sleep((train.slowdown - 1) * (seconds - last_seconds))
+            seconds += (train.slowdown - 1) * (seconds - last_seconds)
+        last_seconds = seconds
+        if checkpoint is not None and (done + steps) % train.checkpoint_steps == 0 and done + steps < inner.steps:
+            adam, adam_meta = optimizer_state(optimizer, names)
+            InnerCheckpoint(task=task_identity(task), steps=done + steps,
+                            params={name: p.detach().cpu().clone() for name, p in params.items()},
+                            adam=adam, adam_meta=adam_meta,
+                            losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
+                            tokens=(resume.tokens if resume else 0) + tokens,
+                            seconds=(resume.seconds if resume else 0.0) + seconds,
+                            val_loss_start=val_loss).save(checkpoint)
 
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
                                                               seed=data_seed(train.seed, path=path),
-                                                              skip_batches=task.step_offset)
+                                                              skip_batches=task.step_offset + done)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    with Prefetcher(batches, count=inner.steps, device=device) as ahead:  # reads the shard during validation
+    with Prefetcher(batches, count=inner.steps - done, device=device) as ahead:  # reads the shard during validation
         with _timed(timings, "validation", device):
-            val_loss = setup.validation.loss(model, path=path)
+            val_loss = resume.val_loss_start if resume is not None else setup.validation.loss(model, path=path)
         with _timed(timings, "inner_loop", device):
             stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
-                                start_step=task.step_offset, steps=inner.steps, total_steps=train.rounds * inner.steps,
-                                config=inner, device=device, precision=train.precision)
+                                start_step=task.step_offset + done, steps=inner.steps - done,
+                                total_steps=train.rounds * inner.steps, config=inner, device=device,
+                                precision=train.precision,
+                                after_step=after_step if checkpoint is not None or train.slowdown > 1 else None)
     setup.models.release_gradients()
     losses = stats["losses"]
+    tokens, seconds = stats["tokens"], stats["seconds"]
+    if resume is not None:
+        losses, tokens, seconds = list(resume.losses) + losses, resume.tokens + tokens, resume.seconds + seconds
     train_loss = sum(losses[-5:]) / len(losses[-5:])
-    tokens = stats["tokens"]
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
     with _timed(timings, "pseudo_gradient", device):
         pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
-    names = {param: name for name, param in params.items()}
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
-                      train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=stats["seconds"],
+                      train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
                       bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
                       inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1)
     with _timed(timings, "save_inner", device):
@@ -292,6 +334,10 @@ class IslandWorker:
         self.silent = False  # failed: no heartbeats
         self.down_until: float | None = None
         self.tasks_done = 0
+        self.checkpoint = (setup.checkpoints / f"{name}.safetensors"
+                           if setup.checkpoints is not None and setup.train.checkpoint_steps else None)
+        self.resumed: list[tuple[str, int]] = []  # (task key, steps) of the tasks resumed from the checkpoint
+        self._ask_for_checkpointed_path()
         self._lock = threading.Lock()
 
     # --- heartbeats ------------------------------------------------------------------------------
@@ -322,12 +368,18 @@ class IslandWorker:
         self.heartbeat()
         if self.ctx is not None:
             ddp_mod.broadcast(self.ctx, task)
+        saved = InnerCheckpoint.load(self.checkpoint) if self.checkpoint is not None else None
+        if saved is not None and saved.matches(task):
+            self.resumed.append((task.key, saved.steps))
         try:
-            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults)
+            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults,
+                             checkpoint=self.checkpoint)
         except IslandFailure:
             self._go_down()
             return None
         meta, stats, ref = push_result(self.setup, task, out, island=self.name)
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)  # the result is in the store
         self.cached_inner = (ref, *out.inner)
         self.finished.append(f"{task.key}#{task.attempt}")
         self.last_path, self.status, self.current = task.path, "idle", None
@@ -343,6 +395,7 @@ class IslandWorker:
             if self.clock() < self.down_until:
                 return False
             self.down_until, self.silent = None, False
+            self._ask_for_checkpointed_path()
             log.warning("island %s is back as incarnation %s", self.name, self.incarnation)
         if self.faults.due():
             self.faults.fail()
@@ -364,6 +417,14 @@ class IslandWorker:
         self.silent = True  # stall: the island hangs, then carries on
         time.sleep(away)
         self.silent = False
+
+    def _ask_for_checkpointed_path(self) -> None:
+        """A (re)started island with an inner checkpoint reports its path as the one it trained last, so
+        the coordinator hands it that path's task first (it resumes when the task is the same)."""
+        if self.checkpoint is not None:
+            path = task_path_of(self.checkpoint)
+            if path is not None:
+                self.last_path = path
 
     def _go_down(self) -> None:
         """An injected death: silent for `return_after`, then a new incarnation with nothing cached."""

@@ -1,11 +1,5 @@
-"""When a round may close, and which results its outer step applies with what weight (`outer.mode`).
-
-- `sync` (the paper's algorithm): round t closes once every path has reported from version t − 1.
-- `async` (Decoupled DiLoCo): round t may close once, for every module, at least
-  ceil(outer.quorum × its paths) of its paths have reported from version t − 1; it then waits at
-  most `outer.grace_seconds` for the rest. Results that arrive later (their task started from an
-  older version b) are applied in a later round t' with their weight × (1 + s) ** −staleness_power,
-  s = t' − 1 − b, and dropped when s > outer.max_staleness.
+"""The outer step of one round as the round policy planned it (`dipaco.islands.policy`: when a round
+closes, which results it applies to which module with what weight, sync / async).
 
 Each result's weight and what the weights are divided by are `dipaco.optim.weighting.result_weights`
 (`outer.weighting`, `outer.normalize`; the shard sizes come from the run's shards/index.json).
@@ -32,9 +26,8 @@ those of the earlier implementation (`tests/test_memory.py`).
 
 from __future__ import annotations
 
-import math
-
 from dipaco.config import OuterConfig
+from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
 from dipaco.optim.weighting import PathSizes, result_weights
@@ -43,55 +36,41 @@ from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, RoundManifest, Task
 
 
-def staleness_weight(staleness: int, *, config: OuterConfig) -> float | None:
-    """Multiplier for a result `staleness` versions old; None when it is to be dropped."""
-    if staleness < 0:
-        raise ValueError(f"a result cannot start from a version newer than the one it is applied to (staleness {staleness})")
-    if config.mode == "sync":
-        return 1.0 if staleness == 0 else None
-    if staleness > config.max_staleness:
-        return None
-    return (1.0 + staleness) ** -config.staleness_power
-
-
-def round_ready(topology: Topology, fresh_paths: set[int], *, config: OuterConfig) -> tuple[bool, bool]:
-    """(every path has reported, every module has its quorum) for the round being built."""
-    all_in = fresh_paths >= set(range(topology.n_paths))
-    if config.mode == "sync":
-        return all_in, all_in
-    quorum = all(
-        len(fresh_paths & set(paths)) >= math.ceil(config.quorum * len(paths))
-        for paths in (topology.paths_of_module(m) for m in topology.modules)
-    )
-    return all_in, quorum
-
-
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
-                config: OuterConfig, sizes: PathSizes | None = None) -> RoundManifest:
+                config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
-    Streams module by module (module docstring): memory holds a few copies of one module."""
+    `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
+    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. Streams module by module (module docstring): memory holds a few copies of one module."""
+    tasks = {task.key: task for task in pending}
+    metas = {task.key: read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
+             for task in sorted(pending, key=lambda t: (t.path, t.base))}
+    if plan is None:
+        policy = RoundPolicy(Grid.of(topology), config, committed=round - 1)
+        for key, meta in metas.items():
+            policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0))
+        plan = policy.plan()
+    if plan.round != round:
+        raise ValueError(f"the plan is for round {plan.round}, not {round}")
     applied, dropped, readers = [], [], {}
-    for task in sorted(pending, key=lambda t: (t.path, t.base)):
-        staleness = round - 1 - task.base
-        factor = staleness_weight(staleness, config=config)
-        meta = read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
+    for verdict in plan.verdicts:
+        task, meta = tasks[verdict.key], metas[verdict.key]
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
-                              staleness=staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
-                              train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=factor)
-        if factor is None:
+                              staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
+                              train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor)
+        if verdict.factor is None:
             dropped.append(entry)
             continue
         applied.append(entry)
         readers[task.key] = ResultReader(store, meta)  # reads the header only
     for name in topology.modules:
-        paths = set(topology.paths_of_module(name))
-        sharing = [entry for entry in applied if entry.path in paths]
+        sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
         outer_grad = None
         if sharing:
             weights, total = result_weights(sharing, n_paths=topology.n_paths, sizes=sizes, config=config)
             deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
-            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths)
+            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
+                                          paths=plan.paths_through[name])
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)
         if outer_grad is not None:
@@ -102,3 +81,6 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
             store.write_outer_state(round, name, momentum)
         del params, momentum
     return RoundManifest(round=round, applied=tuple(applied), dropped=tuple(dropped))
+
+
+__all__ = ["apply_round", "staleness_weight"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -56,13 +56,16 @@ def train_steps(
     config: InnerConfig,
     device: torch.device,
     precision: str,
+    after_step: Callable[[int, torch.Tensor, float, int], None] | None = None,
 ) -> dict:
     """Run `steps` AdamW steps on batches of token blocks `(B, T)`; returns losses and tokens seen.
 
     Batches are arrays, or int64 tensors already on `device` (`dipaco.optim.prefetch`). The losses
     stay on the device and are checked every `CHECK_EVERY` steps and at the end, so the host waits for
     the device once per check, not once per step; a non-finite loss raises FloatingPointError naming
-    its step (the steps after it, up to the check, ran on a model that is then thrown away)."""
+    its step (the steps after it, up to the check, ran on a model that is then thrown away).
+    `after_step(steps done, their losses on the device, seconds so far, tokens so far)` runs after each step
+    (an island's inner checkpoints and injected slowdown)."""
     model.train()
     losses = torch.zeros(steps, device=device)  # (steps,) float32
     values: list[float] = []  # the losses checked so far
@@ -84,6 +87,8 @@ def train_steps(
         tokens += input_ids.numel()
         if i + 1 - len(values) == CHECK_EVERY or i + 1 == steps:
             values += _finite(losses[len(values) : i + 1].tolist(), first_step=start_step + len(values), lr=config.lr)
+        if after_step is not None:
+            after_step(i + 1, losses[: i + 1], time.perf_counter() - started, tokens)
     return {"losses": values, "tokens": tokens, "seconds": time.perf_counter() - started}
 
 

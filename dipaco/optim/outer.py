@@ -6,6 +6,7 @@ For a module m shared by the paths P(m) that reported this round:
     weights                       α_p = w_p / Z   (dipaco.optim.weighting: w_p = |D_p| shard tokens,
                                   Z = Σ_{q∈P(m)} w_q, or Z over all paths with outer.normalize: all)
     outer gradient                g = s · Σ_p α_p Δ_p,   s = √|P(m)| if rescale_by_paths else 1
+                                  (|P(m)|: every path through m, however many reported)
     update                        θ_m ← NesterovSGD(θ_m, g; lr 0.7, momentum 0.9)
 
 With lr 1 and momentum 0 (and no rescale, Z per module) this is plain averaging: θ_m ← Σ_p α_p θ_p.
@@ -32,11 +33,12 @@ def combine_pseudo_gradients(contributions: list[tuple[Tensors, float]], *, resc
 
 
 def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale_by_paths: bool,
-                     total: float | None = None) -> Tensors:
+                     total: float | None = None, paths: int | None = None) -> Tensors:
     """`combine_pseudo_gradients` with the Δ_p arriving one at a time (`deltas` may read each from the
     store when asked), so memory holds the sum and one Δ_p. The weights are known up front, so each
     Δ_p is added with the same factor weight_p / total, in the same order: the same floats. `total`
-    (Z) defaults to Σ weights, a weighted average; `outer.normalize: all` passes the sum over all paths."""
+    (Z) defaults to Σ weights, a weighted average; `outer.normalize: all` passes the sum over all paths.
+    `paths`: the paths through the module, which the √ rescale counts (default: the Δ_p given)."""
     if not weights:
         raise ValueError("a module's outer step needs at least one pseudo-gradient")
     if any(weight < 0 for weight in weights):
@@ -59,7 +61,7 @@ def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale
         del delta  # before the next one is read
     if count != len(weights):
         raise ValueError(f"{count} pseudo-gradients for {len(weights)} weights")
-    scale = math.sqrt(count) if rescale_by_paths else 1.0
+    scale = math.sqrt(count if paths is None else paths) if rescale_by_paths else 1.0
     for acc in combined.values():
         acc.mul_(scale)
     return combined

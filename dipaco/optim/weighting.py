@@ -20,9 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from dipaco.config import OuterConfig
-from dipaco.store.records import ManifestEntry
+
+
+class Weighed(Protocol):
+    """What a result's weight depends on (a `RoundPlan` contribution or a `ManifestEntry`)."""
+
+    path: int  # the path that trained it
+    tokens: int  # the tokens it trained
+    factor: float  # its staleness factor (1 in sync mode)
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ def needs_sizes(config: OuterConfig) -> bool:
     return config.weighting == "shard" or (config.normalize == "all" and config.weighting == "tokens")
 
 
-def result_weights(entries: Sequence[ManifestEntry], *, n_paths: int, sizes: PathSizes | None,
+def result_weights(entries: Sequence[Weighed], *, n_paths: int, sizes: PathSizes | None,
                    config: OuterConfig) -> tuple[list[float], float]:
     """(w_p for each of `entries`, the results applied to one module, and the Z they are divided by)."""
     if needs_sizes(config):
@@ -59,7 +67,7 @@ def result_weights(entries: Sequence[ManifestEntry], *, n_paths: int, sizes: Pat
     return weights, sum(_full_weight(path, sizes=sizes, weighting=config.weighting) for path in range(n_paths))
 
 
-def _weight(entry: ManifestEntry, *, sizes: PathSizes | None, weighting: str) -> float:
+def _weight(entry: Weighed, *, sizes: PathSizes | None, weighting: str) -> float:
     if weighting == "uniform":
         return 1.0
     if weighting == "tokens":

@@ -28,26 +28,30 @@ def island_setup(config: Config, run: RunDir) -> IslandSetup:
     """The pieces of the run an island uses, unpacked from the config once."""
     factory = PathFactory(config, run)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
-                       inner=config.inner, outer=config.outer, train=config.train)
+                       inner=config.inner, outer=config.outer, train=config.train, checkpoints=run.root / "islands")
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,
-           fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None) -> None:
-    """Run a pull-based island (`pull`), or train each of `paths` once for the next round."""
+           fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None,
+           slowdown: float | None = None) -> None:
+    """Run a pull-based island (`pull`), or train each of `paths` once for the next round. `slowdown`
+    (default: `train.slowdown` for the island named island-0, else 1) makes it that many times slower."""
     if not pull:
         setup = island_setup(config, run)
         for path in paths or []:
             meta = run_pinned_task(setup, path=path, island=name or f"one-shot-path-{path}")
             print(json.dumps({k: v for k, v in meta.to_json().items() if k != "losses"}))
         return
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    if slowdown is None:
+        slowdown = config.train.slowdown if name == "island-0" else 1.0
     train_cfg = dataclasses.replace(
         config.train, fail_mtbf=config.train.fail_mtbf if fail_mtbf is None else fail_mtbf,
-        return_after=config.train.return_after if return_after is None else return_after)
+        return_after=config.train.return_after if return_after is None else return_after, slowdown=slowdown)
     setup = island_setup(dataclasses.replace(config, train=train_cfg), run)
     ctx = ddp.init_from_env(resolve_device(train_cfg.device))
     if ctx is not None and train_cfg.fail_mtbf > 0:
         raise ValueError("fault injection (train.fail_mtbf) is not supported in a torchrun (DDP) island")
-    name = name or f"{socket.gethostname()}-{os.getpid()}"
     try:
         if ctx is not None and not ctx.leader:
             follow_leader(setup, ctx)

@@ -1,0 +1,165 @@
+"""DiLoCo rounds over `learners` learners, each training its own replica path of one shared model
+(topology levels [1], replicas L: every module is shared by every path), decided by the real round
+policy (`dipaco.islands.policy`, through the coordinator's bookkeeping in `syncer`).
+
+Each learner is an island pinned to its path. It downloads the version its task starts from
+(`download seconds`), trains `inner_steps` steps (its speed drawn per task), uploads the
+pseudo-gradient (`upload seconds`), and is then idle until the policy gives it its next task: in sync
+mode after the round closes (stragglers and transfers block everyone); in async mode when the policy
+says (its quorum, adaptive grace window and idle-island rule), and stale results are weighted or
+dropped by the policy.
+A failure rolls the learner's task back to its last inner checkpoint (`restart`) or costs it a step and
+a pause (`elastic`); the task stays its own. Results applied by a committed round are useful; dropped
+ones, and tasks unfinished or unapplied at the horizon, are lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dipaco.islands.policy import IdleIsland, RoundPlan
+from dipaco.model.topology import Topology
+from dipaco.simulate.clock import EventQueue
+from dipaco.simulate.failures import FailureModel, schedule_failures
+from dipaco.simulate.learner import Learner, Work
+from dipaco.simulate.ledger import Ledger
+from dipaco.simulate.settings import Settings
+from dipaco.simulate.syncer import SimTask, Syncer
+
+
+def replica_topology(learners: int) -> Topology:
+    """One shared model trained by `learners` replica paths (plain Decoupled DiLoCo)."""
+    return Topology(levels=(1,), level_blocks=((0,),), private_blocks=frozenset(), private_embeddings=False,
+                    replicas=learners)
+
+
+def island_name(learner: int) -> str:
+    return f"learner-{learner:03d}"
+
+
+@dataclass(frozen=True)
+class RoundLog:
+    """One round close: when, and the policy's plan (what it applied with which factor, what it dropped)."""
+
+    time: float
+    plan: RoundPlan
+
+
+class RoundsSimulation:
+    def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
+                 topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None) -> None:
+        self.settings, self.failures = settings, failures
+        self.outer = dataclasses.replace(settings.outer, mode=mode)
+        self.queue = EventQueue()
+        self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
+        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer,
+                             inner_steps=settings.sim.inner_steps)
+        self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
+        self.uploading: set[int] = set()
+        self.wake_scheduled: set[float] = set()
+        self.on_round = on_round
+        self.rounds: list[RoundLog] = []
+        self.handed: list[tuple[float, SimTask, str]] = []  # every task handed out: (time, task, island)
+        # the event trace, in order: ("result", time, task, tokens) when a result arrives, ("tick", time)
+        # when the coordinator runs (tests replay it through the real coordinator)
+        self.trace: list[tuple] = []
+        self.bytes_moved = 0.0
+        sim = settings.sim
+        self.learners = [
+            Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
+                    reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_steps,
+                    queue=self.queue, on_done=self._task_done, on_lost=self._lost)
+            for i in range(sim.learners)]
+
+    def run(self) -> Ledger:
+        settings = self.settings
+        for learner in self.learners:
+            times = self.failures.failure_times(learner.ident, learner.chips)
+            schedule_failures(self.queue, times, lambda learner=learner: self._fail(learner), until=settings.horizon)
+        self.queue.at(0.0, self._tick)
+        self.queue.run(settings.horizon)
+        for learner in self.learners:
+            work = learner.finish_horizon()
+            if work is not None:
+                self.ledger.lost += work.chip_seconds  # unfinished at the horizon
+        self.ledger.lost += sum(self.chip_seconds.values())  # received, never applied
+        self.ledger.bytes_per_link = self.bytes_moved / len(self.learners)
+        return self.ledger
+
+    # --- learners ------------------------------------------------------------------------------------------
+    def _idle(self) -> list[IdleIsland]:
+        now = self.queue.now
+        return [IdleIsland(name=island_name(x.ident), pinned=(x.ident,), last_path=x.ident)
+                for x in self.learners
+                if x.work is None and x.ident not in self.uploading
+                and (x.response == "elastic" or now >= x.blocked_until)]  # a restarting learner is not alive
+
+    def _fail(self, learner: Learner) -> None:
+        learner.fail()
+        if learner.work is None and learner.response == "restart":
+            self.queue.at(learner.blocked_until, self._tick)  # it asks for work when it is back
+
+    def _lost(self, chip_seconds: float) -> None:
+        self.ledger.lost += chip_seconds
+
+    def _task_done(self, learner: Learner, work: Work) -> None:
+        self.uploading.add(learner.ident)
+        self.bytes_moved += self.settings.upload_bytes
+        upload = self.settings.transfer_seconds(self.settings.upload_bytes)
+        self.queue.at(self.queue.now + upload, self._receive, learner, work)
+
+    def _receive(self, learner: Learner, work: Work) -> None:
+        self.uploading.discard(learner.ident)
+        task: SimTask = work.tag
+        self.chip_seconds[task.key] = work.chip_seconds
+        tokens = max(1, round(work.chip_seconds))  # a shrunk (elastic) learner trains a smaller batch
+        self.trace.append(("result", self.queue.now, task, tokens))
+        self.syncer.received(task.key, tokens=tokens, now=self.queue.now)
+        self._tick()
+
+    # --- the coordinator ----------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        """Coordinator passes at this instant until nothing changes (a real one polls again right away)."""
+        now = self.queue.now
+        self.trace.append(("tick", now))
+        while True:
+            handed, plan = self.syncer.tick(now, self._idle())
+            for task, island in handed:
+                self._start(task, island, now)
+            if plan is not None:
+                self._account(plan, now)
+            if not handed and plan is None:
+                break
+        deadline = self.syncer.grace_deadline()
+        if deadline is not None and deadline > now and deadline not in self.wake_scheduled:
+            self.wake_scheduled.add(deadline)
+            self.queue.at(deadline, self._tick)
+
+    def _start(self, task: SimTask, island: str, now: float) -> None:
+        learner = self.learners[task.path]
+        if island != island_name(learner.ident):
+            raise AssertionError(f"task {task.key} went to {island}, not to the learner pinned to its path")
+        self.handed.append((now, task, island))
+        sim = self.settings.sim
+        self.bytes_moved += self.settings.download_bytes
+        step = sim.step_seconds * self.failures.speed_factor()
+        download = self.settings.transfer_seconds(self.settings.download_bytes)
+        learner.give(Work(seconds=sim.inner_steps * step, step=step, not_before=now + download, tag=task))
+
+    def _account(self, plan: RoundPlan, now: float) -> None:
+        for verdict in plan.verdicts:
+            chip_seconds = self.chip_seconds.pop(verdict.key)
+            if verdict.factor is None:
+                self.ledger.lost += chip_seconds
+            else:
+                self.ledger.useful += chip_seconds
+        log = RoundLog(time=now, plan=plan)
+        self.rounds.append(log)
+        if self.on_round:
+            self.on_round(log)
+
+
+def simulate_rounds(settings: Settings, failures: FailureModel, *, mode: str) -> Ledger:
+    return RoundsSimulation(settings, failures, mode=mode).run()

@@ -1,0 +1,55 @@
+"""What one simulation runs: the `simulate` config section, the round policy's `outer` section, and the
+quantities derived from them (total chips, horizon, transfer times)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dipaco.config import OuterConfig, SimulateConfig
+from dipaco.simulate.failures import HOUR
+
+UPLOAD_BITS = {"none": 32, "int8": 8, "int4": 4}  # bits per parameter of an uploaded pseudo-gradient (outer.compression)
+
+
+@dataclass(frozen=True)
+class Settings:
+    sim: SimulateConfig
+    outer: OuterConfig
+
+    def with_(self, **changes) -> Settings:
+        """The same settings with some `simulate` fields changed (e.g. learners=16)."""
+        return Settings(sim=dataclasses.replace(self.sim, **changes), outer=self.outer)
+
+    @property
+    def total_chips(self) -> int:
+        return self.sim.learners * self.sim.chips_per_learner
+
+    @property
+    def horizon(self) -> float:
+        return self.sim.horizon_hours * HOUR
+
+    @property
+    def task_seconds(self) -> float:
+        """A task at nominal speed: inner_steps steps."""
+        return self.sim.inner_steps * self.sim.step_seconds
+
+    @property
+    def upload_bytes(self) -> float:
+        """One task's pseudo-gradient, compressed as `outer.compression` says."""
+        return self.sim.model_parameters * UPLOAD_BITS[self.outer.compression] / 8
+
+    @property
+    def download_bytes(self) -> float:
+        """The module versions a learner reads for its next task."""
+        return self.sim.model_parameters * self.sim.parameter_bytes
+
+    def transfer_seconds(self, nbytes: float) -> float:
+        return nbytes * 8 / (self.sim.link_gbit_per_s * 1e9)
+
+    @property
+    def data_parallel_step_bytes(self) -> float:
+        """Bytes one site's link carries per data-parallel step: a ring all-reduce of the gradients
+        between the `learners` sites sends and receives 2 (L - 1) / L of them (0 on one site)."""
+        sites = self.sim.learners
+        return 2 * self.sim.model_parameters * self.sim.parameter_bytes * (sites - 1) / sites

@@ -1,0 +1,88 @@
+"""The coordinator's bookkeeping around the real round policy (`dipaco.islands.policy.RoundPolicy`), on
+the simulator's clock: the tasks (open, running, received) and one `tick` in the coordinator's order
+(`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close
+plan, commit, move open tasks to the newest version and open tasks for the paths that reported; then
+hand open tasks to idle learners. Every decision is the policy's; this file only keeps the state the
+coordinator keeps in its task board.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from dipaco.config import OuterConfig
+from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPlan, RoundPolicy, Running
+from dipaco.model.topology import Topology
+
+
+@dataclass(frozen=True)
+class SimTask:
+    key: str
+    path: int
+    base: int
+    steps_done: int  # inner steps its path had trained when it was opened (the coordinator's step_offset)
+
+
+class Syncer:
+    def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int) -> None:
+        self.policy = RoundPolicy(Grid.of(topology), outer)
+        self.inner_steps = inner_steps
+        self.steps_done = {p: 0 for p in range(topology.n_paths)}  # per path, from the results received
+        self.open: dict[str, SimTask] = {}
+        self.running: dict[str, tuple[SimTask, str, float]] = {}  # key -> (task, island, handed out at)
+        self._serial = itertools.count()
+
+    @property
+    def committed(self) -> int:
+        return self.policy.committed
+
+    def _new_task(self, path: int) -> SimTask:
+        base = self.policy.committed
+        return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
+                       steps_done=self.steps_done[path])
+
+    def received(self, key: str, *, tokens: int, now: float) -> None:
+        """The result of running task `key` arrived."""
+        task, _, started = self.running.pop(key)
+        self.steps_done[task.path] = task.steps_done + self.inner_steps
+        self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
+                                    started=started))
+
+    def tick(self, now: float, idle: list[IdleIsland]) -> tuple[list[tuple[SimTask, str]], RoundPlan | None]:
+        """One coordinator pass, in its order: open the tasks the policy names; close the round if the
+        policy says so (told which idle islands would stay idle), then open tasks from the new version;
+        hand open tasks to idle islands. Returns (the tasks handed out, the closed round's plan or None)."""
+        self._open_tasks()
+        plan = None
+        taken = {island for _, island in self.policy.assign(self._open_view(), idle)}
+        running = [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
+        if self.policy.close_due(now, running=running, idle=[i for i in idle if i.name not in taken],
+                                 open=self._open_view()):
+            plan = self.policy.plan()
+            self.policy.commit(plan)
+            for stale in self.policy.rebase(self._open_view()):
+                del self.open[stale.key]
+                task = self._new_task(stale.path)
+                self.open[task.key] = task
+            self._open_tasks()  # the paths that reported train on from the new version
+        handed = []
+        for key, island in self.policy.assign(self._open_view(), idle):
+            task = self.open.pop(key)
+            self.running[key] = (task, island, now)
+            handed.append((task, island))
+        return handed, plan
+
+    def _open_tasks(self) -> None:
+        busy = {t.path for t in self.open.values()} | {t.path for t, _, _ in self.running.values()}
+        for path in self.policy.paths_to_open(busy=busy):
+            task = self._new_task(path)
+            self.open[task.key] = task
+
+    def grace_deadline(self) -> float | None:
+        """When a running grace window ends (the round may close then with no other event)."""
+        starts = self.policy.quorum_since.values()
+        return max(starts) + self.policy.config.grace_seconds if starts else None
+
+    def _open_view(self) -> list[OpenTask]:
+        return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.steps_done) for t in self.open.values()]

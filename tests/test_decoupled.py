@@ -1,0 +1,150 @@
+"""Decoupled islands with the real coordinator and islands (in one process, a fake clock): inner
+checkpoints, tasks always from the newest versions, no island idle while a commit would give it work."""
+
+import pytest
+import torch
+from test_coordinator import Clock, TinyRun, drive, make_run, manifests
+
+from dipaco.islands.faults import no_faults
+from dipaco.islands.island import IslandWorker
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_routed):
+    return tiny_routed
+
+
+class FailInTask:
+    """A `die` fault that falls due at the `at`-th check inside a task (before inner step `at` − 1),
+    once; the island comes back `return_after` seconds later."""
+
+    mode = "die"
+
+    def __init__(self, at: int, return_after: float):
+        self.at, self.return_after, self.failures, self.checks = at, return_after, 0, 0
+        self.island: IslandWorker | None = None
+
+    def due(self) -> bool:
+        if self.failures or self.island is None or self.island.status != "training":
+            return False
+        self.checks += 1
+        return self.checks >= self.at
+
+    def fail(self) -> float:
+        self.failures += 1
+        return self.return_after
+
+
+def modules_of(run: TinyRun, round: int) -> dict[str, dict[str, torch.Tensor]]:
+    return {name: run.store.read_module(round, name) for name in run.topology.modules}
+
+
+def test_an_island_killed_mid_task_resumes_from_its_inner_checkpoint(tiny, tmp_path):
+    """Sync, fixed seeds: the island dies after 3 of 4 inner steps (checkpoint after 2), comes back,
+    is handed the same task, resumes after step 2, and the run's modules equal an uninterrupted run's."""
+    overrides = ["train.checkpoint_steps=2", "train.heartbeat_timeout=10"]
+    clock = Clock()
+    straight = make_run(tiny, tmp_path / "straight", overrides)
+    drive(straight.coordinator(clock), [straight.island("a", clock)], clock)
+
+    clock = Clock()
+    killed = make_run(tiny, tmp_path / "killed", overrides)
+    fault = FailInTask(at=4, return_after=2.0)
+    island = killed.island("a", clock, faults=fault)
+    fault.island = island
+    drive(killed.coordinator(clock), [island], clock)
+
+    assert fault.failures == 1
+    assert len(island.resumed) == 1 and island.resumed[0][1] == 2  # resumed after 2 of its 4 steps
+    assert not (killed.dir.root / "islands" / "a.safetensors").exists()  # removed once the result was in
+    rounds = killed.config.train.rounds
+    for name, tensors in modules_of(killed, rounds).items():
+        for param, value in tensors.items():
+            torch.testing.assert_close(value, modules_of(straight, rounds)[name][param], rtol=0, atol=0)
+    resumed_key = island.resumed[0][0]
+    entry = next(e for m in manifests(killed.store, rounds) for e in m.applied if e.key == resumed_key)
+    assert entry.attempt == 1  # the same task, handed back to the restarted island as its next attempt
+
+
+def test_a_task_started_afresh_replaces_another_tasks_checkpoint(tiny, tmp_path):
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["train.checkpoint_steps=2", "train.rounds=1"])
+    fault = FailInTask(at=4, return_after=1000.0)
+    a = run.island("a", clock, faults=fault)
+    fault.island = a
+    coordinator = run.coordinator(clock)
+    coordinator.tick()
+    a.heartbeat()
+    coordinator.tick()
+    task = a.next_task()
+    assert a.execute(task) is None and (run.dir.root / "islands" / "a.safetensors").exists()
+    b = IslandWorker(run.setup, name="a", clock=clock, faults=no_faults())  # a new process with a's name
+    assert b.last_path == task.path  # it asks for its checkpointed path first
+    other = next(t for t in coordinator.tasks.values() if t.path != task.path)
+    assert b.execute(other) is not None and b.resumed == []
+
+
+def test_a_returning_island_only_gets_tasks_from_the_newest_versions(tiny, tmp_path):
+    """Async with two islands for four paths: tasks nobody took when a round closed move to the new
+    version, so every hand-out (also to the island coming back from a failure) is based on the newest
+    committed version, whose modules are in the store."""
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
+                                            "outer.max_staleness=0", "train.keep_rounds=1", "train.rounds=5",
+                                            "train.heartbeat_timeout=3"])
+    coordinator = run.coordinator(clock)
+    fault = FailInTask(at=2, return_after=1.0)
+    a = run.island("a", clock, faults=fault)
+    fault.island = a
+    islands = [a, run.island("b", clock)]
+    handed_out = []
+    for _ in range(400):
+        before = {k: t.status for k, t in coordinator.tasks.items()}
+        if coordinator.tick():
+            break
+        for key, task in coordinator.tasks.items():
+            if task.status == "assigned" and before.get(key) != "assigned":
+                handed_out.append((task.island, task.base, coordinator.committed))
+                assert all(run.store.has_module(task.base, m) for m in run.topology.modules_of_path(task.path))
+        for island in islands:
+            island.poll()
+        clock.t += 0.5
+    else:
+        raise AssertionError("the run did not finish")
+    assert fault.failures == 1
+    assert len(handed_out) > 8 and all(base == committed for _, base, committed in handed_out)
+    assert any(name == "a" for name, _, _ in handed_out[2:])  # a came back and got work
+
+
+def test_no_island_idles_while_a_commit_would_give_its_path_work(tiny, tmp_path):
+    """Async with a long grace window: the island pinned to path 0 reports, the quorum is met, another
+    path is still running; the round closes at once (no grace) and path 0 trains on from version 1."""
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=1000"])
+    coordinator = run.coordinator(clock)
+    a, b, c = (run.island("a", clock, pinned=[0]), run.island("b", clock, pinned=[3]),
+               run.island("c", clock, pinned=[1, 2]))
+    coordinator.tick()
+    for island in (a, b, c):
+        island.heartbeat()
+    coordinator.tick()
+    held = c.next_task()  # c takes path 1 (or 2) and does not finish it yet
+    assert held is not None and held.path in (1, 2)
+    a.poll(), b.poll()  # paths 0 and 3 report: every shared module has its quorum
+    clock.t += 0.5
+    coordinator.tick()
+    assert coordinator.committed == 1  # at once, not after the 1000 s grace window
+    c.heartbeat()
+    coordinator.tick()
+    assert a.next_task() is not None and a.next_task().base == 1
+    assert c.next_task() == held  # the running task keeps going (its result is applied stale later)
+
+
+def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
+    from dipaco.islands.checkpoint import InnerCheckpoint
+
+    broken = tmp_path / "a.safetensors"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="a.safetensors"):
+        InnerCheckpoint.load(broken)
+    assert InnerCheckpoint.load(tmp_path / "none.safetensors") is None

@@ -1,0 +1,129 @@
+"""The round policy (`dipaco.islands.policy`) on its own: events in, decisions out, a clock it is given."""
+
+import pytest
+
+from dipaco.config import OuterConfig, TopologyConfig
+from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
+from dipaco.model.topology import Topology
+
+ASYNC = OuterConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
+
+
+def grid(**topology) -> Grid:
+    return Grid.of(Topology.from_config(TopologyConfig(levels=[2, 2], **topology), n_layers=4))
+
+
+def result(path: int, base: int, *, arrived: float = 0.0, started: float | None = None, tokens: int = 100) -> Result:
+    return Result(key=f"p{path}-b{base}", path=path, base=base, tokens=tokens, arrived=arrived, started=started)
+
+
+def test_private_modules_do_not_force_sync():
+    """With every block and the embeddings private, a round still closes on the shared modules' quorum."""
+    g = grid(private_blocks=[0, 1, 2, 3], private_embeddings=True)
+    assert g.shared == [], "every module is private here"
+    shared_too = grid(private_blocks=[1, 3])  # level modules shared by 2 paths, plus private blocks
+    assert any(len(paths) == 1 for paths in shared_too.modules.values()) and shared_too.shared
+    policy = RoundPolicy(shared_too, ASYNC)
+    policy.received(result(0, 0))
+    policy.received(result(3, 0))  # paths 0 and 3 cover every shared module once; 1 and 2 are missing
+    assert policy.close_due(0.0)  # nothing of 1 and 2 is running: no grace to wait for
+    plan = policy.plan()
+    private_of_1 = [m for m, paths in shared_too.modules.items() if paths == (1,)]
+    assert private_of_1 and all(plan.modules[m] == () for m in private_of_1)  # carried over, not waited for
+    only_private = RoundPolicy(g, ASYNC)
+    only_private.received(result(2, 0))
+    assert only_private.close_due(0.0)
+
+
+def test_sync_waits_for_every_path_and_applies_each_with_weight_one():
+    policy = RoundPolicy(grid(private_blocks=[1]), OuterConfig(mode="sync"))
+    for path in (0, 1, 2):
+        policy.received(result(path, 0))
+    assert not policy.close_due(1e9, idle=[IdleIsland("a")])
+    policy.received(result(3, 0))
+    assert policy.close_due(0.0)
+    plan = policy.plan()
+    assert {c.factor for cs in plan.modules.values() for c in cs} == {1.0}
+    assert all(len(cs) == len(policy.grid.modules[m]) for m, cs in plan.modules.items())
+
+
+def test_staleness_is_per_module_and_the_rescale_counts_paths_through_the_module():
+    g = grid(private_blocks=[1])
+    policy = RoundPolicy(g, ASYNC, committed=3, applied=[(3, 0)])
+    policy.received(result(0, 1))  # two versions old for the shared modules
+    policy.received(result(1, 3))
+    plan = policy.plan()
+    verdict = next(v for v in plan.verdicts if v.path == 0)
+    assert verdict.staleness == 2 and verdict.factor == pytest.approx(1 / 3)
+    private = next(m for m, paths in g.modules.items() if paths == (0,))
+    (own,) = plan.modules[private]
+    assert own.staleness == 1 and own.factor == pytest.approx(0.5)  # one own result applied since (round 3)
+    assert plan.paths_through[private] == 1 and plan.paths_through["embeddings"] == 4
+    policy.received(result(2, 0))
+    assert next(v for v in policy.plan().verdicts if v.path == 2).factor is None  # 3 > max_staleness: dropped
+
+
+def test_the_grace_window_waits_only_for_paths_expected_in_time():
+    g = grid()
+    policy = RoundPolicy(g, ASYNC)
+    policy.received(result(0, 0, arrived=10.0, started=0.0))  # a task takes 10 s
+    policy.received(result(3, 0, arrived=10.0, started=0.0))
+    soon = Running(key="p1-b0", path=1, base=0, started=5.0)  # expected at 15 < 10 + grace 10
+    late = Running(key="p2-b0", path=2, base=0, started=9.5)  # expected at 19.5 < 20: waited for
+    assert not policy.close_due(10.0, running=[soon, late])
+    assert policy.close_due(20.0, running=[soon, late])  # the window has passed
+    policy2 = RoundPolicy(g, ASYNC)
+    policy2.received(result(0, 0, arrived=10.0, started=0.0))
+    policy2.received(result(3, 0, arrived=10.0, started=0.0))
+    slow = Running(key="p1-b0", path=1, base=0, started=10.0)  # expected at 20, the window's end: waited for
+    assert not policy2.close_due(10.0, running=[slow])
+    slower = Running(key="p1-b0", path=1, base=0, started=10.5)  # expected at 20.5 > 20: not waited for
+    policy3 = RoundPolicy(g, ASYNC)
+    for r in (result(0, 0, arrived=10.0, started=0.0), result(3, 0, arrived=10.0, started=0.0)):
+        policy3.received(r)
+    assert policy3.close_due(10.0, running=[slower])
+
+
+def test_no_island_idles_while_a_commit_would_give_it_work():
+    policy = RoundPolicy(grid(), ASYNC)
+    policy.received(result(0, 0, arrived=1.0, started=0.0))
+    policy.received(result(3, 0, arrived=1.0, started=0.0))
+    running = [Running(key="p1-b0", path=1, base=0, started=0.5)]  # expected within the grace window
+    assert not policy.close_due(1.0, running=running)
+    assert not policy.close_due(1.0, running=running, idle=[IdleIsland("a")], open=[OpenTask("p2-b0", 2, 0)])
+    assert policy.close_due(1.0, running=running, idle=[IdleIsland("a")])  # nothing else it could do
+    assert policy.close_due(1.0, running=running, idle=[IdleIsland("b", pinned=(0,))], open=[OpenTask("p2-b0", 2, 0)])
+    plan = policy.plan()
+    policy.commit(plan)
+    assert policy.paths_to_open(busy={1, 2}) == [0, 3]  # the reported paths train on from version 1
+
+
+def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_async():
+    policy = RoundPolicy(grid(), ASYNC, committed=2)
+    open_tasks = [OpenTask("p0-b1", 0, 1), OpenTask("p1-b2", 1, 2)]
+    assert policy.rebase(open_tasks) == [open_tasks[0]]
+    assert policy.on_lost(1) == "replace" and policy.on_lost(2) == "retry"
+    assert policy.on_lost(1, resumable=True) == "retry"  # back with the task's checkpoint: still its own
+    assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=2).on_lost(1) == "retry"
+    assert policy.keep_from(keep_rounds=1, bases=[]) == -1  # async keeps max_staleness + 2 versions
+    assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5).keep_from(keep_rounds=1, bases=[3]) == 3
+    assert policy.keep_from(keep_rounds=0, bases=[0]) is None
+
+
+def test_assignment_prefers_pinned_then_last_path_and_respects_pins():
+    policy = RoundPolicy(grid(), ASYNC)
+    open_tasks = [OpenTask("p0", 0, 0), OpenTask("p1", 1, 0), OpenTask("p2", 2, 0)]
+    idle = [IdleIsland("a"), IdleIsland("b", last_path=1), IdleIsland("c", pinned=(0,))]
+    assert sorted(policy.assign(open_tasks, idle)) == [("p0", "c"), ("p1", "b"), ("p2", "a")]
+    assert policy.assign(open_tasks, [IdleIsland("d", pinned=(3,))]) == []
+    behind = [OpenTask("p0", 0, 1, steps_done=50), OpenTask("p3", 3, 1, steps_done=25)]
+    assert policy.assign(behind, [IdleIsland("a")]) == [("p3", "a")]  # the path furthest behind first
+
+
+def test_the_policy_imports_neither_torch_nor_the_store():
+    import subprocess
+    import sys
+
+    code = "import sys, dipaco.islands.policy; print(sorted(m for m in ('torch', 'dipaco.store') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

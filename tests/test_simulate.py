@@ -1,0 +1,227 @@
+"""`dipaco simulate`: goodput by hand on known failure times, the same decisions as the real
+coordinator on the same event trace, and sanity (no failures: goodput 1; fewer failures: more goodput)."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from dipaco.config import OuterConfig, SimulateConfig, TrainConfig
+from dipaco.islands.coordinator import Coordinator
+from dipaco.optim.weighting import PathSizes
+from dipaco.simulate.data_parallel import simulate_data_parallel
+from dipaco.simulate.failures import FailureModel
+from dipaco.simulate.rounds import RoundsSimulation, island_name, replica_topology
+from dipaco.simulate.scenario import STRATEGIES, run_strategy
+from dipaco.simulate.settings import Settings
+from dipaco.store.board import read_manifest, write_heartbeat, write_result
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Heartbeat, ResultMeta
+
+INSTANT = 1e30  # Gbit/s: transfers take ~1e-29 s, which vanishes next to any time here
+
+
+def hand_settings(**changes) -> Settings:
+    """One learner of 10 chips, 2 s steps, a checkpoint every 5 steps, 30 s restarts, no stragglers."""
+    fields = dict(learners=1, chips_per_learner=10, step_seconds=2.0, checkpoint_steps=5, restart_seconds=30.0,
+                  reconfigure_seconds=3.0, speed_sigma=0.0, link_gbit_per_s=INSTANT, model_parameters=1,
+                  learner_failure="restart")
+    sim = SimulateConfig(**{**fields, **changes})
+    return Settings(sim=sim, outer=OuterConfig())
+
+
+def trace(times: list[float]) -> FailureModel:
+    return FailureModel(chip_mtbi_hours=1.0, speed_sigma=0.0, seed=0, trace={0: times})
+
+
+def test_data_parallel_goodput_matches_the_hand_computed_case_exactly():
+    # horizon 201 s, failures at 25, 40 (during the restart) and 150:
+    #   0-25 trains 25 s; checkpoints at 10 and 20 s of training: 5 s rolled back (done 20)
+    #   down until 40 + 30 = 70 (the failure at 40 restarts the restart); 70-150 trains 80 s (done 100,
+    #   a checkpoint exactly there: nothing lost); down until 180; 180-201 trains 21 s (done 121)
+    #   the horizon cuts the step 120-122: 1 s lost. Useful 120 s x 10 chips of 201 s x 10 chips.
+    settings = hand_settings(horizon_hours=201 / 3600)
+    ledger = simulate_data_parallel(settings, trace([25.0, 40.0, 150.0]), elastic=False)
+    assert ledger.useful == pytest.approx(1200.0, abs=1e-9)
+    assert ledger.lost == pytest.approx(60.0, abs=1e-9)  # 5 s + 1 s, x 10 chips
+    assert ledger.goodput == pytest.approx(1200.0 / 2010.0, abs=1e-12)
+
+
+def test_elastic_data_parallel_goodput_matches_the_hand_computed_case_exactly():
+    # failure at 25.5: the step 24-26 is lost (1.5 s x 10 chips), 9 chips pause until 28.5; the chip is
+    # back at 55.5 and everyone pauses until 58.5. Horizon 100: trained 24 + (55.5 - 28.5) on 9 chips
+    # + (100 - 58.5) on 10 chips; done = 24 + 27 + 41.5 = 92.5 s: the step 92-94 is cut (0.5 s x 10).
+    settings = hand_settings(horizon_hours=100 / 3600)
+    ledger = simulate_data_parallel(settings, trace([25.5]), elastic=True)
+    useful = 24 * 10 + 27 * 9 + 41.5 * 10 - 0.5 * 10
+    assert ledger.useful == pytest.approx(useful, abs=1e-9)
+    assert ledger.lost == pytest.approx(1.5 * 10 + 0.5 * 10, abs=1e-9)
+    assert ledger.goodput == pytest.approx(useful / 1000, abs=1e-12)
+
+
+def test_sync_rounds_goodput_of_one_learner_matches_the_hand_computed_case_exactly():
+    # tasks of 10 steps (20 s); task 1: 0-20; task 2 from 20: the failure at 35 rolls it back from 15 s
+    # to 10 s (5 s lost), down until 65, done at 75; task 3: 75-95, task 4: 95-115; task 5 is cut at
+    # 120 after 5 s. Useful: 4 tasks x 20 s x 10 chips; lost: (5 + 5) s x 10 chips; of 120 x 10.
+    settings = hand_settings(horizon_hours=120 / 3600, inner_steps=10)
+    sim = RoundsSimulation(settings, trace([35.0]), mode="sync")
+    ledger = sim.run()
+    assert len(sim.rounds) == 4
+    assert ledger.useful == pytest.approx(800.0, abs=1e-6)
+    assert ledger.lost == pytest.approx(100.0, abs=1e-6)
+    assert ledger.goodput == pytest.approx(800.0 / 1200.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_without_failures_goodput_is_one(strategy):
+    settings = hand_settings(chip_mtbi_hours=1e12, horizon_hours=1.0, inner_steps=10, learners=4)
+    summary = run_strategy(settings, strategy)  # 20 s tasks divide the hour: nothing is cut at the end
+    assert summary["idle_chip_seconds"] == pytest.approx(0.0, abs=1e-6)  # nobody waited
+    if strategy != "async rounds":
+        assert summary["goodput"] == pytest.approx(1.0, abs=1e-9)
+        return
+    # async: the two results that arrive at the last instant after the quorum closed round 180 wait for
+    # round 181, which the horizon cuts: that is all that is not useful
+    assert summary["lost_chip_seconds"] == pytest.approx(2 * 20 * 10, abs=1e-6)
+    assert summary["goodput"] == pytest.approx(1 - 2 / 720, abs=1e-9)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_goodput_grows_with_the_chips_mean_time_between_interruptions(strategy):
+    base = SimulateConfig(learners=4, chips_per_learner=20_000, horizon_hours=2.0, speed_sigma=0.05, seed=3)
+    goodputs = [run_strategy(Settings(sim=dataclasses.replace(base, chip_mtbi_hours=mtbi), outer=OuterConfig()),
+                             strategy)["goodput"] for mtbi in (200.0, 1000.0, 10_000.0)]
+    assert goodputs[0] < goodputs[1] < goodputs[2] <= 1.0
+
+
+# --- the same decisions as the real coordinator --------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def coordinator_replay(sim: RoundsSimulation, tmp_path) -> tuple[list, list]:
+    """Feed the simulation's event trace (results arriving, coordinator instants) to the real
+    `Coordinator` over a real store; returns its (task hand-outs, round plans) in the simulator's terms."""
+    learners = len(sim.learners)
+    topology = replica_topology(learners)
+    store = ModuleStore(str(tmp_path / "store"))
+    for name in topology.modules:
+        store.write_module(0, name, {"w": torch.zeros(2)})
+    store.commit(round=0, levels=list(topology.levels), modules=topology.modules)
+    clock = Clock()
+    train = TrainConfig(rounds=100_000, heartbeat_timeout=1e12, keep_rounds=0)
+    equal = PathSizes(shard_tokens=(1,) * topology.n_paths, task_tokens=1)  # the replay compares plans, not weights
+    coordinator = Coordinator(store, topology, train=train, outer=sim.outer, inner_steps=sim.settings.sim.inner_steps,
+                              sizes=equal, clock=clock)
+    seq = {i: 0 for i in range(learners)}
+    status = {i: ("idle", None) for i in range(learners)}
+
+    def beat(i: int) -> None:
+        seq[i] += 1
+        write_heartbeat(store, Heartbeat(island=island_name(i), incarnation="one", seq=seq[i], status=status[i][0],
+                                         task=status[i][1], pinned=(i,), last_path=i, finished=(), time=clock.t,
+                                         failures=0))
+
+    for i in range(learners):
+        beat(i)  # every island is up and idle at 0
+    handed, closes, assigned = [], [], set()
+    for event in sim.trace:
+        clock.t = event[1]
+        if event[0] == "result":
+            _, _, sim_task, tokens = event
+            (task,) = [t for t in coordinator.tasks.values() if t.status == "assigned" and t.path == sim_task.path]
+            meta = ResultMeta(path=task.path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
+                              train_loss=1.0, losses=(1.0,), val_loss_start=1.0, seconds=1.0, bytes_down_modules=0,
+                              bytes_down_inner=0, inner_state_local=True, data_parallel_ranks=1)
+            write_result(store, task, {f"{m}/w": torch.zeros(2) for m in topology.modules}, meta,
+                         compression="none", level=1)
+            status[task.path] = ("idle", None)
+            beat(task.path)
+            continue
+        for _ in range(6):  # the simulator's coordinator runs until nothing changes at one instant
+            before = coordinator.committed
+            coordinator.tick()
+            for key, task in coordinator.tasks.items():
+                if task.status == "assigned" and (key, task.attempt) not in assigned:
+                    assigned.add((key, task.attempt))
+                    handed.append((clock.t, task.path, task.base, task.island))
+                    status[task.path] = ("training", key)
+                    beat(task.path)
+            if coordinator.committed > before:
+                manifest = read_manifest(store, coordinator.committed)
+                decided = sorted([(e.path, e.base, e.factor) for e in manifest.applied]
+                                 + [(e.path, e.base, None) for e in manifest.dropped], key=repr)
+                closes.append((clock.t, coordinator.committed, decided))
+    return handed, closes
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_simulator_and_the_real_coordinator_decide_the_same_on_the_same_trace(mode, tmp_path):
+    # 4 stragglers (sigma 0.4) that lose chips often (elastic pauses), a quorum of 2 and a grace window
+    # shorter than the spread of task times: rounds close on quorum + grace, results go stale and some
+    # are dropped (max_staleness 1)
+    sim_config = SimulateConfig(learners=4, chips_per_learner=1000, chip_mtbi_hours=50.0, restart_seconds=30.0,
+                                reconfigure_seconds=3.0, step_seconds=2.0, inner_steps=10, speed_sigma=0.4,
+                                model_parameters=1000, link_gbit_per_s=1.0, horizon_hours=0.1, seed=5)
+    outer = OuterConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
+    sim = RoundsSimulation(Settings(sim=sim_config, outer=outer), FailureModel(
+        chip_mtbi_hours=sim_config.chip_mtbi_hours, speed_sigma=sim_config.speed_sigma, seed=sim_config.seed),
+        mode=mode)
+    sim.run()
+    sim_handed = [(t, task.path, task.base, island) for t, task, island in sim.handed]
+    sim_closes = [(log.time, log.plan.round, sorted([(v.path, v.base, v.factor) for v in log.plan.verdicts], key=repr))
+                  for log in sim.rounds]
+    handed, closes = coordinator_replay(sim, tmp_path)
+    assert len(sim_closes) >= 8
+    if mode == "async":
+        stale = [d for _, _, decided in sim_closes for d in decided if d[2] is None or d[2] < 1]
+        assert stale, "the trace should exercise staleness weighting or dropping"
+    assert sorted(handed) == sorted(sim_handed)  # the same hand-outs at the same instants (order within one is free)
+    assert len(closes) == len(sim_closes)
+    for (t, r, decided), (st, sr, sdecided) in zip(closes, sim_closes):
+        assert (r, decided) == (sr, sdecided)
+        assert math.isclose(t, st)
+
+
+# --- the command ---------------------------------------------------------------------------------------
+def test_the_simulator_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dipaco.stages.simulate, dipaco.simulate.scenario; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_dipaco_simulate_writes_the_table_json_and_plot(tmp_path, capsys):
+    import json
+
+    from dipaco.cli import main
+
+    small = ["simulate.learners=2", "simulate.chips_per_learner=5000", "simulate.horizon_hours=0.5",
+             "simulate.chip_mtbi_hours=100", "simulate.sweep_chips=[2000,8000]", "simulate.sweep_learners=[1,2]"]
+    assert main(["simulate", "--run", str(tmp_path / "sim"), *small]) == 0
+    printed = capsys.readouterr().out
+    for strategy in STRATEGIES:
+        assert strategy in printed
+    results = json.loads((tmp_path / "sim" / "simulate" / "simulate.json").read_text())
+    assert set(results["strategies"]) == set(STRATEGIES)
+    assert len(results["sweep"]) == 2 * (2 + 2)  # per chip count: async at 1 and 2 learners, both data parallels
+    assert (tmp_path / "sim" / "simulate" / "goodput-vs-chips.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("override, message", [
+    ("simulate.learner_failure=crash", "simulate.learner_failure must be 'elastic' or 'restart'"),
+    ("simulate.chip_mtbi_hours=0", "simulate.chip_mtbi_hours must be > 0"),
+    ("simulate.sweep_learners=[]", "simulate.sweep_learners must be a non-empty list"),
+])
+def test_bad_simulate_settings_are_refused_naming_the_field(override, message):
+    from dipaco.config import load_config
+
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [override])
