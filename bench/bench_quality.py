@@ -1,0 +1,257 @@
+"""DiPaCo against DiLoCo and dense models at the same budget, in one run (the paper's Table 1 at our scale).
+
+    python bench/bench_quality.py                    # the demo recipe at the demo budget (~30-40 min on 2 cores)
+    python bench/bench_quality.py --budget 4         # 4x the rounds (and warm-start steps)
+    python bench/bench_quality.py --set sharding.seq_len=128 --set model.hidden_size=64 --name quality-small
+    python bench/bench_quality.py --dipaco outer.lr=0.7 --dipaco outer.momentum=0.9   # another DiPaCo recipe
+
+Trains, on the bundled corpus (or whatever `--config` / `--set corpus.path=...` names), side by side:
+- DiPaCo: `--config` (default configs/demo.yaml) with `--set` (every model) and `--dipaco` (DiPaCo only)
+  overrides, evaluated with prefix routing, re-routing every 64 tokens and the oracle path;
+- DiLoCo: P replicas (P = DiPaCo's paths) of one path-sized model sharing every module, on random
+  shares of the data (configs/diloco.yaml), with DiLoCo's own outer step, and a second time with
+  DiPaCo's outer step (same lr, momentum, rescale, weighting): the same compute and outer bytes;
+- dense path-size models for as many steps as one path (equal steps) and as all paths together
+  (equal compute), and dense-large (`--large-hidden` x `--large-layers`, about 8x a path) for as many
+  steps as one path (`dipaco baselines`).
+Every model gets the same dense warm start (`pretrain.steps`, counted in its budget: DiLoCo starts
+from the same pretrained model) and scores the same held-out tokens. Compute is reported as total
+training tokens per model (warm start included) and FLOPs = 6 x parameters a token passes through x
+tokens. Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.quality_runs import Runner, mode_perplexity, pretrain_summary, read_json  # noqa: E402
+from bench.recording import RESULTS, write_results  # noqa: E402
+from dipaco.config import Config, load_config  # noqa: E402
+
+log = logging.getLogger("bench_quality")
+
+# What DiLoCo takes from DiPaCo's resolved config so that both train the same path model the same way.
+SHARED_SECTIONS = ("corpus", "sharding", "model", "inner", "pretrain")
+SHARED_KEYS = {"train": ("rounds", "seed", "precision", "device"), "eval": ("batch_size", "precision", "device"),
+               "routing": ("prefix_tokens",)}
+DIPACO_MODES = ["prefix", "every:64", "oracle", "all-paths"]
+
+
+def as_override(section: str, key: str, value) -> str:
+    """`section.key=value` that `dipaco.config.load_config` reads back as `value`."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"{section}.{key}={text}"
+
+
+def diloco_overrides(config: Config, *, outer: bool) -> list[str]:
+    """configs/diloco.yaml overrides: DiPaCo's path model, data and budget, P = its paths replicas;
+    with `outer`, DiPaCo's outer step too."""
+    d = config.to_dict()
+    out = [as_override(s, k, v) for s in SHARED_SECTIONS for k, v in d[s].items()]
+    out += [as_override(s, k, d[s][k]) for s, keys in SHARED_KEYS.items() for k in keys]
+    n_paths = 1
+    for k in config.topology.levels:
+        n_paths *= k
+    out += [f"topology.replicas={n_paths * config.topology.replicas}"]
+    if outer:
+        out += [as_override("outer", k, v) for k, v in d["outer"].items()]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="DiPaCo's config (the recipe)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override for every model (size, data, budget), e.g. model.hidden_size=64")
+    parser.add_argument("--dipaco", action="append", default=[], metavar="KEY=VALUE",
+                        help="override for DiPaCo only (outer step, routing, topology), e.g. outer.lr=0.7")
+    parser.add_argument("--budget", type=float, default=1.0,
+                        help="multiply train.rounds and pretrain.steps by this (2, 4, ...)")
+    parser.add_argument("--large-hidden", type=int, default=-1,
+                        help="width of dense-large (default 2x a path's; 0 = no dense-large)")
+    parser.add_argument("--large-layers", type=int, default=-1, help="blocks of dense-large (default 3x a path's)")
+    parser.add_argument("--no-diloco-dipaco-outer", action="store_true",
+                        help="skip DiLoCo with DiPaCo's outer step")
+    parser.add_argument("--name", default="", help="results name (default quality, or quality-budget<B>)")
+    parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
+    parser.add_argument("--keep", action="store_true", help="reuse finished stages of an earlier run of the same name")
+    parser.add_argument("--collect-only", action="store_true",
+                        help="train nothing: write the results from the runs already in --runs (implies --keep)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    name = args.name or ("quality" if args.budget == 1 else f"quality-budget{args.budget:g}")
+    runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{name}"), keep=args.keep or args.collect_only)
+    started = time.perf_counter()
+
+    config = load_config(args.config, [*args.set, *args.dipaco])
+    budget = [f"train.rounds={max(1, round(config.train.rounds * args.budget))}",
+              f"pretrain.steps={round(config.pretrain.steps * args.budget)}"]
+    large_hidden = 2 * config.model.hidden_size if args.large_hidden < 0 else args.large_hidden
+    large_layers = 3 * config.model.n_layers if args.large_layers < 0 else args.large_layers
+    large = [f"eval.large_hidden_size={large_hidden}", f"eval.large_n_layers={large_layers if large_hidden else 0}"]
+    dipaco_overrides = [*args.set, *args.dipaco, *budget, *large]
+    config = load_config(args.config, dipaco_overrides)
+    pipeline = runner.pipeline
+    if args.collect_only:
+        def pipeline(name, *_, **__):
+            return runner.root / name
+    dipaco_run = pipeline("dipaco", Path(args.config), dipaco_overrides, baselines=True, modes=DIPACO_MODES)
+
+    diloco_file = ROOT / "configs" / "diloco.yaml"
+    own = load_config(diloco_file, diloco_overrides(config, outer=False))
+    if own.outer.rescale_by_paths:
+        raise ValueError(f"{diloco_file} must hold DiLoCo's own outer step (no sqrt(paths) rescale)")
+    runs = {"DiLoCo, its own outer step": pipeline(
+        "diloco", diloco_file, diloco_overrides(config, outer=False), baselines=False, modes=["prefix"])}
+    if not args.no_diloco_dipaco_outer:
+        runs["DiLoCo, DiPaCo's outer step"] = pipeline(
+            "diloco-dipaco-outer", diloco_file, diloco_overrides(config, outer=True), baselines=False,
+            modes=["prefix"])
+    results = collect(config, own, dipaco_run, runs)
+    results.update(budget=args.budget, seconds=time.perf_counter() - started, dipaco_overrides=dipaco_overrides,
+                   config=str(Path(args.config).resolve().relative_to(ROOT)))
+    path = write_results(name, results, markdown(results))
+    plot(results, RESULTS / f"{name}.png")
+    print(path.with_suffix(".md").read_text())
+    print(f"results in {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+
+
+def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs: dict[str, Path]) -> dict:
+    ours = read_json(dipaco_run / "eval.json")
+    pre = pretrain_summary(dipaco_run)
+    pre_steps, pre_tokens = pre.get("steps", 0), pre.get("tokens", 0)
+    grid = "x".join(map(str, config.topology.levels))
+    rows = []
+
+    def add(model: str, m: dict, *, perplexity: float, kind: str, warm: bool) -> None:
+        # eval.json rows say the warm-start steps a model started from and its training tokens in all
+        # (a baseline trains from scratch for the warm start's steps more: dipaco.eval.baselines)
+        pretrain_steps = m.get("pretrain_steps", pre_steps if warm else 0)
+        total = m.get("train_tokens_total") or (m["tokens_seen"] or 0) + (pre_tokens if warm else 0)
+        rows.append({"model": model, "kind": kind, "paths": m["paths"], "params_per_path": m["params_per_path"],
+                     "params_total": m["params_total"], "pretrain_steps": pretrain_steps,
+                     "steps_per_path": m["steps_per_path"], "total_tokens": total,
+                     "flops": 6 * m["params_per_path"] * total, "perplexity": perplexity,
+                     "train_seconds": m.get("train_seconds")})
+
+    routed = ours["models"][0]
+    labels = {"prefix": f"DiPaCo {grid}, prefix routing", "every:64": f"DiPaCo {grid}, re-route every 64 tokens",
+              "oracle": f"DiPaCo {grid}, oracle path (not a deployable model)"}
+    for mode, label in labels.items():
+        add(label, routed, perplexity=mode_perplexity(ours, mode) or routed["perplexity"], kind=f"dipaco-{mode}",
+            warm=True)
+    for label, run in diloco_runs.items():
+        ev = read_json(run / "eval.json")
+        if ev["scored_tokens"] != ours["scored_tokens"]:
+            raise RuntimeError(f"DiPaCo scored {ours['scored_tokens']} tokens but {label} {ev['scored_tokens']}")
+        add(f"{label} ({ev['models'][0]['paths']} replicas)", ev["models"][0], perplexity=ev["models"][0]["perplexity"],
+            kind="diloco" if "own" in label else "diloco-dipaco-outer", warm=True)
+    names = {"dense-equal-steps": "dense path-size, equal steps", "dense-equal-compute": "dense path-size, equal compute",
+             "dense-large": "dense large, equal steps"}
+    for m in ours["models"][1:]:
+        add(names.get(m["model"], m["model"]), m, perplexity=m["perplexity"], kind=m["model"], warm=False)
+    by = {r["kind"]: r["perplexity"] for r in rows}
+    checks = {
+        "dipaco_vs_diloco": 1 - by["dipaco-prefix"] / by["diloco"],
+        "dipaco_vs_diloco_same_outer": (1 - by["dipaco-prefix"] / by["diloco-dipaco-outer"])
+        if "diloco-dipaco-outer" in by else None,
+        "dipaco_over_dense_equal_compute": by["dipaco-prefix"] / by["dense-equal-compute"],
+        "dipaco_vs_dense_equal_steps": (1 - by["dipaco-prefix"] / by["dense-equal-steps"])
+        if "dense-equal-steps" in by else None,
+        "routed_over_oracle": by["dipaco-prefix"] / by["dipaco-oracle"] - 1,
+        "dipaco_over_dense_large": by["dipaco-prefix"] / by["dense-large"] if "dense-large" in by else None,
+    }
+    return {"rows": rows, "checks": checks, "scored_tokens": ours["scored_tokens"],
+            "test_documents": ours["test_documents"], "per_path": ours["per_path"],
+            "all_paths": ours.get("modes", {}).get("all_paths"),
+            "routing_agrees_with_shards": ours.get("routing_agrees_with_shards"),
+            "pretrain": {"steps": pre_steps, "tokens": pre_tokens},
+            "dipaco_outer": config.to_dict()["outer"], "diloco_outer": diloco_config.to_dict()["outer"],
+            "recipe": {s: config.to_dict()[s] for s in ("routing", "topology", "inner", "outer", "pretrain", "model")},
+            "rounds": config.train.rounds}
+
+
+def markdown(results: dict) -> str:
+    headers = ["model", "params/path", "params total", "pretrain steps", "steps/path", "total train tokens",
+               "FLOPs (6ND)", "perplexity"]
+    table = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in results["rows"]:
+        table.append(f"| {r['model']} | {r['params_per_path']:,} | {r['params_total']:,} | {r['pretrain_steps']} | "
+                     f"{r['steps_per_path']}{' x ' + str(r['paths']) if r['paths'] > 1 else ''} | "
+                     f"{r['total_tokens']:,} | {r['flops']:.2e} | {r['perplexity']:.2f} |")
+    c = results["checks"]
+
+    def lower(x):
+        return "-" if x is None else f"{abs(100 * x):.1f}% {'lower' if x >= 0 else 'higher'} perplexity"
+
+    check_lines = [
+        f"- DiPaCo (prefix routing) against DiLoCo with its own outer step: {lower(c['dipaco_vs_diloco'])} "
+        f"(target: at least 5% lower)",
+        f"- DiPaCo against DiLoCo with DiPaCo's outer step: {lower(c['dipaco_vs_diloco_same_outer'])}",
+        f"- DiPaCo ÷ dense equal compute: {c['dipaco_over_dense_equal_compute']:.2f} (target: ≤ 1.5 at the demo "
+        f"budget, ≤ 1.2 at 4x)",
+        f"- DiPaCo against dense equal steps: {lower(c['dipaco_vs_dense_equal_steps'])}",
+        f"- routed ÷ oracle − 1: {100 * c['routed_over_oracle']:+.1f}% (target: within 2%)",
+    ]
+    if c["dipaco_over_dense_large"] is not None:
+        check_lines.append(f"- DiPaCo ÷ dense large: {c['dipaco_over_dense_large']:.2f}")
+    o, d = results["dipaco_outer"], results["diloco_outer"]
+    return (
+        f"# DiPaCo against DiLoCo and dense models ({results['rounds']} rounds, budget x{results['budget']:g})\n\n"
+        f"{results['test_documents']} held-out documents, {results['scored_tokens']:,} tokens scored after the "
+        f"routing prefix; every model scores the same tokens. DiPaCo: `{results['config']}` with "
+        f"`{' '.join(results['dipaco_overrides'])}`. Warm start: {results['pretrain']['steps']} dense steps "
+        f"({results['pretrain']['tokens']:,} tokens), counted in every model's total.\n"
+        f"Outer steps: DiPaCo lr {o['lr']}, momentum {o['momentum']}, rescale {o['rescale_by_paths']}, weighting "
+        f"{o['weighting']}; DiLoCo's own lr {d['lr']}, momentum {d['momentum']}, rescale {d['rescale_by_paths']}.\n\n"
+        + "\n".join(table) + "\n\n" + "\n".join(check_lines)
+        + "\n\nPer path (prefix routing): "
+        + ", ".join(f"{p['label']} {p['documents']} docs {p['perplexity']:.1f}" for p in results["per_path"]
+                    if p["perplexity"])
+        + f"\nWall time of this invocation: {results['seconds'] / 60:.1f} min (with `--keep`, stages finished "
+        f"by an earlier invocation are reused and not counted); training seconds per model are in the JSON.\n"
+    )
+
+
+def plot(results: dict, out: Path) -> None:
+    """Perplexity against total training tokens per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    markers = {"dipaco-prefix": ("tab:red", "o"), "dipaco-every:64": ("tab:orange", "o"),
+               "dipaco-oracle": ("tab:red", "x"), "diloco": ("tab:blue", "s"), "diloco-dipaco-outer": ("tab:cyan", "D"),
+               "dense-equal-steps": ("tab:gray", "^"), "dense-equal-compute": ("black", "^"),
+               "dense-large": ("tab:green", "v")}
+    for r in results["rows"]:
+        color, marker = markers.get(r["kind"], ("tab:purple", "*"))
+        ax.scatter(r["total_tokens"], r["perplexity"], color=color, marker=marker, s=50,
+                   label=f"{r['model']}: {r['perplexity']:.1f}")
+    dense = sorted((r["total_tokens"], r["perplexity"]) for r in results["rows"]
+                   if r["kind"] in ("dense-equal-steps", "dense-equal-compute"))
+    if len(dense) == 2:
+        ax.plot(*zip(*dense), color="tab:gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("total training tokens per model (warm start included)")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(f"DiPaCo, DiLoCo and dense ({results['rounds']} rounds, budget x{results['budget']:g})")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""bench/bench_quality.py's DiLoCo is DiPaCo's path model, data and budget with P replicas (no training here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.bench_quality import as_override, diloco_overrides
+from bench.quality_runs import pretrain_key, routing_key
+from dipaco.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO, DILOCO = ROOT / "configs" / "demo.yaml", ROOT / "configs" / "diloco.yaml"
+RECIPE = ["model.hidden_size=64", "sharding.seq_len=128", "pretrain.steps=50", "train.rounds=3",
+          "topology.levels=[2,4]", "outer.lr=0.9", "outer.momentum=0.5", "outer.rescale_by_paths=true",
+          "routing.featurizer=base-model", "corpus.max_documents=500"]
+
+
+def test_an_override_reads_back_as_its_value():
+    cases = [("corpus", "path", "demo"), ("routing", "hf_model", ""), ("inner", "steps", 3), ("inner", "lr", 2.5e-3),
+             ("pretrain", "warm_start", False), ("topology", "levels", [2, 2]), ("topology", "private_blocks", [])]
+    config = load_config(None, [as_override(*case) for case in cases])
+    for section, key, value in cases:
+        assert getattr(getattr(config, section), key) == value, (section, key)
+
+
+def test_diloco_trains_dipacos_path_model_on_the_same_data_and_budget():
+    dipaco = load_config(DEMO, RECIPE)
+    diloco = load_config(DILOCO, diloco_overrides(dipaco, outer=False))
+    for section in ("corpus", "sharding", "model", "inner", "pretrain"):
+        assert getattr(diloco, section) == getattr(dipaco, section), section
+    assert diloco.train.rounds == 3 and diloco.routing.prefix_tokens == dipaco.routing.prefix_tokens
+    assert diloco.topology.levels == [1] and diloco.topology.replicas == 8  # one path, P = 2 x 4 replicas
+    assert not diloco.outer.rescale_by_paths and diloco.outer.lr != 0.9  # its own outer step
+    same_outer = load_config(DILOCO, diloco_overrides(dipaco, outer=True))
+    assert same_outer.outer == dipaco.outer
+    # the same warm start, so the bench copies DiPaCo's pretrained model instead of training another
+    assert pretrain_key(diloco) == pretrain_key(dipaco)
+    assert routing_key(diloco) != routing_key(dipaco)
