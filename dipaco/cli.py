@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands = {
-        "run": "the whole pipeline: route, shard, train, baselines, eval, report (route and shard are skipped when done)",
+        "run": "the whole pipeline: route, shard, train, baselines, eval, report (done stages are skipped; made with other settings: refused, see --restart-from)",
         "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
         "shard": "tokenize and pack each path's documents into checked zstd shards",
         "train": "run (or resume) the outer rounds with local island processes",
