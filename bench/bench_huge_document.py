@@ -37,10 +37,12 @@ def make_corpus(path: Path, *, mb: float, seed: int = 0) -> int:
     """The demo corpus's first 400 documents and one document of `mb` MB; returns its length in chars."""
     import random
 
-    from dipaco.data import demo_corpus_path
+    from dipaco.stages.documents import load_run_corpus
+    from routing.config import CorpusConfig
 
-    lines = demo_corpus_path().read_text().splitlines()[:400]
-    words = sorted({w for line in lines for w in json.loads(line)["text"].split()})
+    demo = load_run_corpus(CorpusConfig(path="demo", max_documents=400))["text"]
+    lines = [json.dumps({"text": text, "source": "demo"}) for text in demo]
+    words = sorted({w for text in demo for w in text.split()})
     rng = random.Random(seed)
     parts, size = [], 0
     while size < mb * 1e6:
