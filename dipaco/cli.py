@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dipaco.config import Config, load_config
 from dipaco.run_dir import RunDir
+from dipaco.stages.fingerprints import STAGE_ORDER
 
 log = logging.getLogger("dipaco")
 
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands = {
-        "run": "the whole pipeline: route, shard, train, baselines, eval, report (route and shard are skipped when done)",
+        "run": "the whole pipeline: route, shard, train, baselines, eval, report (done stages are skipped; made with other settings: refused, see --restart-from)",
         "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
         "shard": "tokenize and pack each path's documents into checked zstd shards",
         "train": "run (or resume) the outer rounds with local island processes",
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="also evaluate each path at its round with the lowest validation loss")
     parsers["simulate"].add_argument("--no-sweep", action="store_true",
                                      help="only the four strategies at the configured cluster, not the goodput-vs-chips sweep")
+    parsers["run"].add_argument("--restart-from", choices=STAGE_ORDER, default=None, metavar="STAGE",
+                                help="redo STAGE and every later one (" + ", ".join(STAGE_ORDER) + "): their old "
+                                     "artifacts are moved to RUN/superseded/<time>/; for a run whose config changed")
     parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
 
@@ -235,11 +239,24 @@ def cmd_reroute(config: Config, run: RunDir, args) -> None:
     except ValueError as err:
         raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
                          f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
+    from dipaco.stages.fingerprints import accept_new_shards
+
+    accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
     print(format_phase(record))
 
 
 def cmd_run(config: Config, run: RunDir, args) -> None:
+    """Every stage in order; route and shard are skipped when done, but never when their artifacts were made
+    with other config values or inputs (`dipaco.stages.fingerprints`): that stops before anything is written,
+    naming the keys, unless `--restart-from STAGE` moves STAGE's and later stages' artifacts aside."""
+    from dipaco.stages.fingerprints import check, restart_from
+
     started = time.perf_counter()
+    restart = getattr(args, "restart_from", None)
+    kept = STAGE_ORDER[: STAGE_ORDER.index(restart)] if restart else STAGE_ORDER
+    check(run, config, tuple(s for s in ("route", "shard", "train") if s in kept))
+    if restart:
+        restart_from(run, config, restart)
     if config.pretrain.steps and not (run.root / "pretrain" / "summary.json").exists():
         cmd_pretrain(config, run, args)
     if (run.routing / "assignments.json").exists():

@@ -298,7 +298,7 @@ def _tokenize(
                 if not isinstance(t, str):
                     raise ValueError(f"text of doc {doc_ids[start + i]} is {type(t).__name__}, not str")
             per_path: dict[int, list[np.ndarray]] = {}
-            for i, tokens in enumerate(encode_batch(tokenizer, batch), start=start):
+            for i, tokens in enumerate(encode_batch(tokenizer, batch, max_chars=config.max_encode_chars), start=start):
                 if len(tokens) and tokens.max() > max_id:
                     raise ShardError(f"doc {doc_ids[i]}: token id {tokens.max()} does not fit {token_dtype}")
                 p = int(doc_paths[i, 0])

@@ -25,6 +25,7 @@ class ShardingConfig:
     val_fraction: float = 0.05  # share of each path's blocks held out for validation (at least one)
     tokens_per_shard: int = 1 << 24  # tokens per shard file before a new one is started (whole blocks)
     seed: int = 0  # seed of the validation hold-out choice
+    max_encode_chars: int = 1_000_000  # longer documents are tokenized (BPE training, sharding) in pieces of at most this many characters, cut at a space: peak memory is bounded by it, not by the largest document (0 = whole documents)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, str):
@@ -36,6 +37,8 @@ class ShardingConfig:
                 f"sharding.vocab_size must be in [{MIN_BPE_VOCAB}, 2**32] (256 bytes + EOS + PAD), "
                 f"got {self.vocab_size}"
             )
+        if self.max_encode_chars < 0:
+            raise ValueError(f"sharding.max_encode_chars must be >= 0 (0 = whole documents), got {self.max_encode_chars}")
         if self.seq_len < 2:
             raise ValueError(f"sharding.seq_len must be >= 2, got {self.seq_len}")
         if not 0.0 < self.val_fraction < 1.0:

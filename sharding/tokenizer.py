@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +38,12 @@ PAD_TOKEN = "<|pad|>"
 _CHARS_PER_TOKEN = 32
 
 
-def train_tokenizer(texts: Iterable[str], *, vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str], *, vocab_size: int, out_dir: str | Path,
+                    max_chars: int = 0) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` and save it to ``out_dir`` (``save_pretrained``).
+
+    With ``max_chars`` > 0 a longer text is fed in pieces (``text_pieces``): the trainer's memory is
+    bounded by the piece, and the counted words (hence the BPE) are the same wherever a cut falls at a space.
 
     The vocabulary holds the 256 byte symbols, the special tokens EOS and PAD, and merges up to
     ``vocab_size`` entries in all.
@@ -61,7 +65,8 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int, out_dir: str | Pat
         show_progress=sys.stderr.isatty(),
     )
     length = len(texts) if hasattr(texts, "__len__") else None
-    backend.train_from_iterator(texts, trainer=trainer, length=length)
+    pieces = (piece for text in texts for piece in text_pieces(text, max_chars))
+    backend.train_from_iterator(pieces, trainer=trainer, length=length)
     if backend.get_vocab_size() < vocab_size:
         logger.warning(
             "BPE has %d tokens, fewer than the %d asked: small corpus", backend.get_vocab_size(), vocab_size
@@ -103,7 +108,7 @@ def get_tokenizer(
     """
     if config.tokenizer:
         return load_tokenizer(config.tokenizer)
-    return train_tokenizer(texts, vocab_size=config.vocab_size, out_dir=out_dir)
+    return train_tokenizer(texts, vocab_size=config.vocab_size, out_dir=out_dir, max_chars=config.max_encode_chars)
 
 
 def vocab_size_of(tokenizer: PreTrainedTokenizerFast) -> int:
@@ -131,9 +136,44 @@ def _encode_ids(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> lis
     return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
 
-def encode_batch(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> list[np.ndarray]:
-    """Token ids (int64, no special tokens added) of each text, encoded in parallel by the backend."""
-    return [np.asarray(ids, dtype=np.int64) for ids in _encode_ids(tokenizer, texts)]
+def encode_batch(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str], *, max_chars: int = 0) -> list[np.ndarray]:
+    """Token ids (int64, no special tokens added) of each text, encoded in parallel by the backend.
+
+    With ``max_chars`` > 0 a longer text is encoded one piece at a time (``text_pieces``) and the ids
+    concatenated, so the backend never holds more than one piece's encoding of it."""
+    texts = list(texts)
+    out: list[np.ndarray | None] = [None] * len(texts)
+    whole = [i for i, t in enumerate(texts) if not max_chars or len(t) <= max_chars]
+    for i, ids in zip(whole, _encode_ids(tokenizer, [texts[i] for i in whole]), strict=True):
+        out[i] = np.asarray(ids, dtype=np.int64)
+    for i in (i for i, t in enumerate(texts) if max_chars and len(t) > max_chars):
+        out[i] = np.concatenate([np.asarray(_encode_ids(tokenizer, [piece])[0], dtype=np.int64)
+                                 for piece in text_pieces(texts[i], max_chars)])
+    return out
+
+
+def text_pieces(text: str, max_chars: int) -> Iterator[str]:
+    """``text`` as consecutive pieces of at most ``max_chars`` characters (whole when ``max_chars`` is 0).
+
+    Each cut is the last space in the window's second half that has a non-space character on both
+    sides: the byte-level pre-tokenizer starts a pre-token at such a space and BPE merges never cross
+    pre-tokens, so the pieces' tokens concatenated are exactly the text's. A window without such a
+    space is cut at ``max_chars``, which changes only the tokens next to the cut.
+    """
+    if max_chars <= 0 or len(text) <= max_chars:
+        yield text
+        return
+    start = 0
+    while len(text) - start > max_chars:
+        end = start + max_chars
+        cut = text.rfind(" ", start + max_chars // 2, end)
+        while cut > start and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", start + max_chars // 2, cut)
+        if cut <= start:
+            cut = end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
 
 
 def decode_prefix(tokenizer: PreTrainedTokenizerFast, tokens: np.ndarray, n_tokens: int) -> str:

@@ -112,6 +112,9 @@ def test_help_explains_every_stage(capsys):
 def test_a_grid_that_does_not_match_the_shards_is_refused(tiny_routed, tmp_path):
     run = copy_run(tiny_routed, tmp_path / "other", ("shards", "tokenizer"))
     code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "topology.levels=[3]")
+    assert code == 1 and "topology.levels: [2, 2] → [3]" in log  # the drift check (shards/fingerprint.json)
+    (run.shards / "fingerprint.json").unlink()  # shards made before the records: the reader's own check
+    code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "topology.levels=[3]")
     assert code == 1 and "holds 4 paths" in log and "gives 3" in log
 
 

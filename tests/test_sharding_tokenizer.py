@@ -17,6 +17,7 @@ from sharding.tokenizer import (
     get_tokenizer,
     load_tokenizer,
     prefix_texts,
+    text_pieces,
     tokenizer_fingerprint,
     train_tokenizer,
 )
@@ -149,3 +150,33 @@ def test_get_tokenizer_trains_or_loads(tmp_path, trained):
 def test_config_validation_names_the_value(kwargs, bad):
     with pytest.raises(ValueError, match=bad):
         ShardingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("max_chars", [24, 40, 333])
+def test_long_texts_are_encoded_in_pieces_to_exactly_the_same_tokens(trained, max_chars):
+    """`sharding.max_encode_chars` (issue 13, item 9): pieces cut at a space between two words."""
+    tok, _ = trained
+    texts = make_texts(20, seed=3) + ["  two  spaces\n\nand   more " * 30, "x" * 5]
+    pieces = [list(text_pieces(t, max_chars)) for t in texts]
+    assert all("".join(p) == t and all(len(x) <= max_chars for x in p) for p, t in zip(pieces, texts))
+    assert any(len(p) > 1 for p in pieces)
+    whole, cut = encode_batch(tok, texts), encode_batch(tok, texts, max_chars=max_chars)
+    assert all(np.array_equal(a, b) for a, b in zip(whole, cut))
+
+
+def test_a_window_without_a_space_is_cut_hard_and_loses_no_text():
+    assert list(text_pieces("a" * 10, 4)) == ["aaaa", "aaaa", "aa"]
+    assert list(text_pieces("abc def", 0)) == ["abc def"]
+
+
+def test_a_tokenizer_trained_on_pieces_is_the_one_trained_on_whole_texts(tmp_path):
+    texts = make_texts(200, seed=5)
+    long = [" ".join(texts)]  # one long document
+    whole = train_tokenizer(long, vocab_size=300, out_dir=tmp_path / "whole")
+    pieces = train_tokenizer(long, vocab_size=300, out_dir=tmp_path / "pieces", max_chars=500)
+    assert tokenizer_fingerprint(whole) == tokenizer_fingerprint(pieces)
+
+
+def test_max_encode_chars_must_not_be_negative():
+    with pytest.raises(ValueError, match="sharding.max_encode_chars"):
+        ShardingConfig(max_encode_chars=-1)

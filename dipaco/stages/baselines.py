@@ -21,6 +21,7 @@ from dipaco.islands.processes import Task, plan_parallelism, run_tasks
 from dipaco.optim.dense import is_trained, train_dense
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory, baseline_budgets
+from dipaco.stages.fingerprints import check
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
 
 def train_baselines(config: Config, run: RunDir) -> None:
     """Train every baseline not yet trained, each in its own process, in parallel."""
+    check(run, config, ("route", "shard"))
     save_config(config, run.config)
     names = [name for name in baseline_budgets(config, 1) if not is_trained(run.baselines / name)]
     processes, threads = plan_parallelism(len(names), threads=config.train.threads_per_island)

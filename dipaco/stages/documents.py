@@ -83,4 +83,5 @@ def run_tokenizer(sharding: ShardingConfig, run: RunDir, train_texts: list[str])
         log.info("reusing the tokenizer in %s", run.tokenizer)
         return load_tokenizer(run.tokenizer)
     log.info("training a %d-token byte-level BPE on %d documents", sharding.vocab_size, len(train_texts))
-    return train_tokenizer(train_texts, vocab_size=sharding.vocab_size, out_dir=run.tokenizer)
+    return train_tokenizer(train_texts, vocab_size=sharding.vocab_size, out_dir=run.tokenizer,
+                           max_chars=sharding.max_encode_chars)

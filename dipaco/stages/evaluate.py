@@ -34,6 +34,7 @@ from dipaco.model.topology import Topology
 from dipaco.optim.dense import is_trained, load_dense
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory, baseline_budgets
+from dipaco.stages.fingerprints import check
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
     """The routed model (prefix routing, last round) against the baselines, then every eval mode
     (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
+    check(run, config, ("route", "shard", "train"))  # shards of another router would score nonsense
     factory = PathFactory(config, run)
     device = resolve_device(config.eval.device)
     topology, store = factory.topology, factory.store

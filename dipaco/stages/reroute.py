@@ -37,6 +37,7 @@ from dipaco.eval.scoring import token_losses
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, stream_features
+from dipaco.stages.fingerprints import check
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
 from routing.report import routing_report, write_report
@@ -60,6 +61,7 @@ def candidate_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_
 def reroute(config: Config, run: RunDir) -> dict:
     """One discriminative phase; returns its record (also appended to routing/phases.json)."""
     started = time.perf_counter()
+    check(run, config, ("route", "shard", "train"))
     save_config(config, run.config)
     factory = PathFactory(config, run)
     round = factory.store.current_round()

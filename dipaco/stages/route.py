@@ -27,6 +27,7 @@ from dipaco.config import Config, save_config
 from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
 from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
+from dipaco.stages.fingerprints import corpus_digest, record, record_path
 from dipaco.tables import format_table
 from routing.corpus import TRAIN
 from routing.report import format_report, routing_report, write_report
@@ -47,7 +48,7 @@ def routing_config(config: Config, run: RunDir):
 
 def route(config: Config, run: RunDir) -> dict:
     """Tokenizer, router and document → path assignments; returns routing statistics."""
-    save_config(config, run.config)
+    record_path(run, "route").unlink(missing_ok=True)  # until this routing is complete, no record claims it
     dataset = load_run_corpus(config.corpus)
     split = run_splits(config.corpus, len(dataset))
     texts = dataset["text"]
@@ -79,6 +80,8 @@ def route(config: Config, run: RunDir) -> dict:
     stats["report"] = routing_report(paths=paths, split=split, n_paths=topology.n_paths, previous=previous,
                                      labels=sources, train_paths=assignments.train_paths(), name="route")
     write_report(stats["report"], run.routing, name="report-route")
+    record(run, "route", config, corpus=corpus_digest(config.corpus))
+    save_config(config, run.config)  # only now: config.yaml claims what was run
     return stats
 
 

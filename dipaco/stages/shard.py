@@ -16,6 +16,7 @@ from dipaco.config import Config, save_config
 from dipaco.model.topology import Topology
 from dipaco.run_dir import RunDir
 from dipaco.stages.documents import corpus_location, load_run_corpus
+from dipaco.stages.fingerprints import check, record, record_path
 from dipaco.tables import format_table
 from routing.corpus import TRAIN
 from routing.router import Assignments
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 
 def shard(config: Config, run: RunDir) -> dict:
     """Write every path's train / val shards and the test documents; returns the shard index."""
-    save_config(config, run.config)
+    check(run, config, ("route",))
+    record_path(run, "shard").unlink(missing_ok=True)  # until these shards are complete, no record claims them
     dataset = load_run_corpus(config.corpus)
     assignments = Assignments.load(run.require(run.routing / "assignments.json", "route").parent)
     if len(assignments.path) != len(dataset):
@@ -48,6 +50,8 @@ def shard(config: Config, run: RunDir) -> dict:
         overwrite=True,
     )
     log.info("tokenizer %s", tokenizer_fingerprint(tokenizer)[:12])
+    record(run, "shard", config, router=assignments.router_fingerprint)
+    save_config(config, run.config)  # only now: config.yaml claims what was run
     return index
 
 

@@ -31,6 +31,7 @@ from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
+from dipaco.stages.fingerprints import check, index_digest, record
 from dipaco.store.records import RoundStats
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     if not factory.store.shared:
         raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
                          f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
+    check(run, config, ("route", "shard", "train"))  # before anything is written (config.yaml included)
     save_config(config, run.config)
+    record(run, "train", config, shards=index_digest(run))
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology

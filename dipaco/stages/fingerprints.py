@@ -1,0 +1,248 @@
+"""Config drift refused: what each stage's artifacts were made from, recorded and checked.
+
+    record(run, "route", config, corpus=corpus_digest(config.corpus))   # after route wrote its artifacts
+    check(run, config, ("route", "shard"))   # before a stage that reads them: raises DriftError on a mismatch
+
+A stage's record (`routing/fingerprint.json`, `shards/fingerprint.json`, `train-fingerprint.json`) holds
+the values of the config keys that stage depends on (`STAGE_KEYS`, the one dependency table) and the
+fingerprints of its inputs:
+
+    route   corpus.*, routing.* (but the batch size and the reroute keys), sharding.tokenizer,
+            sharding.vocab_size, topology.levels / replicas; input: every corpus file (size, mtime, sha256)
+    shard   sharding.seq_len / val_fraction / tokens_per_shard / seed, routing.prefix_tokens,
+            topology.levels / replicas; input: the router it packed for (index.json's router fingerprint,
+            checked against routing/router.json even in runs made before records existed)
+    train   model.*, topology.*, sharding.seq_len; input: sha256 of shards/index.json
+
+Checking a stage compares its record with the current config and inputs; any difference stops with the
+keys that differ (old → new) and the two ways out: `dipaco run --restart-from STAGE` (the stale artifacts
+are moved to `superseded/`) or a new run directory. Keys not listed (eval.*, inner.*, train.rounds, ...)
+never trigger it. Runs made before records existed are accepted with a warning.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from dipaco.atomic import write_text
+from dipaco.config import Config
+from dipaco.run_dir import RunDir
+from routing.config import CorpusConfig
+
+log = logging.getLogger(__name__)
+
+STAGE_ORDER = ("pretrain", "route", "shard", "train", "baselines", "eval", "report")  # `dipaco run`'s order
+
+# stage → the config keys its artifacts depend on ("section" = every key of it, "-section.key" = but that one)
+STAGE_KEYS: dict[str, tuple[str, ...]] = {
+    "route": ("corpus", "routing", "-routing.hf_batch_size", "-routing.reroute_candidates", "-routing.reroute_c",
+              "-routing.reroute_target", "sharding.tokenizer", "sharding.vocab_size", "topology.levels",
+              "topology.replicas"),
+    "shard": ("sharding.seq_len", "sharding.val_fraction", "sharding.tokens_per_shard", "sharding.seed",
+              "routing.prefix_tokens", "topology.levels", "topology.replicas"),
+    "train": ("model", "topology", "sharding.seq_len"),
+}
+
+# stage → the artifacts (and the command that redoes them) it names in messages
+MADE_BY = {"route": "routing/ and tokenizer/", "shard": "shards/", "train": "the module store and train.json"}
+
+
+class DriftError(ValueError):
+    """A stage's upstream artifacts were made from other config values or inputs than the current ones."""
+
+
+def record_path(run: RunDir, stage: str) -> Path:
+    return {"route": run.routing / "fingerprint.json", "shard": run.shards / "fingerprint.json",
+            "train": run.root / "train-fingerprint.json"}[stage]
+
+
+def stage_values(config: Config, stage: str) -> dict[str, Any]:
+    """The values of `STAGE_KEYS[stage]` in `config`, as flat `section.key` → value."""
+    tree = config.to_dict()
+    values: dict[str, Any] = {}
+    for spec in STAGE_KEYS[stage]:
+        if spec.startswith("-"):
+            values.pop(spec[1:], None)
+            continue
+        section, _, key = spec.partition(".")
+        keys = [key] if key else list(tree[section])
+        values.update({f"{section}.{k}": tree[section][k] for k in keys})
+    return values
+
+
+def corpus_files(corpus: CorpusConfig) -> list[Path]:
+    """The local files the corpus is read from ([] for a Hugging Face hub dataset name)."""
+    from dipaco.stages.documents import corpus_location  # (imports datasets: not at `dipaco --help`)
+
+    location = corpus_location(corpus)
+    path = Path(location)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sorted(Path(p) for p in glob.glob(location) if Path(p).is_file())
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def corpus_digest(corpus: CorpusConfig) -> dict[str, dict]:
+    """Every corpus file's size, mtime and sha256 (keyed by path)."""
+    out = {}
+    for path in corpus_files(corpus):
+        stat = path.stat()
+        out[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_digest(path)}
+    return out
+
+
+def corpus_changes(recorded: dict[str, dict], corpus: CorpusConfig) -> list[str]:
+    """How the corpus files differ from `recorded`: hashes only the files whose size or mtime moved."""
+    changes = []
+    current = {str(p): p for p in corpus_files(corpus)}
+    for name in sorted(set(recorded) - set(current)):
+        changes.append(f"corpus file {name}: gone")
+    for name in sorted(set(current) - set(recorded)):
+        changes.append(f"corpus file {name}: new")
+    for name in sorted(set(current) & set(recorded)):
+        old, stat = recorded[name], current[name].stat()
+        if (stat.st_size, stat.st_mtime_ns) == (old["size"], old["mtime_ns"]):
+            continue
+        if stat.st_size != old["size"] or file_digest(current[name]) != old["sha256"]:
+            changes.append(f"corpus file {name}: content changed ({old['size']:,} → {stat.st_size:,} bytes)")
+    return changes
+
+
+def index_digest(run: RunDir) -> str:
+    return file_digest(run.shards / "index.json")
+
+
+def record(run: RunDir, stage: str, config: Config, **inputs: Any) -> None:
+    """Write `stage`'s record: its config values and input fingerprints (atomically)."""
+    body = {"stage": stage, "keys": stage_values(config, stage), "inputs": inputs}
+    write_text(record_path(run, stage), json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def _done(run: RunDir, stage: str) -> bool:
+    return {"route": (run.routing / "assignments.json").exists(), "shard": (run.shards / "index.json").exists(),
+            "train": record_path(run, "train").exists() or run.train_summary.exists()}[stage]
+
+
+def _router_fingerprint(run: RunDir) -> str | None:
+    try:
+        return json.loads((run.routing / "router.json").read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _shards_router_fingerprint(run: RunDir) -> str | None:
+    try:
+        return json.loads((run.shards / "index.json").read_text()).get("router_fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def differences(run: RunDir, config: Config, stage: str) -> list[str]:
+    """What differs between `stage`'s artifacts in `run` and what `config` (and the inputs now) would make;
+    [] when they agree or `stage` has not run."""
+    if not _done(run, stage):
+        return []
+    diffs: list[str] = []
+    if stage == "shard":  # the shards' own router fingerprint: checkable even without a record
+        packed, current = _shards_router_fingerprint(run), _router_fingerprint(run)
+        if packed and current and packed != current:
+            diffs.append(f"router: shards/index.json was packed for router {packed[:12]}, routing/router.json "
+                         f"is router {current[:12]} (routed again after sharding)")
+    path = record_path(run, stage)
+    if not path.exists():
+        log.warning("%s: %s was made before dipaco recorded fingerprints; its config keys are not checked "
+                    "(`dipaco run --restart-from %s` redoes it with a record)", run.root, MADE_BY[stage], stage)
+        return diffs
+    try:
+        saved = json.loads(path.read_text())
+        keys, inputs = saved["keys"], saved["inputs"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DriftError(f"{path} cannot be read ({err}); redo the stage with `dipaco run --restart-from {stage}` "
+                         f"or use a new run directory") from None
+    now = stage_values(config, stage)
+    for key in sorted(set(keys) | set(now)):
+        if keys.get(key, "<unset>") != now.get(key, "<unset>"):
+            diffs.append(f"{key}: {_fmt(keys.get(key, '<unset>'))} → {_fmt(now.get(key, '<unset>'))}")
+    if stage == "route" and "corpus" in inputs and keys.get("corpus.path") == now.get("corpus.path"):
+        diffs += corpus_changes(inputs["corpus"], config.corpus)
+    if stage == "train" and "shards" in inputs and (run.shards / "index.json").exists():
+        if inputs["shards"] != index_digest(run):
+            diffs.append("shards/index.json: the store was trained on other shards (sharded again after training)")
+    return diffs
+
+
+def check(run: RunDir, config: Config, stages: tuple[str, ...]) -> None:
+    """Raise DriftError naming every difference of the upstream `stages` of `run`, and the ways out."""
+    found = [(stage, diffs) for stage in stages if stage in STAGE_KEYS and (diffs := differences(run, config, stage))]
+    if not found:
+        return
+    first = found[0][0]
+    lines = [f"{run.root} holds artifacts made with other settings than this command's:"]
+    for stage, diffs in found:
+        lines.append(f"  {stage} ({MADE_BY[stage]}):")
+        lines += [f"    {d}" for d in diffs]
+    lines.append("Nothing was run and config.yaml is unchanged. Either redo from the first stale stage: "
+                 f"`dipaco run --run {run.root} --restart-from {first} ...` (the old artifacts are moved to "
+                 f"{run.root / 'superseded'}/), or keep this run and use a new --run directory.")
+    raise DriftError("\n".join(lines))
+
+
+def accept_new_shards(run: RunDir) -> None:
+    """`dipaco reroute` re-shards a trained run on purpose: the store goes on training on the new shards."""
+    path = record_path(run, "train")
+    if path.exists():
+        body = json.loads(path.read_text())
+        body.setdefault("inputs", {})["shards"] = index_digest(run)
+        write_text(path, json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+
+
+# stage → what it writes in the run directory (moved aside by `--restart-from` that stage or an earlier one)
+ARTIFACTS = {
+    "pretrain": ("pretrain",),
+    "route": ("routing", "tokenizer"),
+    "shard": ("shards",),
+    "train": ("store", "train.json", "train-fingerprint.json", "logs"),
+    "baselines": ("baselines",),
+    "eval": ("eval.json",),
+    "report": (),  # written again every time
+}
+
+
+def restart_from(run: RunDir, config: Config, stage: str) -> Path | None:
+    """Move the artifacts of `stage` and every later stage to `superseded/<UTC time>/` so that `dipaco run`
+    redoes them; returns that folder (None when there was nothing to move). A remote module store
+    (`train.store_url`) cannot be moved: refused."""
+    import time
+
+    later = STAGE_ORDER[STAGE_ORDER.index(stage):]
+    if config.train.store_url and "train" in later:
+        raise ValueError(f"--restart-from {stage} redoes training, but train.store_url {config.train.store_url!r} "
+                         f"holds the old modules and dipaco does not delete a store it did not create there: "
+                         f"point train.store_url at a new location (or empty it yourself)")
+    names = [name for s in later for name in ARTIFACTS[s] if (run.root / name).exists()]
+    if not names:
+        return None
+    dest = run.root / "superseded" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest.mkdir(parents=True, exist_ok=False)
+    for name in names:
+        (run.root / name).rename(dest / name)
+    log.info("--restart-from %s: moved %s to %s", stage, ", ".join(names), dest)
+    return dest

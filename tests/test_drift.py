@@ -1,0 +1,132 @@
+"""Config drift refused (issue 13, item 5): a stage never reads artifacts made from other config values or
+inputs, config.yaml never claims what was not run, and `dipaco run --restart-from STAGE` is the way out."""
+
+import json
+import logging
+import shutil
+
+import pytest
+from cli_helpers import TINY, copy_run, dipaco_in_process
+
+from dipaco.config import load_config
+from dipaco.data import demo_corpus_path
+from dipaco.stages.fingerprints import (
+    DriftError,
+    check,
+    corpus_changes,
+    corpus_digest,
+    differences,
+    record,
+    record_path,
+    restart_from,
+)
+from routing.config import CorpusConfig
+
+TRAINED_PARTS = ("config.yaml", "tokenizer", "routing", "shards", "store", "train.json", "train-fingerprint.json")
+
+
+def test_run_on_another_corpus_is_refused_and_config_yaml_is_kept(tiny_routed, tmp_path):
+    run = copy_run(tiny_routed, tmp_path / "run")
+    other = tmp_path / "other.jsonl"
+    shutil.copy(demo_corpus_path(), other)
+    before = run.config.read_bytes()
+    code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, f"corpus.path={other}")
+    assert code == 1
+    assert '"demo" → "' + str(other) in log and "--restart-from route" in log and "new --run directory" in log
+    assert run.config.read_bytes() == before, "config.yaml claims a corpus nothing was run on"
+    assert not run.store.exists() and not run.train_summary.exists()
+
+
+def test_rerouting_a_trained_run_then_evaluating_is_refused(tiny_trained, tmp_path):
+    from dipaco.stages.route import route
+
+    run = copy_run(tiny_trained, tmp_path / "run", TRAINED_PARTS)
+    route(load_config(run.config, ["routing.seed=7"]), run)  # a new router; the shards are the old router's
+    code, log = dipaco_in_process("eval", "--run", run.root)
+    assert code == 1
+    assert "router" in log and "routed again after sharding" in log and "--restart-from" in log
+    assert not run.eval_results.exists()
+
+
+def test_keys_a_stage_does_not_depend_on_never_trigger_it(tiny_routed):
+    config = load_config(TINY, ["eval.batch_size=99", "inner.steps=9", "train.rounds=7", "routing.hf_batch_size=3",
+                                "routing.reroute_c=0.5", "outer.lr=0.3"])
+    check(tiny_routed, config, ("route", "shard", "train"))  # no error
+
+
+@pytest.mark.parametrize(("override", "stage", "expected"), [
+    ("routing.svd_dim=8", "route", "routing.svd_dim: 16 → 8"),
+    ("corpus.max_documents=500", "route", "corpus.max_documents: 600 → 500"),
+    ("sharding.val_fraction=0.2", "shard", "sharding.val_fraction: 0.05 → 0.2"),
+    ("sharding.tokens_per_shard=4096", "shard", "sharding.tokens_per_shard: 16777216 → 4096"),
+])
+def test_a_changed_key_is_named_with_old_and_new_value(tiny_routed, override, stage, expected):
+    config = load_config(TINY, [override])
+    assert expected in differences(tiny_routed, config, stage)
+    with pytest.raises(DriftError, match=f"--restart-from {stage}"):
+        check(tiny_routed, config, ("route", "shard"))
+
+
+def test_train_refuses_a_store_trained_on_other_shards_or_another_model(tiny_routed, tmp_path):
+    run = copy_run(tiny_routed, tmp_path / "run")
+    config = load_config(TINY)
+    record(run, "train", config, shards="0" * 64)
+    assert any("shards/index.json" in d for d in differences(run, config, "train"))
+    assert any(d.startswith("model.hidden_size: 32 → 64")
+               for d in differences(run, load_config(TINY, ["model.hidden_size=64"]), "train"))
+
+
+def test_a_corpus_edited_in_place_is_found_and_a_touched_one_is_not(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "one"}\n')
+    config = CorpusConfig(path=str(corpus))
+    saved = corpus_digest(config)
+    corpus.touch()
+    corpus.write_text('{"text": "one"}\n')  # same bytes, new mtime: the hash settles it
+    assert corpus_changes(saved, config) == []
+    corpus.write_text('{"text": "two"}\n')
+    assert corpus_changes(saved, config) == [f"corpus file {corpus}: content changed (16 → 16 bytes)"]
+    (tmp_path / "d").mkdir()
+    assert corpus_changes(saved, CorpusConfig(path=str(tmp_path / "d"))) == [f"corpus file {corpus}: gone"]
+
+
+def test_a_run_without_records_is_accepted_with_a_warning_but_a_router_mismatch_is_not(tiny_routed, tmp_path,
+                                                                                        caplog):
+    run = copy_run(tiny_routed, tmp_path / "run")
+    record_path(run, "route").unlink()
+    record_path(run, "shard").unlink()
+    with caplog.at_level(logging.WARNING):
+        check(run, load_config(TINY, ["routing.svd_dim=8"]), ("route", "shard"))
+    assert "made before dipaco recorded fingerprints" in caplog.text
+    router = json.loads((run.routing / "router.json").read_text())
+    router["fingerprint"] = "f" * 64
+    (run.routing / "router.json").write_text(json.dumps(router))
+    with pytest.raises(DriftError, match="routed again after sharding"):
+        check(run, load_config(TINY), ("route", "shard"))
+
+
+def test_restart_from_moves_that_stage_and_later_ones_aside(tiny_routed, tmp_path):
+    run = copy_run(tiny_routed, tmp_path / "run")
+    config = load_config(TINY, ["sharding.val_fraction=0.2"])
+    moved = restart_from(run, config, "shard")
+    assert (moved / "shards" / "index.json").exists() and not run.shards.exists()
+    assert (run.routing / "assignments.json").exists()  # route is kept
+    check(run, config, ("route", "shard", "train"))  # nothing stale left
+    with pytest.raises(ValueError, match="train.store_url"):
+        restart_from(run, load_config(TINY, ["train.store_url=s3://bucket/x"]), "route")
+
+
+def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_path, monkeypatch):
+    from dipaco import cli
+
+    run = copy_run(tiny_routed, tmp_path / "run")
+    done = []
+    for stage in ("train", "baselines", "eval", "report"):  # the stages after shard are tested elsewhere
+        monkeypatch.setitem(cli.__dict__, f"cmd_{stage}", lambda config, run, args, stage=stage: done.append(stage))
+    code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, "sharding.val_fraction=0.2",
+                                  "--restart-from", "shard")
+    assert code == 0, log
+    assert json.loads(record_path(run, "shard").read_text())["keys"]["sharding.val_fraction"] == 0.2
+    assert "val_fraction: 0.2" in run.config.read_text()
+    assert done == ["train", "baselines", "eval", "report"]
+    assert list((run.root / "superseded").glob("*/shards/index.json"))
