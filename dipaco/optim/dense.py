@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from dipaco.atomic import write_json
@@ -32,6 +33,7 @@ from dipaco.optim.prefetch import Prefetcher
 log = logging.getLogger(__name__)
 
 PARAMETERS = "model.safetensors"
+PROGRESS_EVERY = 25  # steps between progress-bar updates (each waits for the device once)
 SUMMARY = "summary.json"
 
 
@@ -47,9 +49,19 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
     optimizer = make_optimizer(model, inner)
     log.info("training a dense model (%d parameters) for %d steps into %s", count_parameters(model), steps, out)
     started = time.perf_counter()
-    with Prefetcher(batches, count=steps, device=device) as ahead:
-        stats = train_steps(model, optimizer, ahead, start_step=0, steps=steps, total_steps=steps, config=inner,
-                            device=device, precision=precision)
+    losses: list[float] = []
+    tokens = 0
+    chunk = min(PROGRESS_EVERY, steps)  # the same steps, schedule and batches as one call: progress between chunks
+    with Prefetcher(batches, count=steps, device=device) as ahead, \
+            tqdm(total=steps, desc=f"dense {Path(out).name}", unit="step", mininterval=5) as bar:
+        for start in range(0, steps, chunk):
+            stats = train_steps(model, optimizer, ahead, start_step=start, steps=min(chunk, steps - start),
+                                total_steps=steps, config=inner, device=device, precision=precision)
+            losses += stats["losses"]
+            tokens += stats["tokens"]
+            bar.update(len(stats["losses"]))
+            bar.set_postfix(loss=f"{np.mean(stats['losses']):.3f}")
+    stats = {"losses": losses, "tokens": tokens}
     seconds = time.perf_counter() - started
     model = model.cpu()
     save_parameters(model, Path(out) / PARAMETERS)
