@@ -194,7 +194,8 @@ def child_coordinator(store_url: str, levels: list[int], impl: str) -> dict:
 
     torch.set_num_threads(1)
     store, topology = ModuleStore(store_url), synthetic_topology(levels)
-    pending, config = synthetic_pending(topology, round=1), OuterConfig()
+    # token weights: the reference implementation (commit f12451c) knows no shard sizes; memory is the same
+    pending, config = synthetic_pending(topology, round=1), OuterConfig(weighting="tokens")
     warm_up(config)
     step = apply_round if impl == "streamed" else apply_round_in_memory
     start = time.perf_counter()

@@ -9,10 +9,11 @@ On the bundled corpus, side by side in one run, with the demo architecture (1.3M
 - dense path-size models trained on all data for as many steps as one path (equal steps) and as
   all paths together (equal compute);
 - dense-large: about 8x a path's parameters (width 256, 12 blocks), as many steps as one path;
-- plain DiLoCo: one path trained by 4 replica islands on random quarters of the data (configs/diloco.yaml),
-  the same compute as DiPaCo.
-Every model scores the same held-out tokens (after the 32-token routing prefix). Outer step: plain
-averaging (outer.lr=1, momentum=0, no sqrt rescale), the setting measured to work at this scale.
+- DiLoCo: one path trained by 4 replica islands on random quarters of the data (configs/diloco.yaml),
+  the same compute as DiPaCo, twice: with DiLoCo's own outer step (Nesterov lr 0.7, momentum 0.9, no
+  rescale: the config's) and with the outer step DiPaCo uses here.
+Every model scores the same held-out tokens (after the 32-token routing prefix). DiPaCo's outer step:
+plain averaging (outer.lr=1, momentum=0, no sqrt rescale), the setting measured to work at this scale.
 
 Reduced budget (default): `--rounds 4` x 25 inner steps of batch 8 x 256 tokens per path (the demo
 runs 8). Compute is reported as training tokens and FLOPs ≈ 6 x (parameters a token passes through)
@@ -40,6 +41,12 @@ from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_paths")
 OUTER = ["outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]
+DILOCO_OUTER = {  # the DiLoCo rows: its own outer step (configs/diloco.yaml), and DiPaCo's in this comparison
+    "own-outer": [],
+    "dipaco-outer": OUTER,
+}
+DILOCO_LABELS = {"own-outer": "DiLoCo, 4 replicas, DiLoCo's outer step (Nesterov 0.7/0.9, no rescale)",
+                 "dipaco-outer": "DiLoCo, 4 replicas, DiPaCo's outer step here (plain averaging)"}
 
 
 def dipaco(*args: str) -> None:
@@ -60,26 +67,30 @@ def main() -> None:
         shutil.rmtree(runs)
     started = time.perf_counter()
     common = [f"train.rounds={args.rounds}", *OUTER]
-    dipaco_run, diloco_run = runs / "dipaco-2x2", runs / "diloco-4"
+    dipaco_run = runs / "dipaco-2x2"
     dipaco("run", "--config", str(ROOT / "configs" / "demo.yaml"), "--run", str(dipaco_run), *common,
            "eval.best=true", "eval.modes=[prefix,every:64,oracle,all-paths]",
            "eval.large_hidden_size=256", "eval.large_n_layers=12")
-    if not (diloco_run / "tokenizer").exists():  # the same tokenizer, so the test tokens are the same
-        shutil.copytree(dipaco_run / "tokenizer", diloco_run / "tokenizer")
-    dipaco("run", "--config", str(ROOT / "configs" / "diloco.yaml"), "--run", str(diloco_run), *common,
-           "eval.baselines=false", "eval.modes=[prefix]")
-    results = collect(dipaco_run, diloco_run)
+    diloco_runs = {}
+    for variant, outer in DILOCO_OUTER.items():
+        diloco_run = diloco_runs[variant] = runs / f"diloco-4-{variant}"
+        if not (diloco_run / "tokenizer").exists():  # the same tokenizer, so the test tokens are the same
+            shutil.copytree(dipaco_run / "tokenizer", diloco_run / "tokenizer")
+        dipaco("run", "--config", str(ROOT / "configs" / "diloco.yaml"), "--run", str(diloco_run),
+               f"train.rounds={args.rounds}", *outer, "eval.baselines=false", "eval.modes=[prefix]")
+    results = collect(dipaco_run, diloco_runs)
     results.update(rounds=args.rounds, inner_steps=25, seconds=time.perf_counter() - started)
     path = write_results("paths", results, markdown(results))
     print(path.with_suffix(".md").read_text())
     print(f"results in {path} and {path.with_suffix('.md')}")
 
 
-def collect(dipaco_run: Path, diloco_run: Path) -> dict:
+def collect(dipaco_run: Path, diloco_runs: dict[str, Path]) -> dict:
     ours = json.loads((dipaco_run / "eval.json").read_text())
-    diloco = json.loads((diloco_run / "eval.json").read_text())
-    if ours["scored_tokens"] != diloco["scored_tokens"]:
-        raise RuntimeError(f"DiPaCo scored {ours['scored_tokens']} tokens but DiLoCo {diloco['scored_tokens']}")
+    dilocos = {variant: json.loads((run / "eval.json").read_text()) for variant, run in diloco_runs.items()}
+    for diloco in dilocos.values():
+        if ours["scored_tokens"] != diloco["scored_tokens"]:
+            raise RuntimeError(f"DiPaCo scored {ours['scored_tokens']} tokens but DiLoCo {diloco['scored_tokens']}")
     train = json.loads((dipaco_run / "train.json").read_text())
     best = json.loads((dipaco_run / "store" / "best.json").read_text())
     models = {m["model"]: m for m in ours["models"]}
@@ -96,9 +107,10 @@ def collect(dipaco_run: Path, diloco_run: Path) -> dict:
         m = models[name]
         add(label, params=m["params_per_path"], params_total=m["params_total"], steps=m["steps_per_path"],
             tokens=m["tokens_seen"], ppl=m["perplexity"])
-    d = diloco["models"][0]
-    add("DiLoCo, 4 replicas", params=d["params_per_path"], params_total=d["params_total"],
-        steps=d["steps_per_path"], tokens=d["tokens_seen"], ppl=d["perplexity"], note="4 x steps, averaged")
+    for variant, diloco in dilocos.items():
+        d = diloco["models"][0]
+        add(DILOCO_LABELS[variant], params=d["params_per_path"], params_total=d["params_total"],
+            steps=d["steps_per_path"], tokens=d["tokens_seen"], ppl=d["perplexity"], note="4 x steps, averaged")
     labels = {("prefix", "last"): "DiPaCo 2x2, prefix routing", ("prefix", "best"): "DiPaCo 2x2, prefix + early stopping",
               ("every:64", "last"): "DiPaCo 2x2, re-route every 64", ("every:64", "best"): "DiPaCo 2x2, every 64 + early stopping",
               ("oracle", "last"): "DiPaCo 2x2, oracle path", ("oracle", "best"): "DiPaCo 2x2, oracle + early stopping"}

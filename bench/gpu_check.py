@@ -295,7 +295,7 @@ def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator,
     initialise_store(PathFactory(config, run))
     setup = island_setup(config, run)
     coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps)
+                              inner_steps=config.inner.steps, sizes=PathFactory(config, run).path_sizes)
     coordinator.tick()
     return setup.store, coordinator, train_task(setup, coordinator.tasks[task_key(0, 0)])
 

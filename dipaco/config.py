@@ -30,6 +30,9 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+WEIGHTINGS = ("shard", "tokens", "uniform")  # outer.weighting (dipaco.optim.weighting)
+NORMALIZATIONS = ("module", "all")  # outer.normalize
+
 EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
 
 
@@ -154,7 +157,8 @@ class OuterConfig:
     lr: float = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)
     momentum: float = 0.9  # outer momentum (0.9)
     nesterov: bool = True  # Nesterov momentum
-    weighting: str = "tokens"  # weight each path's pseudo-gradient by its "tokens" or "uniform"
+    weighting: str = "shard"  # weight each path's pseudo-gradient by the tokens of its training shard ("shard", the paper's shard size; x the share of the task trained), the "tokens" the task trained, or "uniform"
+    normalize: str = "module"  # divide the weights by their sum over the module's reporting paths ("module": the paper's weighted average; routed ppl 767.9 vs 789.4 with the paper's step, 519.7 vs 536.2 with plain averaging, bench/results/outer-weighting.md) or over all paths ("all")
     rescale_by_paths: bool = True  # multiply a shared module's average by sqrt(paths through it) (DiPaCo)
     compression: str = "none"  # pseudo-gradients sent as none (float32) | int8 | int4 (per-row scales, then zstd)
     zstd_level: int = 1  # zstd level for compressed pseudo-gradients
@@ -170,8 +174,10 @@ class OuterConfig:
         check_finite(self, "outer")
         if self.lr <= 0 or not 0 <= self.momentum < 1:
             raise ValueError(f"outer.lr must be > 0 and outer.momentum in [0, 1), got {self.lr}, {self.momentum}")
-        if self.weighting not in ("tokens", "uniform"):
-            raise ValueError(f"outer.weighting must be 'tokens' or 'uniform', got {self.weighting!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"outer.weighting must be one of {list(WEIGHTINGS)}, got {self.weighting!r}")
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(f"outer.normalize must be one of {list(NORMALIZATIONS)}, got {self.normalize!r}")
         if self.compression not in ("none", "int8", "int4"):
             raise ValueError(f"outer.compression must be none, int8 or int4, got {self.compression!r}")
         if not 1 <= self.zstd_level <= 22:

@@ -5,6 +5,7 @@ fake clock (so heartbeat timeouts need no sleeping and every schedule is exact);
 real `torchrun --nproc-per-node 2` island against it.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -65,7 +66,8 @@ class TinyRun:
 
     def coordinator(self, clock: Clock) -> Coordinator:
         return Coordinator(self.store, self.topology, train=self.config.train, outer=self.config.outer,
-                           inner_steps=self.config.inner.steps, clock=clock)
+                           inner_steps=self.config.inner.steps, sizes=PathFactory(self.config, self.dir).path_sizes,
+                           clock=clock)
 
     def island(self, name: str, clock: Clock, **kwargs) -> IslandWorker:
         return IslandWorker(self.setup, name=name, clock=clock, **kwargs)
@@ -247,8 +249,11 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
     else:
         stale = next(e for e in second.applied if e.path == 0)
         assert stale.staleness == 1 and stale.factor == pytest.approx(0.5)
-    # the module update is the tokens x staleness-weighted average of exactly the applied results
+    # the module update is the shard-size x staleness-weighted average of exactly the applied results
     deltas = {e.key: read_result(store, round=e.base + 1, path=e.path, attempt=e.attempt)[0] for e in second.applied}
+    index = json.loads((run.dir.shards / "index.json").read_text())
+    shard_tokens = [p["train"]["blocks"] * index["seq_len"] for p in index["paths"]]
+    asked = run.config.inner.steps * run.config.inner.batch_size * index["seq_len"]
     for name in run.topology.modules:
         users = [e for e in second.applied if e.path in run.topology.paths_of_module(name)]
         before, after = store.read_module(1, name), store.read_module(2, name)
@@ -256,7 +261,7 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
             if not users:
                 torch.testing.assert_close(after[param], before[param], rtol=0, atol=0)
                 continue
-            weights = [e.tokens * e.factor for e in users]
+            weights = [shard_tokens[e.path] * min(1.0, e.tokens / asked) * e.factor for e in users]
             mean = sum(w * deltas[e.key][f"{name}/{param}"] for w, e in zip(weights, users)) / sum(weights)
             torch.testing.assert_close(after[param], before[param] - mean, rtol=1e-5, atol=1e-7)
 

@@ -23,6 +23,7 @@ from test_coordinator import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
 from dipaco.islands.coordinator import Coordinator
+from dipaco.stages.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest
 from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder
@@ -81,7 +82,8 @@ def write_rows(run: TinyRun, rows: list[RoundStats], writes: Writes) -> None:
 def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: Writes, turns: int = 400) -> None:
     """The train stage's loop: tick, poll the islands, write train.json after each commit and at the end."""
     coordinator = Coordinator(store, run.topology, train=run.config.train, outer=run.config.outer,
-                              inner_steps=run.config.inner.steps, clock=clock)
+                              inner_steps=run.config.inner.steps, sizes=PathFactory(run.config, run.dir).path_sizes,
+                              clock=clock)
     summary = json.loads(train_json(run).read_text()) if train_json(run).exists() else {"rounds": []}
     rows = [RoundStats.from_json(r, file="train.json") for r in summary["rounds"]]
     rows = resumed_rounds(rows, coordinator.last_stats, done=coordinator.committed)
@@ -236,8 +238,7 @@ def test_a_deposed_coordinator_stops_before_its_commit(tiny, tmp_path):
     clock = Clock()
     run = make_run(tiny, tmp_path / "run", [f"train.rounds={ROUNDS}"])
     islands = [run.island(f"i{k}", clock) for k in range(2)]
-    coordinator = Coordinator(run.store, run.topology, train=run.config.train, outer=run.config.outer,
-                              inner_steps=run.config.inner.steps, clock=clock)
+    coordinator = run.coordinator(clock)
     Lease.acquire(ModuleStore(run.store.url), timeout=60, host="elsewhere", pid=1, force=True)
     with pytest.raises(LeaseLost, match="to elsewhere pid 1"):
         for _ in range(400):

@@ -6,22 +6,29 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig
-from dipaco.optim.outer import combine_pseudo_gradients, outer_update
+from dipaco.optim.outer import combine_pseudo_gradients, combine_streamed, outer_update
 
 
-def test_lr1_momentum0_is_token_weighted_averaging():
+def test_lr1_momentum0_is_shard_weighted_averaging():
     """DiLoCo reference: with lr 1 and momentum 0 the module becomes the weighted mean of the islands."""
     torch.manual_seed(0)
     start = {"w": torch.randn(4, 3), "b": torch.randn(3)}
     islands = [{k: v + torch.randn_like(v) for k, v in start.items()} for _ in range(3)]
-    tokens = [100.0, 300.0, 600.0]
+    shard_tokens = [9001 * 256.0, 4627 * 256.0, 3100 * 256.0]  # training shards as routing leaves them
     deltas = [{k: start[k] - island[k] for k in start} for island in islands]
-    grad = combine_pseudo_gradients(list(zip(deltas, tokens)), rescale_by_paths=False)
+    grad = combine_pseudo_gradients(list(zip(deltas, shard_tokens)), rescale_by_paths=False)
     new, momentum = outer_update(start, None, grad, OuterConfig(lr=1.0, momentum=0.0))
     for k in start:
-        expected = sum(t * island[k] for t, island in zip(tokens, islands)) / sum(tokens)
+        expected = sum(t * island[k] for t, island in zip(shard_tokens, islands)) / sum(shard_tokens)
         torch.testing.assert_close(new[k], expected)
     assert momentum == {}
+
+
+def test_a_total_over_all_paths_scales_the_average_down():
+    """`outer.normalize: all`: the weights are divided by a total over all paths, not their own sum."""
+    deltas = [{"w": torch.full((2,), 1.0)}, {"w": torch.full((2,), 3.0)}]
+    combined = combine_streamed(iter(deltas), [1.0, 1.0], total=4.0, rescale_by_paths=True)["w"]
+    torch.testing.assert_close(combined, torch.full((2,), (1.0 + 3.0) / 4.0 * math.sqrt(2)))
 
 
 def test_rescale_multiplies_by_sqrt_of_contributors():
@@ -50,5 +57,7 @@ def test_nesterov_matches_the_formula_over_two_steps():
 def test_bad_inputs():
     with pytest.raises(ValueError, match="at least one"):
         combine_pseudo_gradients([], rescale_by_paths=False)
-    with pytest.raises(ValueError, match="sum to 0"):
+    with pytest.raises(ValueError, match="divided by 0.0, not > 0"):
         combine_pseudo_gradients([({"w": torch.ones(1)}, 0.0)], rescale_by_paths=False)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        combine_streamed(iter([{"w": torch.ones(1)}]), [-1.0], total=1.0, rescale_by_paths=False)

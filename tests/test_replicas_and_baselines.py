@@ -90,3 +90,49 @@ def test_dense_large_is_about_eight_times_a_path():
     assert "dense-large" not in baseline_budgets(load_config(None, []), 4)
     assert "dense-large" not in baseline_steps(steps_per_path=1, n_paths=4, large=False)
     assert isinstance(large, ModelConfig)
+
+
+def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
+    """With `pretrain.steps` P the paths start from a dense model trained P steps: every baseline trains P
+    steps more than the grid's share, and the eval table gives each model's warm start, steps and tokens in all."""
+    from pathlib import Path
+
+    from dipaco.run_dir import RunDir
+    from dipaco.stages.baselines import train_baseline
+    from dipaco.stages.evaluate import evaluate, format_results
+    from dipaco.stages.pretrain import pretrain
+    from dipaco.stages.route import route
+    from dipaco.stages.shard import shard
+    from dipaco.stages.train import train
+
+    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    config = load_config(tiny, ["pretrain.steps=3", "train.rounds=1", "inner.steps=2", "eval.modes=[]",
+                                "train.device=cpu", "eval.device=cpu"])
+    run = RunDir(tmp_path / "run")
+    for stage in (pretrain, route, shard):
+        stage(config, run)
+    train(config, run)
+
+    budgets = baseline_budgets(config, 4)
+    assert budgets == {"dense-equal-steps": 3 + 2, "dense-equal-compute": 3 + 4 * 2}
+    for name in budgets:
+        train_baseline(config, run, name=name)
+    block = config.inner.batch_size * config.sharding.seq_len
+    models = {m["model"]: m for m in evaluate(config, run, modes=[])["models"]}
+    ours, steps, compute = models["DiPaCo 2x2 routed"], models["dense-equal-steps"], models["dense-equal-compute"]
+    assert (ours["pretrain_steps"], ours["steps_per_path"], ours["steps_total"]) == (3, 2, 5)
+    assert ours["train_tokens_total"] == 3 * block + 4 * 2 * block  # the warm start, then 4 paths x 2 steps
+    assert (steps["pretrain_steps"], steps["steps_total"], steps["train_tokens_total"]) == (0, 5, 5 * block)
+    assert compute["steps_total"] == 11 and compute["train_tokens_total"] == ours["train_tokens_total"]
+    table = format_results(evaluate(config, run, modes=[]))
+    assert "warm start" in table and "train tokens (all)" in table
+
+
+def test_the_diloco_config_has_diloco_s_outer_step():
+    """configs/diloco.yaml: 4 replicas of one path sharing every module, Nesterov 0.7 / 0.9, no √ rescale."""
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "diloco.yaml", [])
+    assert config.topology.levels == [1] and config.topology.replicas == 4
+    outer = config.outer
+    assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths) == (0.7, 0.9, True, False)

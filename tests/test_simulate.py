@@ -9,6 +9,7 @@ import torch
 
 from dipaco.config import OuterConfig, SimulateConfig, TrainConfig
 from dipaco.islands.coordinator import Coordinator
+from dipaco.optim.weighting import PathSizes
 from dipaco.simulate.data_parallel import simulate_data_parallel
 from dipaco.simulate.failures import FailureModel
 from dipaco.simulate.rounds import RoundsSimulation, island_name, replica_topology
@@ -114,8 +115,9 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path) -> tuple[list, list]:
     store.commit(round=0, levels=list(topology.levels), modules=topology.modules)
     clock = Clock()
     train = TrainConfig(rounds=100_000, heartbeat_timeout=1e12, keep_rounds=0)
+    equal = PathSizes(shard_tokens=(1,) * topology.n_paths, task_tokens=1)  # the replay compares plans, not weights
     coordinator = Coordinator(store, topology, train=train, outer=sim.outer, inner_steps=sim.settings.sim.inner_steps,
-                              clock=clock)
+                              sizes=equal, clock=clock)
     seq = {i: 0 for i in range(learners)}
     status = {i: ("idle", None) for i in range(learners)}
 

@@ -63,7 +63,7 @@ def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
     validator = ResultValidator(setup.store, setup.topology, outer=config.outer, tokens_per_task=tokens)
     coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps, validator=validator)
+                              inner_steps=config.inner.steps, sizes=factory.path_sizes, validator=validator)
     coordinator.tick()  # opens a task for every path
     tasks = {t.path: t for t in coordinator.tasks.values()}
     return Case(setup.store, coordinator, validator, setup, tasks, root)

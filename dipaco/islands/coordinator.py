@@ -41,7 +41,8 @@ After each round it records the validation losses the islands reported (`dipaco.
 and applies retention (`dipaco.store.retention`); `finish_run` does the same for the last version.
 
     store = ModuleStore("runs/tiny/store")
-    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps)
+    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps,
+                              sizes=factory.path_sizes)   # shard sizes for outer.weighting: shard
     while not coordinator.tick(): time.sleep(0.1)
 """
 
@@ -72,6 +73,7 @@ from dipaco.islands.rounds import apply_round
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
+from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
     inner_ref,
     read_board,
@@ -139,13 +141,18 @@ class Seen:
 
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
-                 inner_steps: int, clock: Callable[[], float] = time.monotonic,
+                 inner_steps: int, sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic,
                  validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False):
         """Resume from the store's committed round (`initialise_store` must have run), holding the
         store's lease (`lease`, else taken here: `LeaseHeld` when another coordinator holds it, unless
-        `force`). Results are checked by `validator` (`dipaco.islands.validation`) before they are received."""
+        `force`). `sizes` (each path's training-shard tokens, `PathFactory.path_sizes`) is needed by
+        `outer.weighting: shard`. Results are checked by `validator` (`dipaco.islands.validation`)
+        before they are received."""
+        if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
+            raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
+                             f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
         self.lease = lease or Lease.acquire(store, timeout=train.lease_timeout, force=force)
-        self.store, self.topology = store, topology
+        self.store, self.topology, self.sizes = store, topology, sizes
         self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
         self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
@@ -323,7 +330,8 @@ class Coordinator:
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
         plan = self.policy.plan()
         self.lease.check()
-        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan)
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
+                               sizes=self.sizes)
         write_manifest(self.store, manifest)
         self.committed = round
         self.policy.commit(plan)

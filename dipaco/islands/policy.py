@@ -43,8 +43,8 @@ The rules (`outer.mode`):
   commit would give its path new work.
 - **Staleness, per module.** A result based on version b, applied in round t: for the shared modules
   s = t − 1 − b (every shared module advances in every round); for a private module, s = how many
-  results of its path were applied in rounds b+1 … t−1 (normally 0). Weight tokens × (1 + s) ^
-  −outer.staleness_power; a result whose shared staleness exceeds outer.max_staleness is dropped whole.
+  results of its path were applied in rounds b+1 … t−1 (normally 0). Weight (`dipaco.optim.weighting`:
+  shard size, tokens or 1) × (1 + s) ^ −outer.staleness_power; a result whose shared staleness exceeds outer.max_staleness is dropped whole.
   Sync: weight 1 for s = 0, nothing else exists.
 - **√ rescale** (`outer.rescale_by_paths`): by √|P(m)|, the number of paths through the module, not the
   number of results applied (a path with a stale and a fresh result counts once; a private module ×1).
@@ -148,7 +148,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Contribution:
-    """One result's part in one module's outer step: weight tokens × factor."""
+    """One result's part in one module's outer step: its weight (`dipaco.optim.weighting`) × factor."""
 
     key: str
     path: int

@@ -1,6 +1,9 @@
 """The outer step of one round as the round policy planned it (`dipaco.islands.policy`: when a round
 closes, which results it applies to which module with what weight, sync / async).
 
+Each result's weight and what the weights are divided by are `dipaco.optim.weighting.result_weights`
+(`outer.weighting`, `outer.normalize`; the shard sizes come from the run's shards/index.json).
+
 The outer step itself is `dipaco.optim.outer` (weighted average per module, then Nesterov SGD); a module
 no result touches this round is carried over unchanged.
 
@@ -27,17 +30,18 @@ from dipaco.config import OuterConfig
 from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
+from dipaco.optim.weighting import PathSizes, result_weights
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, RoundManifest, Task
 
 
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
-                config: OuterConfig, plan: RoundPlan | None = None) -> RoundManifest:
+                config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
-    only `pending`. Streams module by module (module docstring): memory holds a few copies of one module."""
+    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. Streams module by module (module docstring): memory holds a few copies of one module."""
     tasks = {task.key: task for task in pending}
     metas = {task.key: read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
              for task in sorted(pending, key=lambda t: (t.path, t.base))}
@@ -63,9 +67,9 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
         outer_grad = None
         if sharing:
-            weights = [(float(e.tokens) if config.weighting == "tokens" else 1.0) * e.factor for e in sharing]
+            weights, total = result_weights(sharing, n_paths=topology.n_paths, sizes=sizes, config=config)
             deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
-            outer_grad = combine_streamed(deltas, weights, rescale_by_paths=config.rescale_by_paths,
+            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
                                           paths=plan.paths_through[name])
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)

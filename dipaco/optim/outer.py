@@ -3,12 +3,13 @@
 For a module m shared by the paths P(m) that reported this round:
 
     pseudo-gradient of path p     Δ_p = θ_m(start of round) − θ_m(end of p's inner steps)
-    weights                       α_p = tokens_p / Σ_{q∈P(m)} tokens_q      (or 1/|P(m)|)
+    weights                       α_p = w_p / Z   (dipaco.optim.weighting: w_p = |D_p| shard tokens,
+                                  Z = Σ_{q∈P(m)} w_q, or Z over all paths with outer.normalize: all)
     outer gradient                g = s · Σ_p α_p Δ_p,   s = √|P(m)| if rescale_by_paths else 1
                                   (|P(m)|: every path through m, however many reported)
     update                        θ_m ← NesterovSGD(θ_m, g; lr 0.7, momentum 0.9)
 
-With lr 1 and momentum 0 (and no rescale) this is plain averaging: θ_m ← Σ_p α_p θ_p.
+With lr 1 and momentum 0 (and no rescale, Z per module) this is plain averaging: θ_m ← Σ_p α_p θ_p.
 Path-private modules get the same step with one contribution. The coordinator calls
 `outer_update` explicitly from its round loop; nothing hides in optimizer hooks.
 """
@@ -32,16 +33,19 @@ def combine_pseudo_gradients(contributions: list[tuple[Tensors, float]], *, resc
 
 
 def combine_streamed(deltas: Iterable[Tensors], weights: list[float], *, rescale_by_paths: bool,
-                     paths: int | None = None) -> Tensors:
+                     total: float | None = None, paths: int | None = None) -> Tensors:
     """`combine_pseudo_gradients` with the Δ_p arriving one at a time (`deltas` may read each from the
     store when asked), so memory holds the sum and one Δ_p. The weights are known up front, so each
-    Δ_p is added with the same factor weight_p / Σ weights, in the same order: the same floats.
+    Δ_p is added with the same factor weight_p / total, in the same order: the same floats. `total`
+    (Z) defaults to Σ weights, a weighted average; `outer.normalize: all` passes the sum over all paths.
     `paths`: the paths through the module, which the √ rescale counts (default: the Δ_p given)."""
     if not weights:
         raise ValueError("a module's outer step needs at least one pseudo-gradient")
-    total = sum(weights)
+    if any(weight < 0 for weight in weights):
+        raise ValueError(f"pseudo-gradient weights {weights} must be >= 0")
+    total = sum(weights) if total is None else total
     if total <= 0:
-        raise ValueError(f"pseudo-gradient weights {weights} sum to {total}, not > 0")
+        raise ValueError(f"pseudo-gradient weights {weights} are divided by {total}, not > 0")
     combined: Tensors = {}
     count = 0
     for delta in deltas:  # not zip / enumerate: their reused tuple would keep the last Δ_p alive during the next read

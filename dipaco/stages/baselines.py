@@ -5,7 +5,8 @@ grid) trained on all paths' data with the same recipe.
     dipaco baseline --name dense-equal-steps --config ... --run ...  # one
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
-its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`).
+its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`), from scratch; its
+budget includes the `pretrain.steps` of the warm start the grid started from (`dipaco.eval.baselines`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
     _, summary = train_dense(spec, batches, steps=steps[name], inner=config.inner, seed=config.train.seed,
                              device=resolve_device(config.train.device), precision=config.train.precision,
-                             out=run.baselines / name, info={"name": name})
+                             out=run.baselines / name, info={"name": name, "pretrain_steps_in_budget": config.pretrain.steps})
     return summary
 
 

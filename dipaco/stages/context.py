@@ -22,6 +22,7 @@ from dipaco.eval.baselines import baseline_steps
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
+from dipaco.optim.weighting import PathSizes
 from dipaco.run_dir import RunDir
 from dipaco.store.module_store import ModuleStore
 from routing.router import Router
@@ -62,6 +63,14 @@ class PathFactory:
         return reader
 
     @cached_property
+    def path_sizes(self) -> PathSizes:
+        """Each path's training-shard tokens (from shards/index.json, no shard is read) and the tokens one
+        task asks for: what the outer step weights results by (`dipaco.optim.weighting`)."""
+        reader, inner = self.reader, self.config.inner
+        return PathSizes(shard_tokens=tuple(reader.num_tokens(p, "train") for p in range(self.topology.n_paths)),
+                         task_tokens=inner.steps * inner.batch_size * reader.seq_len)
+
+    @cached_property
     def spec(self) -> PathSpec:
         """The shape of every path model of this run (vocabulary from the run's tokenizer)."""
         return path_spec(self.config, self.tokenizer)
@@ -89,6 +98,7 @@ def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
 
 
 def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
-    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`)."""
+    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`): the
+    warm start's `pretrain.steps` included."""
     return baseline_steps(steps_per_path=config.train.rounds * config.inner.steps, n_paths=n_paths,
-                          large=config.eval.large_hidden_size > 0)
+                          large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain.steps)

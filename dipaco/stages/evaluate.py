@@ -7,8 +7,11 @@ path (`dipaco.eval.prefix_routing`), and that path scores the tokens after the p
 is in memory at a time. The baselines score the very same tokens, so the perplexities are
 comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed from the same table
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
-`eval.json` and are printed as a table. Results holding a NaN or infinite number (a broken module)
-never replace eval.json: they go to `eval-rejected.json` and the command fails naming them.
+`eval.json` and are printed as a table. Every model's row says the dense warm-start steps it started
+from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
+included): the baselines' budgets count the warm start (`dipaco.eval.baselines`). Results holding a
+NaN or infinite number (a broken module) never replace eval.json: they go to `eval-rejected.json` and
+the command fails naming them.
 """
 
 from __future__ import annotations
@@ -57,26 +60,37 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     routed = routed_scores(table, prefix_routes(docs, paths, prefix=prefix), last, topology.n_paths)
     nll, tokens = routed["nll"], routed["tokens"]
     summary = _load(run.train_summary)
+    warm = warm_start(config, run)
+    steps = round * config.inner.steps
     rows = [{
         "model": f"DiPaCo {'x'.join(map(str, topology.levels))} routed",
         "paths": topology.n_paths,
         "params_per_path": count_parameters(factory.new_model()),
         "params_total": sum(t.numel() for name in topology.modules for t in store.read_module(round, name).values()),
-        "steps_per_path": round * config.inner.steps,
+        "pretrain_steps": warm["steps"],
+        "steps_per_path": steps,
+        "steps_total": warm["steps"] + steps,
         "tokens_seen": summary.get("tokens"),
+        "train_tokens_total": warm["tokens"] + summary["tokens"] if summary.get("tokens") is not None else None,
         "train_seconds": summary.get("seconds"),
         "perplexity": perplexity(nll.sum(), tokens.sum()),
     }]
-    for name in baseline_budgets(config, topology.n_paths):
+    budgets = baseline_budgets(config, topology.n_paths)
+    for name, budget in budgets.items():
         folder = run.baselines / name
         if not is_trained(folder):
             log.info("baseline %s not trained; run `dipaco baselines` to compare with it", name)
             continue
         model, info = load_dense(folder, factory.spec)
+        if info["steps"] != budget:
+            log.warning("baseline %s in %s trained %d steps, but this config's budget is %d (pretrain.steps %d "
+                        "included): delete the folder and run `dipaco baselines` again", name, folder,
+                        info["steps"], budget, config.pretrain.steps)
         b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)
         rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
-                     "params_total": info["parameters"], "steps_per_path": info["steps"],
-                     "tokens_seen": info["tokens"], "train_seconds": info["seconds"],
+                     "params_total": info["parameters"], "pretrain_steps": 0, "steps_per_path": info["steps"],
+                     "steps_total": info["steps"], "tokens_seen": info["tokens"],
+                     "train_tokens_total": info["tokens"], "train_seconds": info["seconds"],
                      "perplexity": perplexity(b_nll.sum(), b_tokens.sum())})
     results = {
         "round": round,
@@ -118,6 +132,16 @@ def non_finite(obj, where: str = "") -> list[str]:
     return []
 
 
+def warm_start(config: Config, run: RunDir) -> dict:
+    """Steps and tokens of the dense warm start the run's paths started from (zeros without one):
+    `pretrain/summary.json` when `pretrain.steps` and `pretrain.warm_start` are set."""
+    record = run.pretrain / "summary.json"
+    if not (config.pretrain.steps and config.pretrain.warm_start and record.exists()):
+        return {"steps": 0, "tokens": 0}
+    pretrained = json.loads(record.read_text())
+    return {"steps": int(pretrained["steps"]), "tokens": int(pretrained["tokens"])}
+
+
 def per_path_table(topology: Topology, paths: np.ndarray, nll: np.ndarray, tokens: np.ndarray) -> list[dict]:
     """Documents, scored tokens and perplexity of each path over the documents routed to it
     (`paths`, `nll`, `tokens`: one entry per document)."""
@@ -132,9 +156,10 @@ def per_path_table(topology: Topology, paths: np.ndarray, nll: np.ndarray, token
 
 def format_results(results: dict) -> str:
     """The comparison table and the per-path table, as text."""
-    headers = ["model", "paths", "params/path", "params total", "steps/path", "tokens seen", "train s", "perplexity"]
-    main = [[r["model"], r["paths"], f"{r['params_per_path']:,}", f"{r['params_total']:,}", r["steps_per_path"],
-             f"{r['tokens_seen']:,}" if r["tokens_seen"] else "-",
+    headers = ["model", "paths", "params/path", "params total", "warm start", "steps/path", "steps in all",
+               "train tokens (all)", "train s", "perplexity"]
+    main = [[r["model"], r["paths"], f"{r['params_per_path']:,}", f"{r['params_total']:,}", r.get("pretrain_steps", 0),
+             r["steps_per_path"], r.get("steps_total", r["steps_per_path"]), _tokens(r),
              f"{r['train_seconds']:.0f}" if r["train_seconds"] else "-", f"{r['perplexity']:.2f}"]
             for r in results["models"]]
     paths = [[p["path"], p.get("label", ""), p["documents"], p["tokens"],
@@ -149,6 +174,12 @@ def format_results(results: dict) -> str:
     if results.get("modes"):
         text += "\n\n" + format_modes(results["modes"])
     return text
+
+
+def _tokens(row: dict) -> str:
+    """A row's training tokens, the warm start's included (eval.json files from before it say tokens_seen)."""
+    tokens = row.get("train_tokens_total", row.get("tokens_seen"))
+    return f"{tokens:,}" if tokens else "-"
 
 
 def _load(path) -> dict:

@@ -124,9 +124,10 @@ def _eval_section(evaluation: dict, figures: Path) -> list[str]:
     ax.set_xlabel("test perplexity (same tokens for every model)")
     ax.set_title("DiPaCo eval modes (blue) against dense baselines (orange)")
     _save(fig, figures / "perplexity.png")
-    headers = ["model", "params/path", "params total", "steps/path", "tokens seen", "perplexity"]
-    rows = [[m["model"], f"{m['params_per_path']:,}", f"{m['params_total']:,}", m["steps_per_path"],
-             f"{m['tokens_seen']:,}" if m.get("tokens_seen") else "-", f"{m['perplexity']:.2f}"]
+    headers = ["model", "params/path", "params total", "warm start", "steps/path", "steps in all", "train tokens (all)",
+               "perplexity"]
+    rows = [[m["model"], f"{m['params_per_path']:,}", f"{m['params_total']:,}", m.get("pretrain_steps", 0),
+             m["steps_per_path"], m.get("steps_total", m["steps_per_path"]), _tokens(m), f"{m['perplexity']:.2f}"]
             for m in evaluation["models"]]
     lines = ["## Routed perplexity", "",
              f"{evaluation['test_documents']} held-out documents, {evaluation['scored_tokens']:,} tokens scored "
@@ -228,3 +229,9 @@ def _save(fig, path: Path) -> None:
     fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
     write_bytes(path, image.getvalue())
+
+
+def _tokens(row: dict) -> str:
+    """A model's training tokens, the warm start's included (older eval.json files say tokens_seen)."""
+    tokens = row.get("train_tokens_total", row.get("tokens_seen"))
+    return f"{tokens:,}" if tokens else "-"

@@ -69,7 +69,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     validator = ResultValidator(store, topology, outer=config.outer,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
-                          validator=validator, lease=lease)
+                          sizes=factory.path_sizes, validator=validator, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
