@@ -379,10 +379,6 @@ class Coordinator:
             write_board(self.store, board)
             self._board_written = written
 
-    def release(self) -> None:
-        """Give the store's lease back (a clean stop: the next coordinator needs no waiting)."""
-        self.lease.release()
-
 
 def _open(tasks: dict[str, Task]) -> list[OpenTask]:
     return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.step_offset)
