@@ -153,16 +153,17 @@ def straight(tiny, tmp_path_factory) -> tuple[dict, list[str]]:
 
 
 def around_commits(log: list[str]) -> list[int]:
-    """Crash points (1-based write numbers) at each round's closing: the last module write, the manifest,
-    the commit, and each write after the commit (best.json, pruning, train.json, the next board)."""
-    points = set()
+    """Crash points (1-based write numbers) at each round's closing: every write from the one before
+    the round's manifest to its train.json row (checksums, the commit, best.json, pruning, the board)."""
+    points = []
     for i, what in enumerate(log, start=1):
-        if what.endswith("state.json") and i > 1:
-            points |= {i - 2, i - 1, i, i + 1, i + 2, i + 3}
-    return sorted(p for p in points if 1 <= p <= len(log))
+        if what.startswith("write rounds/"):
+            row = next(j for j in range(i, len(log) + 1) if log[j - 1] == "write train.json")
+            points += range(i - 1, row + 1)
+    return points
 
 
-@pytest.mark.parametrize("where", range(12))  # 6 points around each of the 2 commits
+@pytest.mark.parametrize("where", range(17))  # 8 and 9 writes around the 2 commits
 def test_a_coordinator_killed_around_a_commit_resumes_to_the_same_run(tiny, straight, tmp_path, where):
     outcome_straight, log = straight
     points = around_commits(log)
