@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
+    for name in ("run", "train", "coordinator"):
+        parsers[name].add_argument("--force", action="store_true",
+                                   help="take over the store's coordinator lease even if another coordinator seems to "
+                                        "hold it (only when you know it is gone: docs/islands.md#crash-safety)")
     parsers["island"].add_argument("--path", type=int, action="append", default=None,
                                    help="a path this island trains (repeat for several); with --pull: pin to it")
     parsers["island"].add_argument("--pull", action="store_true",
@@ -178,7 +182,7 @@ def cmd_shard(config: Config, run: RunDir, args) -> None:
 def cmd_train(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.train import train
 
-    summary = train(config, run)
+    summary = train(config, run, force=args.force)
     print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
           f"({summary['inner_steps_per_path']} inner steps each, {summary['tokens']:,} tokens) "
           f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
@@ -187,7 +191,7 @@ def cmd_train(config: Config, run: RunDir, args) -> None:
 def cmd_coordinator(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.train import train
 
-    summary = train(config, run, local_islands=False)
+    summary = train(config, run, local_islands=False, force=args.force)
     print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
           f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
 

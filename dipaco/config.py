@@ -211,6 +211,7 @@ class TrainConfig:
     seed: int = 0  # model initialisation and data order
     heartbeat_seconds: float = 1.0  # how often an island writes its heartbeat file
     heartbeat_timeout: float = 30.0  # a task whose island has not heart-beaten for this long is handed to another
+    lease_timeout: float = 60.0  # a coordinator's store lease not renewed for this long may be taken over (docs/islands.md#crash-safety)
     fail_mtbf: float = 0.0  # fault injection: islands fail at random with this mean time between failures (s); 0 = never
     return_after: float = 10.0  # fault injection: a failed island comes back after this many seconds
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
@@ -230,6 +231,8 @@ class TrainConfig:
                 f"train.heartbeat_seconds must be > 0 and below train.heartbeat_timeout, "
                 f"got {self.heartbeat_seconds}, {self.heartbeat_timeout}"
             )
+        if self.lease_timeout <= 0:
+            raise ValueError(f"train.lease_timeout must be > 0, got {self.lease_timeout}")
         if self.fail_mtbf < 0 or self.return_after < 0:
             raise ValueError(f"train.fail_mtbf and return_after must be >= 0, got {self.fail_mtbf}, {self.return_after}")
         if self.fail_mode not in ("die", "stall"):

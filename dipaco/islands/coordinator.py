@@ -13,7 +13,9 @@
    version is replaced by one from the newest version);
 5. closes the round when the round policy says so: applies the outer step it plans, writes
    module version t, the round manifest `rounds/round-t.json` (which results were applied), then
-   `state.json` (the commit point); tasks still open move to version t, reported paths get new ones;
+   `state.json`, the commit point, which also holds the board after the round (every task and path
+   state) and the round's `RoundStats` (train.json's row); tasks still open move to version t,
+   reported paths get new ones;
 6. assigns open tasks to idle islands (after any commit, so always from the newest version): an
    island pinned with `--path` only takes its paths, and an island prefers the path it trained last
    (its inner optimiser state is then already local).
@@ -23,8 +25,15 @@ a pure object fed the events this class reads from the store; `dipaco simulate` 
 
 Restarting after a crash resumes from the store: rounds up to the committed one are final, the
 applied set is rebuilt from their manifests (nothing is applied twice), and a half-written round t is
-written again from the same inputs (in sync mode exactly the same modules). The board is written
-before a round is committed, so every path state a committed round depends on is on the board.
+written again from the same inputs (in sync mode exactly the same modules). The board comes from
+`tasks.json` when it is at least as new as the commit, else from `state.json` (a crash between the
+commit and the next board write); what follows a commit (best.json, retention) is idempotent and is
+done again at start. Killing the coordinator between any two of its writes gives the same modules,
+path states and train.json rows as a run that was never killed (tests/test_crash_safety.py).
+
+Only one coordinator writes to a store: it holds the store's lease (`dipaco.store.lease`), renews it
+every tick and checks its fencing token before every board write and commit, so one that was
+deposed (its lease expired and another coordinator took over) stops without writing.
 
 The coordinator's state is the store's records (`dipaco.store.records`), held frozen: a task that
 changes is replaced in `tasks` (`dataclasses.replace`), so what was last written is never aliased.
@@ -75,6 +84,7 @@ from dipaco.store.board import (
     write_board,
     write_manifest,
 )
+from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Board, Heartbeat, ManifestEntry, PathState, RoundStats, Task, task_key
 from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
@@ -108,8 +118,17 @@ def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Mod
     log.info("initialised %d modules for %d paths in %s", len(written), topology.n_paths, store.url)
 
 
-def _commit(store: ModuleStore, topology: Topology, round: int) -> None:
-    store.commit(round=round, levels=list(topology.levels), modules=topology.modules)
+def _commit(store: ModuleStore, topology: Topology, round: int, **record) -> None:
+    store.commit(round=round, levels=list(topology.levels), modules=topology.modules, **record)
+
+
+def committed_record(store: ModuleStore) -> tuple[Board | None, RoundStats | None]:
+    """The board and the round stats the last commit holds (None for a store committed without them)."""
+    state = store.state() or {}
+    file = store.location("state.json")
+    board = Board.from_json(state["board"], file=file, where="board") if "board" in state else None
+    stats = RoundStats.from_json(state["stats"], file=file, where="stats") if "stats" in state else None
+    return board, stats
 
 
 @dataclass(frozen=True)
@@ -123,19 +142,25 @@ class Seen:
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
                  inner_steps: int, sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic,
-                 validator: ResultValidator | None = None):
-        """Resume from the store's committed round (`initialise_store` must have run). `sizes` (each
-        path's training-shard tokens, `PathFactory.path_sizes`) is needed by `outer.weighting: shard`.
-        Results are checked by `validator` (`dipaco.islands.validation`) before they are received."""
+                 validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False):
+        """Resume from the store's committed round (`initialise_store` must have run), holding the
+        store's lease (`lease`, else taken here: `LeaseHeld` when another coordinator holds it, unless
+        `force`). `sizes` (each path's training-shard tokens, `PathFactory.path_sizes`) is needed by
+        `outer.weighting: shard`. Results are checked by `validator` (`dipaco.islands.validation`)
+        before they are received."""
         if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
             raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
                              f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
+        self.lease = lease or Lease.acquire(store, timeout=train.lease_timeout, force=force)
         self.store, self.topology, self.sizes = store, topology, sizes
         self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
         self.train, self.outer, self.inner_steps = train, outer, inner_steps
         self.clock = clock
         self.committed = store.current_round()
-        board = read_board(store)
+        board = on_disk = read_board(store)
+        committed_board, self.last_stats = committed_record(store)
+        if committed_board is not None and (board is None or board.round < committed_board.round):
+            board = committed_board  # a crash between the commit and the next board write
         self.tasks: dict[str, Task] = dict(board.tasks) if board else {}
         self.paths: dict[int, PathState] = {
             p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=None)
@@ -156,13 +181,17 @@ class Coordinator:
                 self._tell_policy(task, arrived=clock())
         self.seen: dict[str, Seen] = {}
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
-        self.last_stats: RoundStats | None = None
-        self._board_written = board.to_json() if board else None
+        self.round_started = clock()
+        self._board_written = on_disk.to_json() if on_disk else None
+        if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
+            manifest = read_manifest(store, self.committed)
+            self._retain(self.committed, manifest.applied if manifest else ())
 
     # --- one pass ----------------------------------------------------------------------------------
     def tick(self) -> bool:
         """One pass of the loop; returns True when the run's last round is committed."""
         now = self.clock()
+        self.lease.renew()
         for name, beat in read_heartbeats(self.store).items():
             if self.first_beat is None:
                 self.first_beat = now
@@ -294,14 +323,16 @@ class Coordinator:
         return True
 
     def _close(self) -> None:
-        self._write_board()  # the results received this tick, before the commit: a restart continues from them
+        """Write version t and its manifest, settle the board in memory, then commit round, board and
+        stats in one write (`state.json`): a crash anywhere before it leaves round t to be done again,
+        anywhere after it leaves nothing to redo but `_retain`."""
         round = self.committed + 1
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
         plan = self.policy.plan()
+        self.lease.check()
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
                                sizes=self.sizes)
         write_manifest(self.store, manifest)
-        _commit(self.store, self.topology, round)
         self.committed = round
         self.policy.commit(plan)
         self.used |= manifest.keys
@@ -309,9 +340,13 @@ class Coordinator:
             del self.tasks[key]  # finished business: the manifests keep the record
             self.started.pop(key, None)
         self._rebase_open()
-        self._retain(round, manifest.applied)
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
-        self.last_stats = RoundStats.of(manifest, in_flight=in_flight)
+        now = self.clock()
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight), seconds=now - self.round_started)
+        self.lease.check()  # the fencing check: a deposed coordinator never commits
+        _commit(self.store, self.topology, round, board=self._board().to_json(), stats=stats.to_json())
+        self.last_stats, self.round_started = stats, now
+        self._retain(round, manifest.applied)
         log.info("round %d committed: %d results applied (%d stale), %d dropped", round, len(manifest.applied),
                  self.last_stats.stale, len(manifest.dropped))
 
@@ -333,10 +368,14 @@ class Coordinator:
         referenced = {s.inner for s in self.paths.values()} | {t.inner_from for t in self.tasks.values()}
         prune_inner_states(self.store, n_paths=self.topology.n_paths, keep_from=keep, referenced=referenced)
 
+    def _board(self) -> Board:
+        return Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
+
     def _write_board(self) -> None:
-        board = Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
+        board = self._board()
         written = board.to_json()
         if written != self._board_written:
+            self.lease.check()
             write_board(self.store, board)
             self._board_written = written
 

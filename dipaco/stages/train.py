@@ -8,7 +8,9 @@ service (`dipaco.islands.coordinator`) hands out the tasks, and once the round m
 module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
 `dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
 runs the same loop without local islands. A killed run resumes with the same command: finished
-rounds are kept, and so are the results of islands that finished in the interrupted round.
+rounds are kept, and so are the results of islands that finished in the interrupted round; the row
+of a round committed just before the kill comes from the commit itself (`state.json`). Only one
+coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,16 +33,18 @@ from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.fingerprints import check, index_digest, record
+from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
 
 log = logging.getLogger(__name__)
 
 
-def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
+def train(config: Config, run: RunDir, *, local_islands: bool = True, force: bool = False) -> dict:
     """Run (or resume) all rounds; returns the training summary also written to `train.json`.
 
     The rounds are run by the task-board coordinator (`dipaco.islands.coordinator`); with `local_islands`
-    it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`)."""
+    it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`).
+    `force` takes over the store's coordinator lease even when another coordinator seems to hold it."""
     factory = PathFactory(config, run)
     if not factory.store.shared:
         raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
@@ -50,10 +53,17 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     save_config(config, run.config)
     record(run, "train", config, shards=index_digest(run))
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
+    lease = Lease.acquire(factory.store, timeout=config.train.lease_timeout, force=force)  # before any store write
+    try:
+        return _train(config, run, factory, lease, local_islands=local_islands)
+    finally:
+        lease.release()
+
+
+def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, local_islands: bool) -> dict:
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
-    rounds = summary["rounds"] = [r for r in summary["rounds"] if r.round <= done]  # drop rounds a reset store lost
     processes, threads = plan_parallelism(topology.n_paths, processes=config.train.islands,
                                           threads=config.train.threads_per_island)
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
@@ -62,7 +72,8 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
     validator = ResultValidator(store, topology, outer=config.outer,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
-                          sizes=factory.path_sizes, validator=validator)
+                          sizes=factory.path_sizes, validator=validator, lease=lease)
+    rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
     last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
     islands = None
     if local_islands and done < last:
@@ -71,9 +82,7 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
         bar = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
                    total=config.train.rounds, dynamic_ncols=True, disable=None)
         for round in bar:
-            round_started = time.perf_counter()
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
-            stats = replace(stats, seconds=time.perf_counter() - round_started)
             rounds.append(stats)
             _write_summary(run.train_summary, summary)
             bar.set_postfix(train_loss=f"{stats.mean_train_loss:.3f}")
@@ -102,6 +111,15 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True) -> dict:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
         summary["goodput"] = goodput(store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
     return _write_summary(run.train_summary, summary)
+
+
+def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, done: int) -> list[RoundStats]:
+    """train.json's rows for rounds 1..`done`: the rows it holds (a reset store's later rounds dropped),
+    plus the last committed round's row from the commit when a crash came before train.json was written."""
+    rounds = [r for r in rounds if r.round <= done]
+    if committed is not None and committed.round == done and all(r.round != done for r in rounds):
+        rounds.append(committed)
+    return rounds
 
 
 def initialise_store(factory: PathFactory) -> int:

@@ -10,9 +10,10 @@ sit on different machines). Layout under the root:
     outer/round-000003/<module>.safetensors     the outer optimiser's momentum after round 3
     best.json                                   validation loss per path and version (dipaco.eval.early_stopping)
     tasks.json, rounds/, heartbeats/, results/, islands/   the task board (dipaco.store.board)
+    lease.json                                  the coordinator's lease and fencing token (dipaco.store.lease)
 
 Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `best.json` and
-the board's tasks and round manifests; an island writes only its own heartbeat, results and inner
+the board's tasks, round manifests and `lease.json`; an island writes only its own heartbeat, results and inner
 states. Writes are atomic (a temporary name then a rename on local disks, a single put on object
 stores). Tensors are safetensors, never pickle. Every module read is checked against its version's
 `checksums.json` (a file changed after its commit is an error naming it; versions committed before

@@ -11,7 +11,7 @@
 | `Heartbeat`     | heartbeats/<island>.json (that island)             | alive, idle or training, what it did |
 | `ResultMeta`    | results/round-t/path-p[.aN].json (the island)      | a pseudo-gradient's metadata         |
 | `RoundManifest` | rounds/round-t.json (coordinator)                  | which results round t applied        |
-| `RoundStats`    | train.json's "rounds" (the train stage)            | one round's tokens, losses, bytes    |
+| `RoundStats`    | train.json's "rounds", and state.json's "stats"    | one round's tokens, losses, bytes    |
 
 Each is a frozen dataclass; a new state is a new record (`dataclasses.replace`). `to_json()` writes the
 class's `SCHEMA` as "schema"; `from_json(obj, *, file)` refuses another schema version, a missing or
@@ -303,7 +303,7 @@ class RoundStats(Record):
     dropped: int
     stale: int  # applied results from an older version
     in_flight: int  # tasks assigned when the round closed
-    seconds: float = 0.0  # wall time of the round (set by the train stage)
+    seconds: float = 0.0  # time of the round on the coordinator's clock (since the previous commit or its start)
 
     @classmethod
     def of(cls, manifest: RoundManifest, *, in_flight: int) -> RoundStats:

@@ -1,0 +1,250 @@
+"""The coordinator killed between every pair of its writes resumes to exactly what an uninterrupted run
+makes (issue 13, item 2), and the store's lease keeps a second coordinator out.
+
+A "run" here is the train stage's loop in one process: the real `Coordinator` ticked with a fake clock,
+two real islands polled in turn, and train.json written after each committed round with the train
+stage's own `resumed_rounds`. The coordinator writes through its own `ModuleStore` object, whose writes
+(and deletions) are counted; a crash is an exception raised in place of write k. Then a new coordinator
+(a new store object, as a new process would have) resumes, and the run must end with the same modules,
+outer states, path states, manifests, best.json and train.json rows (all but the timings) as the
+uninterrupted run. Sync mode, fixed seeds, configs/tiny.yaml for two rounds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from test_coordinator import Clock, Crash, TinyRun, make_run
+
+from dipaco import atomic
+from dipaco.islands.coordinator import Coordinator
+from dipaco.stages.context import PathFactory
+from dipaco.stages.train import resumed_rounds
+from dipaco.store.board import read_board, read_manifest
+from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import RoundStats
+
+ROUNDS = 2
+TIMINGS = ("seconds", "island_seconds")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_routed):
+    return tiny_routed
+
+
+@dataclass
+class Writes:
+    """Counts the coordinator's writes and raises `Crash` in place of write number `crash_at`."""
+
+    crash_at: int | None = None
+    log: list[str] = field(default_factory=list)
+
+    def __call__(self, what: str) -> None:
+        self.log.append(what)
+        if len(self.log) == self.crash_at:
+            raise Crash(f"killed before write {self.crash_at}: {what}")
+
+
+def counted_store(url: str, writes: Writes) -> ModuleStore:
+    """A store object whose writes and deletions go through `writes` first."""
+    store = ModuleStore(url)
+    write_bytes, remove = store.write_bytes, store.remove
+
+    def counted_write(relative, data):
+        writes(f"write {relative}")
+        write_bytes(relative, data)
+
+    def counted_remove(relative):
+        if store.exists(relative):
+            writes(f"remove {relative}")
+        remove(relative)
+
+    store.write_bytes, store.remove = counted_write, counted_remove
+    return store
+
+
+def train_json(run: TinyRun) -> Path:
+    return run.dir.train_summary
+
+
+def write_rows(run: TinyRun, rows: list[RoundStats], writes: Writes) -> None:
+    writes("write train.json")
+    atomic.write_json(train_json(run), {"rounds": [r.to_json() for r in rows]})
+
+
+def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: Writes, turns: int = 400) -> None:
+    """The train stage's loop: tick, poll the islands, write train.json after each commit and at the end."""
+    coordinator = Coordinator(store, run.topology, train=run.config.train, outer=run.config.outer,
+                              inner_steps=run.config.inner.steps, sizes=PathFactory(run.config, run.dir).path_sizes,
+                              clock=clock)
+    summary = json.loads(train_json(run).read_text()) if train_json(run).exists() else {"rounds": []}
+    rows = [RoundStats.from_json(r, file="train.json") for r in summary["rounds"]]
+    rows = resumed_rounds(rows, coordinator.last_stats, done=coordinator.committed)
+    for _ in range(turns):
+        done = coordinator.tick()
+        stats = coordinator.last_stats
+        if stats is not None and all(r.round != stats.round for r in rows):
+            rows.append(stats)
+            write_rows(run, rows, writes)
+        if done:
+            write_rows(run, rows, writes)  # the train stage writes the summary once more at the end
+            return
+        for island in islands:
+            island.poll()
+        clock.t += 0.5
+    raise AssertionError(f"the run did not finish in {turns} turns (round {coordinator.committed})")
+
+
+def run_once(tiny, root: Path, crash_at: int | None = None) -> tuple[TinyRun, Writes]:
+    """A run killed before the coordinator's write `crash_at` (if any) and resumed."""
+    clock, writes = Clock(), Writes(crash_at)
+    run = make_run(tiny, root, [f"train.rounds={ROUNDS}"])
+    islands = [run.island(f"i{k}", clock) for k in range(2)]
+    try:
+        coordinate(run, counted_store(run.store.url, writes), islands, clock, writes)
+    except Crash:
+        assert crash_at is not None
+        coordinate(run, ModuleStore(run.store.url), islands, clock, Writes())  # a new coordinator process
+    return run, writes
+
+
+def outcome(run: TinyRun) -> dict:
+    """Everything a run leaves that must not depend on a crash: tensors (bit-exact), path states,
+    manifests, best.json and train.json's rows without their timings."""
+    store = ModuleStore(run.store.url)
+    tensors = {}
+    for kind in ("modules", "outer"):
+        for version in store.versions(kind):
+            for name in run.topology.modules:
+                read = store.read_module if kind == "modules" else store.read_outer_state
+                if kind == "outer" or store.has_module(version, name):
+                    for key, value in (read(version, name) or {}).items():
+                        tensors[f"{kind}/{version}/{name}/{key}"] = value
+    rows = [{k: v for k, v in row.items() if k not in TIMINGS}
+            for row in json.loads(train_json(run).read_text())["rounds"]]
+    manifests = [{k: v for k, v in read_manifest(store, r).to_json().items() if k != "applied"}
+                 | {"applied": [{k: v for k, v in e.items() if k != "seconds"} for e in read_manifest(store, r).to_json()["applied"]]}
+                 for r in range(1, ROUNDS + 1)]
+    return {"round": store.current_round(), "tensors": tensors, "paths": read_board(store).paths,
+            "manifests": manifests, "best": store.read_best(), "rows": rows}
+
+
+def assert_same(resumed: dict, straight: dict) -> None:
+    assert resumed["round"] == straight["round"] == ROUNDS
+    assert resumed["tensors"].keys() == straight["tensors"].keys()
+    for key, value in resumed["tensors"].items():
+        torch.testing.assert_close(value, straight["tensors"][key], rtol=0, atol=0, msg=key)
+    for key in ("paths", "manifests", "best", "rows"):
+        assert resumed[key] == straight[key], key
+
+
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory) -> tuple[dict, list[str]]:
+    """The uninterrupted run's outcome and the coordinator's writes, in order."""
+    run, writes = run_once(tiny, tmp_path_factory.mktemp("straight") / "run")
+    return outcome(run), writes.log
+
+
+def around_commits(log: list[str]) -> list[int]:
+    """Crash points (1-based write numbers) at each round's closing: every write from the one before
+    the round's manifest to its train.json row (checksums, the commit, best.json, pruning, the board)."""
+    points = []
+    for i, what in enumerate(log, start=1):
+        if what.startswith("write rounds/"):
+            row = next(j for j in range(i, len(log) + 1) if log[j - 1] == "write train.json")
+            points += range(i - 1, row + 1)
+    return points
+
+
+@pytest.mark.parametrize("where", range(17))  # 8 and 9 writes around the 2 commits
+def test_a_coordinator_killed_around_a_commit_resumes_to_the_same_run(tiny, straight, tmp_path, where):
+    outcome_straight, log = straight
+    points = around_commits(log)
+    if where >= len(points):
+        pytest.skip(f"only {len(points)} crash points around the commits")
+    run, writes = run_once(tiny, tmp_path / "run", crash_at=points[where])
+    assert len(writes.log) == points[where], "the crash happened"
+    assert_same(outcome(run), outcome_straight)
+
+
+@pytest.mark.slow  # one tiny two-round run per write: a few minutes
+def test_a_coordinator_killed_between_every_pair_of_its_writes_resumes_to_the_same_run(tiny, straight, tmp_path):
+    outcome_straight, log = straight
+    for crash_at in range(1, len(log) + 1):
+        run, _ = run_once(tiny, tmp_path / f"run-{crash_at}", crash_at=crash_at)
+        assert_same(outcome(run), outcome_straight)
+
+
+# --- the lease ---------------------------------------------------------------------------------------
+def test_a_second_coordinator_is_refused_naming_the_holder_and_the_lease_age(tmp_path):
+    store = ModuleStore(str(tmp_path / "store"))
+    now = [1000.0]
+    Lease.acquire(store, timeout=60, host="node-a", pid=4242, wall=lambda: now[0])
+    now[0] += 12
+    with pytest.raises(LeaseHeld, match=r"node-a pid 4242 \(token 1, started 12s ago, renewed 12s ago\)"):
+        Lease.acquire(store, timeout=60, host="node-b", pid=7, wall=lambda: now[0])
+    assert read_holder(store).host == "node-a"
+
+
+def test_an_expired_or_forced_lease_is_taken_over_and_the_deposed_coordinator_cannot_commit(tmp_path):
+    store = ModuleStore(str(tmp_path / "store"))
+    now = [1000.0]
+    first = Lease.acquire(store, timeout=60, host="node-a", pid=4242, wall=lambda: now[0])
+    now[0] += 61  # not renewed for the whole timeout
+    second = Lease.acquire(store, timeout=60, host="node-b", pid=7, wall=lambda: now[0])
+    assert second.token == first.token + 1
+    with pytest.raises(LeaseLost, match=r"\(token 1\) lost the lease .* to node-b pid 7"):
+        first.check()
+    with pytest.raises(LeaseLost):
+        first.renew()
+    third = Lease.acquire(store, timeout=60, host="node-c", pid=9, wall=lambda: now[0], force=True)
+    assert third.token == 3
+    second.release()  # not its lease any more: nothing removed
+    assert read_holder(store).host == "node-c"
+
+
+def test_a_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
+    store = ModuleStore(str(tmp_path / "store"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    Lease.acquire(store, timeout=600, pid=int(gone.stdout))
+    assert Lease.acquire(store, timeout=600).holder.pid == os.getpid()
+
+
+def test_a_second_coordinator_process_on_the_store_is_refused(tmp_path):
+    """A real other process holds the lease (alive, renewing): this one's coordinator does not start."""
+    store = ModuleStore(str(tmp_path / "store"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dipaco.store.lease import Lease\nfrom dipaco.store.module_store "
+         f"import ModuleStore\nLease.acquire(ModuleStore({str(tmp_path / 'store')!r}), timeout=60)\nprint('held', "
+         "flush=True)\nsys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LeaseHeld, match=f"pid {holder.pid} .*--force"):
+            Lease.acquire(store, timeout=60)
+    finally:
+        holder.communicate("")
+    assert store.exists(LEASE_FILE)
+
+
+def test_a_deposed_coordinator_stops_before_its_commit(tiny, tmp_path):
+    """Its lease taken over mid-round, the coordinator raises at the fencing check and the store keeps
+    the round uncommitted (the new holder's work is never overwritten)."""
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", [f"train.rounds={ROUNDS}"])
+    islands = [run.island(f"i{k}", clock) for k in range(2)]
+    coordinator = run.coordinator(clock)
+    Lease.acquire(ModuleStore(run.store.url), timeout=60, host="elsewhere", pid=1, force=True)
+    with pytest.raises(LeaseLost, match="to elsewhere pid 1"):
+        for _ in range(400):
+            coordinator.tick()
+            for island in islands:
+                island.poll()
+            clock.t += 0.5
+    assert run.store.current_round() == 0 and read_holder(run.store).host == "elsewhere"
