@@ -18,6 +18,9 @@
    island pinned with `--path` only takes its paths, and an island prefers the path it trained last
    (its inner optimiser state is then already local).
 
+The run ends when the policy says every path has had `train.rounds` results applied (`done`; in sync
+mode after round `train.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
+
 Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
 a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
 
@@ -150,6 +153,8 @@ class Coordinator:
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
         self.policy = RoundPolicy(Grid.of(topology), outer, rounds=train.rounds, committed=self.committed,
                                   applied=applied)
+        if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
+            _commit(store, topology, self.committed, finished=True)
         for task in self.tasks.values():
             if task.status == "received":
                 self._tell_policy(task, arrived=clock())

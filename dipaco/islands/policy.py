@@ -4,7 +4,7 @@ The coordinator (`dipaco.islands.coordinator`) is the I/O around it; `dipaco sim
 same object on a virtual clock. Everything it knows comes in as events, everything it decides goes out
 as plain dataclasses:
 
-    policy = RoundPolicy(Grid.of(topology), cfg.outer)          # or committed=t, applied=... on a restart
+    policy = RoundPolicy(Grid.of(topology), cfg.outer, rounds=cfg.train.rounds)  # committed=t, applied=... on a restart
     policy.received(Result(key, path=2, base=4, tokens=51200, arrived=t, started=t0))   # a result came in
     policy.close_due(now, running=[Running(...)], idle=[IdleIsland(...)])   # may round committed+1 close?
     plan = policy.plan()                                         # what its outer step applies, per module
@@ -14,6 +14,7 @@ as plain dataclasses:
     policy.on_lost(task_base)                                    # "retry" (same task, next attempt) | "replace"
     policy.assign(open_tasks, idle_islands)                      # [(task key, island)]
     policy.keep_from(keep_rounds=2, bases=[...])                 # oldest version retention may not delete
+    policy.outstanding(path), policy.done                        # the run's length: results still owed; over?
 
 Driving it (the coordinator's `tick`, which a simulator repeats to make the same decisions):
 1. `received(...)` for every result that arrived (started = when its attempt was handed out);
@@ -48,8 +49,15 @@ The rules (`outer.mode`):
   Sync: weight 1 for s = 0, nothing else exists.
 - **√ rescale** (`outer.rescale_by_paths`): by √|P(m)|, the number of paths through the module, not the
   number of results applied (a path with a stale and a fresh result counts once; a private module ×1).
-- **Tasks.** A path gets a new task as soon as it has none in flight and has not yet reported from the
-  newest version; every open task (no island has it) is moved to the newest version at each commit, so
+- **The run's length** (`rounds`, = `train.rounds`; None = no end): applied work, not versions. The
+  run is `done` when every path has had `rounds` results applied (sync: after round `rounds`, as
+  before; async: usually more versions, the same work). `outstanding(p)` = rounds − p's applied
+  results − its pending results the next round applies. A path that owes nothing gets no task and
+  no longer counts for a quorum (nor does an island that may only train such paths end a grace
+  window by idling). Async: once the tasks in flight cover everything owed (and nothing is open), the
+  round waits for all of them — past the grace window — so the last commit cuts off no finished task.
+- **Tasks.** A path gets a new task as soon as it has none in flight, has not yet reported from the
+  newest version and owes a result; every open task (no island has it) is moved to the newest version at each commit, so
   an island only ever receives a task based on the newest committed versions. A lost task in async
   mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
   its island is back with the task's inner checkpoint: then it is retried, and resumed there.
