@@ -201,7 +201,7 @@ class OuterConfig:
 class TrainConfig:
     """The round loop and how local islands are run."""
 
-    rounds: int = 8  # outer rounds; every path runs inner.steps steps per round
+    rounds: int = 8  # the run's length: every path has this many results (of inner.steps steps) applied; sync: this many outer rounds, async: versions until then
     islands: int = 0  # island processes run at once on this machine; 0 = min(paths, CPU cores)
     threads_per_island: int = 0  # torch threads per island process; 0 = cores // islands
     device: str = "auto"  # auto | cpu | cuda
@@ -217,7 +217,7 @@ class TrainConfig:
     fail_mode: str = "die"  # fault injection: die (the task is lost) | stall (stop heart-beating, then finish late)
     slowdown: float = 1.0  # fault injection: island-0 of `dipaco train` (or an island run with --slowdown) is this many times slower
     checkpoint_steps: int = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
-    stop_after_round: int = 0  # 0 = train to train.rounds; else stop after this round (the LR schedule still spans train.rounds), e.g. to re-route midway
+    stop_after_round: int = 0  # 0 = train until the run's length (train.rounds) is applied; else stop after this round, i.e. module version (the LR schedule still spans train.rounds), e.g. to re-route midway
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     fused_adamw: bool = False  # the islands' inner AdamW as torch's fused kernel (rounds differently from the default)
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)

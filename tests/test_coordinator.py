@@ -84,9 +84,10 @@ def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
 
 
 def drive(coordinator: Coordinator, islands: list[IslandWorker], clock: Clock, *, dt: float = 0.5,
-          turns: int = 400) -> None:
+          turns: int = 400, until_round: int | None = None) -> None:
+    """Poll until the run is done (or round `until_round` is committed)."""
     for _ in range(turns):
-        if coordinator.tick():
+        if coordinator.tick() or (until_round is not None and coordinator.committed >= until_round):
             return
         for island in islands:
             island.poll()
@@ -240,7 +241,7 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
         coordinator.tick()
     assert all(e.path != 0 for e in manifests(store, 1)[0].applied)
     slow.execute(held)  # path 0's result from version 0 arrives while round 2 is being built
-    drive(coordinator, [slow, fast], clock)
+    drive(coordinator, [slow, fast], clock, until_round=2)  # (the run goes on: 2 results per path)
 
     second = manifests(store, 2)[1]
     if max_staleness == 0:
@@ -329,3 +330,37 @@ def test_a_compiled_island_trains_like_an_eager_one(tiny, tmp_path):
     difference = torch.cat([(compiled.pseudo_gradient[k] - d).flatten() for k, d in eager.pseudo_gradient.items()])
     size = torch.cat([d.flatten() for d in eager.pseudo_gradient.values()])
     assert difference.norm() < 1e-2 * size.norm()
+
+
+def test_an_async_run_applies_as_many_results_as_sync_and_discards_none_at_its_end(tiny, straight, tmp_path):
+    # quorum 0.5 and no grace: rounds close without the slow island's path 0, so versions outrun rounds;
+    # the run still ends only when every path has had train.rounds results applied (sync's rounds x
+    # paths), no new task is handed out once that is covered, and the last commit waits for path 0's
+    # task in flight instead of cutting it off
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
+                                            "outer.max_staleness=8", "outer.staleness_power=1.0", "train.keep_rounds=0"])
+    store, coordinator = run.store, run.coordinator(clock)
+    slow, fast = run.island("slow", clock, pinned=[0]), run.island("fast", clock, pinned=[1, 2, 3])
+    for turn in range(400):
+        if coordinator.tick():
+            break
+        fast.poll()
+        slow.poll() if turn % 8 == 7 else slow.heartbeat()  # path 0 reports every 8th turn
+        clock.t += 0.5
+    assert coordinator.done and store.state()["finished"]
+    rounds, n_paths = run.config.train.rounds, run.topology.n_paths
+    straight_applied = [e.path for m in manifests(straight.store, rounds) for e in m.applied]
+    assert sorted(straight_applied) == sorted(list(range(n_paths)) * rounds)  # sync: rounds x paths
+    written = manifests(store, coordinator.committed)
+    assert coordinator.committed > rounds  # async closed rounds on a quorum: more versions ...
+    applied = [e for m in written for e in m.applied]
+    assert sorted(e.path for e in applied) == sorted(straight_applied)  # ... the same work applied
+    assert not any(m.dropped for m in written)
+    assert any(e.staleness > 0 for e in applied if e.path == 0)
+    assert 0 in [e.path for e in written[-1].applied]  # the last commit took path 0's task in flight
+    # every result any island finished was applied: nothing was trained for nothing
+    finished = {(base, path, attempt) for base in range(coordinator.committed) for path in range(n_paths)
+                for attempt in range(3) if result_exists(store, round=base + 1, path=path, attempt=attempt)}
+    assert finished == {(e.base, e.path, e.attempt) for e in applied}
+    assert fast.poll() is False and not coordinator.tasks  # nothing left to do: the islands stop

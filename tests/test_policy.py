@@ -127,3 +127,49 @@ def test_the_policy_imports_neither_torch_nor_the_store():
     code = "import sys, dipaco.islands.policy; print(sorted(m for m in ('torch', 'dipaco.store') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_runs_length_is_applied_results_per_path_and_its_end_waits_for_the_last_tasks():
+    """rounds=2: a path with its results covered gets no new task; once the tasks in flight cover every
+    result still outstanding, the round waits for them past the grace window and any idle island."""
+    policy = RoundPolicy(grid(), ASYNC, rounds=2)
+    assert [policy.outstanding(p) for p in range(4)] == [2, 2, 2, 2] and not policy.done
+    slow = [Running("p1-b0", 1, 0, None), Running("p2-b0", 2, 0, None)]
+    policy.received(result(0, 0))
+    policy.received(result(3, 0))  # paths 0 and 3 are a quorum of every shared module
+    assert not policy.close_due(0.0, running=slow)  # paths 1 and 2 owe 2 results each: the usual grace window
+    assert policy.close_due(10.0, running=slow)
+    policy.commit(policy.plan())
+    assert policy.paths_to_open(busy={1, 2}) == [0, 3]
+    policy.received(result(0, 1))
+    policy.received(result(3, 1))
+    assert [policy.outstanding(p) for p in range(4)] == [0, 2, 2, 0]
+    assert policy.paths_to_open(busy={1, 2}) == []  # paths 0 and 3 are covered: no more tasks for them
+    assert policy.close_due(20.0, running=slow)  # paths 1 and 2 will need more tasks: not the end yet
+    policy.commit(policy.plan())
+    policy.received(result(1, 0, arrived=25.0))
+    policy.received(result(2, 0, arrived=30.0))
+    assert policy.paths_to_open(busy=set()) == [1, 2]  # each owes one more result
+    last = [Running("p1-b2", 1, 2, 25.0), Running("p2-b2", 2, 2, 30.0)]
+    # the tasks in flight cover everything outstanding: the end; it waits for both
+    assert not policy.close_due(30.0, running=last, idle=[IdleIsland("a")])  # an idle island does not hurry it
+    assert not policy.close_due(500.0, running=last)  # nor does the grace window
+    policy.received(result(1, 2, arrived=501.0, started=25.0))
+    assert not policy.close_due(501.0, running=last[1:])
+    policy.received(result(2, 2, arrived=600.0, started=30.0))
+    assert policy.close_due(600.0)
+    plan = policy.plan()
+    assert [(v.path, v.staleness) for v in plan.applied] == [(1, 2), (1, 0), (2, 2), (2, 0)] and policy.finishes(plan)
+    policy.commit(plan)
+    assert policy.done and policy.paths_to_open(busy=set()) == []
+    assert [policy.applied_results(p) for p in range(4)] == [2, 2, 2, 2]
+
+
+def test_a_dropped_result_leaves_its_path_work_to_do():
+    policy = RoundPolicy(grid(), OuterConfig(mode="async", quorum=0.25, max_staleness=0), rounds=1, committed=1)
+    policy.received(result(0, 0))  # one version old, max_staleness 0: the next round drops it
+    assert policy.outstanding(0) == 1 and policy.paths_to_open(busy={1, 2, 3}) == [0]
+    policy.received(result(1, 1))
+    assert policy.outstanding(1) == 0 and 1 not in policy.paths_to_open(busy=set())
+    with pytest.raises(ValueError, match="train.rounds"):
+        RoundPolicy(grid(), ASYNC, rounds=0)

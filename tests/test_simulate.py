@@ -104,7 +104,7 @@ class Clock:
         return self.t
 
 
-def coordinator_replay(sim: RoundsSimulation, tmp_path) -> tuple[list, list]:
+def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000) -> tuple[list, list]:
     """Feed the simulation's event trace (results arriving, coordinator instants) to the real
     `Coordinator` over a real store; returns its (task hand-outs, round plans) in the simulator's terms."""
     learners = len(sim.learners)
@@ -114,7 +114,7 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path) -> tuple[list, list]:
         store.write_module(0, name, {"w": torch.zeros(2)})
     store.commit(round=0, levels=list(topology.levels), modules=topology.modules)
     clock = Clock()
-    train = TrainConfig(rounds=100_000, heartbeat_timeout=1e12, keep_rounds=0)
+    train = TrainConfig(rounds=rounds, heartbeat_timeout=1e12, keep_rounds=0)
     equal = PathSizes(shard_tokens=(1,) * topology.n_paths, task_tokens=1)  # the replay compares plans, not weights
     coordinator = Coordinator(store, topology, train=train, outer=sim.outer, inner_steps=sim.settings.sim.inner_steps,
                               sizes=equal, clock=clock)
@@ -157,7 +157,41 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path) -> tuple[list, list]:
                 decided = sorted([(e.path, e.base, e.factor) for e in manifest.applied]
                                  + [(e.path, e.base, None) for e in manifest.dropped], key=repr)
                 closes.append((clock.t, coordinator.committed, decided))
+    assert coordinator.done == (rounds < 100_000)
     return handed, closes
+
+
+def straggler_trace_simulation(mode: str, rounds: int | None = None) -> RoundsSimulation:
+    """4 stragglers (sigma 0.4) that lose chips often (elastic pauses), a quorum of 2 and a grace window
+    shorter than the spread of task times: rounds close on quorum + grace, results go stale and some
+    are dropped (max_staleness 1)."""
+    sim_config = SimulateConfig(learners=4, chips_per_learner=1000, chip_mtbi_hours=50.0, restart_seconds=30.0,
+                                reconfigure_seconds=3.0, step_seconds=2.0, inner_steps=10, speed_sigma=0.4,
+                                model_parameters=1000, link_gbit_per_s=1.0, horizon_hours=0.1, seed=5)
+    outer = OuterConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
+    return RoundsSimulation(Settings(sim=sim_config, outer=outer), FailureModel(
+        chip_mtbi_hours=sim_config.chip_mtbi_hours, speed_sigma=sim_config.speed_sigma, seed=sim_config.seed),
+        mode=mode, rounds=rounds)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_of_n_rounds_applies_n_results_per_path_and_discards_nothing_at_its_end(mode, tmp_path):
+    # the run's length is applied work: async applies as many results as sync (rounds x paths), its
+    # last commit waits for the last tasks in flight (no result is left undecided), and the real
+    # coordinator, told train.rounds, makes the same decisions up to the same end
+    sim = straggler_trace_simulation(mode, rounds=4)
+    sim.run()
+    applied = [v for log in sim.rounds for v in log.plan.applied]
+    assert sorted(v.path for v in applied) == sorted(list(range(4)) * 4)
+    assert sim.syncer.policy.done and not sim.chip_seconds  # every result that arrived was decided
+    assert sum(len(log.plan.verdicts) for log in sim.rounds) == len(sim.handed)  # every task handed out arrived
+    if mode == "sync":
+        assert len(sim.rounds) == 4
+    sim_closes = [(log.time, log.plan.round, sorted([(v.path, v.base, v.factor) for v in log.plan.verdicts], key=repr))
+                  for log in sim.rounds]
+    handed, closes = coordinator_replay(sim, tmp_path, rounds=4)
+    assert sorted(handed) == sorted((t, task.path, task.base, island) for t, task, island in sim.handed)
+    assert [(r, d) for _, r, d in closes] == [(r, d) for _, r, d in sim_closes]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

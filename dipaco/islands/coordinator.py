@@ -20,6 +20,9 @@
    island pinned with `--path` only takes its paths, and an island prefers the path it trained last
    (its inner optimiser state is then already local).
 
+The run ends when the policy says every path has had `train.rounds` results applied (`done`; in sync
+mode after round `train.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
+
 Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
 a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
 
@@ -118,8 +121,11 @@ def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Mod
     log.info("initialised %d modules for %d paths in %s", len(written), topology.n_paths, store.url)
 
 
-def _commit(store: ModuleStore, topology: Topology, round: int, **record) -> None:
-    store.commit(round=round, levels=list(topology.levels), modules=topology.modules, **record)
+def _commit(store: ModuleStore, topology: Topology, round: int, *, finished: bool = False, **record) -> None:
+    """Write state.json (with `record`: the board and the round's stats); `finished` marks the run's last
+    round (islands stop when they read it)."""
+    extra = {"finished": True} if finished else {}
+    store.commit(round=round, levels=list(topology.levels), modules=topology.modules, **record, **extra)
 
 
 def committed_record(store: ModuleStore) -> tuple[Board | None, RoundStats | None]:
@@ -129,6 +135,12 @@ def committed_record(store: ModuleStore) -> tuple[Board | None, RoundStats | Non
     board = Board.from_json(state["board"], file=file, where="board") if "board" in state else None
     stats = RoundStats.from_json(state["stats"], file=file, where="stats") if "stats" in state else None
     return board, stats
+
+
+def run_finished(store: ModuleStore) -> bool:
+    """Has the coordinator committed the run's last round (every path has had train.rounds results applied)?"""
+    state = store.state()
+    return bool(state and state.get("finished"))
 
 
 @dataclass(frozen=True)
@@ -175,7 +187,11 @@ class Coordinator:
         for key in [k for k in self.tasks if k in self.used]:
             del self.tasks[key]  # applied by a committed round whose board update was lost in a crash
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
-        self.policy = RoundPolicy(Grid.of(topology), outer, committed=self.committed, applied=applied)
+        self.policy = RoundPolicy(Grid.of(topology), outer, rounds=train.rounds, committed=self.committed,
+                                  applied=applied)
+        if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
+            state = store.state() or {}
+            _commit(store, topology, self.committed, finished=True, **{k: state[k] for k in ("board", "stats") if k in state})
         for task in self.tasks.values():
             if task.status == "received":
                 self._tell_policy(task, arrived=clock())
@@ -189,7 +205,7 @@ class Coordinator:
 
     # --- one pass ----------------------------------------------------------------------------------
     def tick(self) -> bool:
-        """One pass of the loop; returns True when the run's last round is committed."""
+        """One pass of the loop; returns True when the run's last round is committed (`done`)."""
         now = self.clock()
         self.lease.renew()
         for name, beat in read_heartbeats(self.store).items():
@@ -199,18 +215,26 @@ class Coordinator:
             if seen is None or (seen.beat.incarnation, seen.beat.seq) != (beat.incarnation, beat.seq):
                 self.seen[name] = Seen(beat=beat, changed_at=now)
         self._receive()
-        if self.committed < self.train.rounds:
+        if not self.done:
             self._open_tasks()
             self._reassign_lost(now)
-            if self._maybe_close(now) and self.committed < self.train.rounds:
+            if self._maybe_close(now) and not self.done:
                 self._open_tasks()  # the paths that reported train on from the new version
-            if self.committed < self.train.rounds:
+            if not self.done:
                 self._assign(now)  # after any commit: a task is handed out from the newest version
         self._write_board()
-        return self.committed >= self.train.rounds
+        return self.done
+
+    @property
+    def done(self) -> bool:
+        """The run is over: every path has had train.rounds results applied (the policy's count; in sync
+        mode that is round train.rounds)."""
+        return self.policy.done
 
     def run_round(self, round: int, *, poll_seconds: float = 0.1, check: Callable[[], None] | None = None) -> RoundStats:
-        """Tick until `round` is committed; returns its stats."""
+        """Tick until `round` is committed; returns its stats (the run must not be done before it)."""
+        if self.done and self.committed < round:
+            raise RuntimeError(f"the run ended with round {self.committed}; there is no round {round}")
         while self.committed < round:
             self.tick()
             if self.committed >= round:
@@ -333,6 +357,7 @@ class Coordinator:
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
                                sizes=self.sizes)
         write_manifest(self.store, manifest)
+        finished = self.policy.finishes(plan)
         self.committed = round
         self.policy.commit(plan)
         self.used |= manifest.keys
@@ -344,7 +369,7 @@ class Coordinator:
         now = self.clock()
         stats = replace(RoundStats.of(manifest, in_flight=in_flight), seconds=now - self.round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
-        _commit(self.store, self.topology, round, board=self._board().to_json(), stats=stats.to_json())
+        _commit(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())
         self.last_stats, self.round_started = stats, now
         self._retain(round, manifest.applied)
         log.info("round %d committed: %d results applied (%d stale), %d dropped", round, len(manifest.applied),
@@ -409,10 +434,11 @@ def finish_run(store: ModuleStore, topology: Topology, spec: PathSpec, validatio
         prune_keeping_best(store, topology, keep_from=keep)
 
 
-def goodput(store: ModuleStore, *, rounds: int, islands: int, seconds: float) -> dict[str, float]:
-    """Share of the islands' time (islands × wall seconds) spent on inner steps whose results were applied."""
+def goodput(store: ModuleStore, *, islands: int, seconds: float) -> dict[str, float]:
+    """Share of the islands' time (islands × wall seconds) spent on inner steps whose results were applied
+    (by every committed round)."""
     useful = 0.0
-    for r in range(1, rounds + 1):
+    for r in range(1, store.current_round() + 1):
         manifest = read_manifest(store, r)
         if manifest is not None:
             useful += sum(e.seconds for e in manifest.applied)

@@ -46,6 +46,7 @@ from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
 from dipaco.islands.checkpoint import InnerCheckpoint, task_identity, task_path_of
+from dipaco.islands.coordinator import run_finished
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.model_slot import ModelSlot
 from dipaco.model.path_model import PathSpec, path_parameters
@@ -240,10 +241,11 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
 
     It runs the task the coordinator opens for that path (attempt 0, continuing the path's data order
     and inner state), so the coordinator picks the result up; a result already there is not redone."""
-    store, rounds = setup.store, setup.train.rounds
+    store = setup.store
     committed = store.current_round()
-    if committed >= rounds:
-        raise ValueError(f"the run has completed all {rounds} rounds (train.rounds); nothing to train")
+    if run_finished(store):
+        raise ValueError(f"the run in {store.url} is finished (every path has had train.rounds = "
+                         f"{setup.train.rounds} results applied); nothing to train")
     if result_exists(store, round=committed + 1, path=path, attempt=0):
         log.info("round %d path %d already has a result; nothing to do", committed + 1, path)
         return read_result_meta(store, round=committed + 1, path=path, attempt=0)
@@ -436,7 +438,8 @@ class IslandWorker:
 
     # --- the long-running loop ---------------------------------------------------------------------
     def run(self, *, poll_seconds: float = 0.1, max_tasks: int | None = None) -> int:
-        """Work until the run's last round is committed (or `max_tasks` are done); returns tasks done."""
+        """Work until the run's last round is committed (`run_finished`, or `max_tasks` are done); returns
+        tasks done."""
         stop = threading.Event()
 
         def beat() -> None:
@@ -449,7 +452,7 @@ class IslandWorker:
         thread = threading.Thread(target=beat, daemon=True)
         thread.start()
         try:
-            while self.store.current_round() < self.setup.train.rounds:
+            while not run_finished(self.store):
                 if max_tasks is not None and self.tasks_done >= max_tasks:
                     break
                 if not self.poll():

@@ -4,7 +4,7 @@ The coordinator (`dipaco.islands.coordinator`) is the I/O around it; `dipaco sim
 same object on a virtual clock. Everything it knows comes in as events, everything it decides goes out
 as plain dataclasses:
 
-    policy = RoundPolicy(Grid.of(topology), cfg.outer)          # or committed=t, applied=... on a restart
+    policy = RoundPolicy(Grid.of(topology), cfg.outer, rounds=cfg.train.rounds)  # committed=t, applied=... on a restart
     policy.received(Result(key, path=2, base=4, tokens=51200, arrived=t, started=t0))   # a result came in
     policy.close_due(now, running=[Running(...)], idle=[IdleIsland(...)])   # may round committed+1 close?
     plan = policy.plan()                                         # what its outer step applies, per module
@@ -14,6 +14,7 @@ as plain dataclasses:
     policy.on_lost(task_base)                                    # "retry" (same task, next attempt) | "replace"
     policy.assign(open_tasks, idle_islands)                      # [(task key, island)]
     policy.keep_from(keep_rounds=2, bases=[...])                 # oldest version retention may not delete
+    policy.outstanding(path), policy.done                        # the run's length: results still owed; over?
 
 Driving it (the coordinator's `tick`, which a simulator repeats to make the same decisions):
 1. `received(...)` for every result that arrived (started = when its attempt was handed out);
@@ -48,8 +49,15 @@ The rules (`outer.mode`):
   Sync: weight 1 for s = 0, nothing else exists.
 - **√ rescale** (`outer.rescale_by_paths`): by √|P(m)|, the number of paths through the module, not the
   number of results applied (a path with a stale and a fresh result counts once; a private module ×1).
-- **Tasks.** A path gets a new task as soon as it has none in flight and has not yet reported from the
-  newest version; every open task (no island has it) is moved to the newest version at each commit, so
+- **The run's length** (`rounds`, = `train.rounds`; None = no end): applied work, not versions. The
+  run is `done` when every path has had `rounds` results applied (sync: after round `rounds`, as
+  before; async: usually more versions, the same work). `outstanding(p)` = rounds − p's applied
+  results − its pending results the next round applies. A path that owes nothing gets no task and
+  no longer counts for a quorum (nor does an island that may only train such paths end a grace
+  window by idling). Async: once the tasks in flight cover everything owed (and nothing is open), the
+  round waits for all of them — past the grace window — so the last commit cuts off no finished task.
+- **Tasks.** A path gets a new task as soon as it has none in flight, has not yet reported from the
+  newest version and owes a result; every open task (no island has it) is moved to the newest version at each commit, so
   an island only ever receives a task based on the newest committed versions. A lost task in async
   mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
   its island is back with the task's inner checkpoint: then it is retried, and resumed there.
@@ -191,10 +199,14 @@ class RoundPolicy:
     """The round policy's state: the committed version, the results not yet used, which rounds applied
     each path's results (private modules' versions), the measured task times and the quorum clocks."""
 
-    def __init__(self, grid: Grid, config: OuterConfig, *, committed: int = 0,
+    def __init__(self, grid: Grid, config: OuterConfig, *, rounds: int | None = None, committed: int = 0,
                  applied: Iterable[tuple[int, int]] = ()):
-        """`applied`: (round, path) of every result applied by committed rounds (from their manifests)."""
-        self.grid, self.config, self.committed = grid, config, committed
+        """`rounds`: the run's length, in results applied per path (`train.rounds`; None = no end, e.g.
+        a simulation to a horizon). `applied`: (round, path) of every result applied by committed rounds
+        (from their manifests)."""
+        if rounds is not None and rounds < 1:
+            raise ValueError(f"a run's length must be >= 1 result per path (train.rounds), got {rounds}")
+        self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
         self.pending: dict[str, Result] = {}
         self.applied_rounds: dict[int, list[int]] = {p: [] for p in range(grid.n_paths)}
         for round, path in applied:
@@ -210,6 +222,46 @@ class RoundPolicy:
         self.pending[result.key] = result
         if result.started is not None:
             self.task_times.append(max(0.0, result.arrived - result.started))
+
+    # --- the run's length ----------------------------------------------------------------------------
+    def applied_results(self, path: int) -> int:
+        """Results of `path` applied by committed rounds."""
+        return len(self.applied_rounds[path])
+
+    def outstanding(self, path: int) -> int | None:
+        """Results `path` still has to have applied beyond the committed rounds and the pending results
+        the next round applies (None: the run has no length). A task in flight covers one of them."""
+        if self.rounds is None:
+            return None
+        usable = sum(1 for r in self.pending.values()
+                     if r.path == path and staleness_weight(self.committed - r.base, config=self.config) is not None)
+        return self.rounds - self.applied_results(path) - usable
+
+    @property
+    def done(self) -> bool:
+        """Every path has had `rounds` results applied: the run is over."""
+        return self.rounds is not None and all(self.applied_results(p) >= self.rounds for p in range(self.grid.n_paths))
+
+    def finishes(self, plan: RoundPlan) -> bool:
+        """Does committing `plan` end the run?"""
+        if self.rounds is None:
+            return False
+        applied = {p: self.applied_results(p) for p in range(self.grid.n_paths)}
+        for verdict in plan.applied:
+            applied[verdict.path] += 1
+        return all(n >= self.rounds for n in applied.values())
+
+    def _unfinished(self) -> set[int]:
+        """Paths that still need a result beyond the pending ones (every path when the run has no length)."""
+        return {p for p in range(self.grid.n_paths) if (self.outstanding(p) or 0) > 0 or self.rounds is None}
+
+    def _finishing(self, running: list[Running], open: list[OpenTask]) -> bool:
+        """Async, the run's end: no task will be handed out any more, because the tasks in flight cover
+        every result still outstanding."""
+        if self.rounds is None or open:
+            return False
+        in_flight = [t.path for t in running]
+        return all(self.outstanding(p) <= in_flight.count(p) for p in range(self.grid.n_paths))
 
     # --- closing a round -----------------------------------------------------------------------------
     def fresh_paths(self, module: str | None = None) -> set[int]:
@@ -228,27 +280,31 @@ class RoundPolicy:
         fresh = self.fresh_paths()
         if self.config.mode == "sync":
             return fresh >= set(range(self.grid.n_paths))
+        running, open = list(running), list(open)
+        if self._finishing(running, open):  # the last results: wait for every one of them
+            return bool(self.pending) and not running
         shared = self.grid.shared
         if not shared:  # only private modules: nothing to wait for
             return bool(self.pending)
+        reporting = fresh | self._unfinished()  # a path done with its work no longer counts for the quorum
         quorum_met = True
         for m in shared:
-            paths = self.grid.modules[m]
-            if len(fresh & set(paths)) >= math.ceil(self.config.quorum * len(paths)):
+            paths = set(self.grid.modules[m]) & reporting
+            if len(fresh & paths) >= math.ceil(self.config.quorum * len(paths)):
                 self.quorum_since.setdefault(m, now)
             else:
                 self.quorum_since.pop(m, None)
                 quorum_met = False
         if not quorum_met:
             return False
-        open_paths = {t.path for t in open}
-        if any(not any(island.may_take(p) for p in open_paths) for island in idle):
-            return True  # an island would idle: no grace
-        running = list(running)
-        return all(self._grace_over(m, now, fresh, running) for m in shared)
+        open_paths, unfinished = {t.path for t in open}, self._unfinished()
+        if any(not any(island.may_take(p) for p in open_paths) and any(island.may_take(p) for p in unfinished)
+               for island in idle):
+            return True  # an island would idle while a path it may train has work left: no grace
+        return all(self._grace_over(m, now, fresh, running, reporting) for m in shared)
 
-    def _grace_over(self, module: str, now: float, fresh: set[int], running: list[Running]) -> bool:
-        paths = set(self.grid.modules[module])
+    def _grace_over(self, module: str, now: float, fresh: set[int], running: list[Running], reporting: set[int]) -> bool:
+        paths = set(self.grid.modules[module]) & reporting
         missing = paths - fresh
         if not missing:
             return True
@@ -305,10 +361,11 @@ class RoundPolicy:
 
     # --- tasks ---------------------------------------------------------------------------------------
     def paths_to_open(self, *, busy: set[int]) -> list[int]:
-        """Paths that need a new task from the newest version: none in flight (`busy`), and no result yet
-        from the newest version."""
+        """Paths that need a new task from the newest version: none in flight (`busy`), no result yet
+        from the newest version, and results still outstanding (the run's length is not yet covered)."""
         fresh = self.fresh_paths()
-        return [p for p in range(self.grid.n_paths) if p not in busy and p not in fresh]
+        return [p for p in range(self.grid.n_paths)
+                if p not in busy and p not in fresh and (self.outstanding(p) is None or self.outstanding(p) > 0)]
 
     def rebase(self, open: Iterable[OpenTask]) -> list[OpenTask]:
         """The open tasks to move to the newest version (nobody has started them)."""

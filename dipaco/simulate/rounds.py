@@ -49,13 +49,16 @@ class RoundLog:
 
 class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
-                 topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None) -> None:
+                 topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
+                 rounds: int | None = None) -> None:
+        """`rounds`: stop handing out work once every path has had this many results applied (the real
+        run's `train.rounds`, decided by the same policy); None: train to the horizon."""
         self.settings, self.failures = settings, failures
         self.outer = dataclasses.replace(settings.outer, mode=mode)
         self.queue = EventQueue()
         self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
         self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer,
-                             inner_steps=settings.sim.inner_steps)
+                             inner_steps=settings.sim.inner_steps, rounds=rounds)
         self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
         self.uploading: set[int] = set()
         self.wake_scheduled: set[float] = set()

@@ -25,8 +25,9 @@ class SimTask:
 
 
 class Syncer:
-    def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int) -> None:
-        self.policy = RoundPolicy(Grid.of(topology), outer)
+    def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int, rounds: int | None = None) -> None:
+        """`rounds`: the run's length in results applied per path, as `train.rounds` (None: to the horizon)."""
+        self.policy = RoundPolicy(Grid.of(topology), outer, rounds=rounds)
         self.inner_steps = inner_steps
         self.steps_done = {p: 0 for p in range(topology.n_paths)}  # per path, from the results received
         self.open: dict[str, SimTask] = {}
@@ -52,7 +53,10 @@ class Syncer:
     def tick(self, now: float, idle: list[IdleIsland]) -> tuple[list[tuple[SimTask, str]], RoundPlan | None]:
         """One coordinator pass, in its order: open the tasks the policy names; close the round if the
         policy says so (told which idle islands would stay idle), then open tasks from the new version;
-        hand open tasks to idle islands. Returns (the tasks handed out, the closed round's plan or None)."""
+        hand open tasks to idle islands. Returns (the tasks handed out, the closed round's plan or None).
+        Once the run's length is applied (`policy.done`) it decides nothing, as the coordinator."""
+        if self.policy.done:
+            return [], None
         self._open_tasks()
         plan = None
         taken = {island for _, island in self.policy.assign(self._open_view(), idle)}

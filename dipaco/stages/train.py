@@ -11,6 +11,10 @@ runs the same loop without local islands. A killed run resumes with the same com
 rounds are kept, and so are the results of islands that finished in the interrupted round; the row
 of a round committed just before the kill comes from the commit itself (`state.json`). Only one
 coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
+
+The run's length is counted in applied work, by the round policy (`RoundPolicy.done`): it ends when
+every path has had `train.rounds` results applied, which in sync mode is round `train.rounds` and in
+async mode (rounds closing on a quorum) usually takes more versions (docs/islands.md#the-runs-length).
 """
 
 from __future__ import annotations
@@ -74,25 +78,33 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
                           sizes=factory.path_sizes, validator=validator, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
-    last = min(config.train.stop_after_round or config.train.rounds, config.train.rounds)
+
+    def more() -> bool:  # the run's length is the policy's (train.rounds results per path); stop_after_round a version
+        return not service.done and not (config.train.stop_after_round and service.committed >= config.train.stop_after_round)
+
     islands = None
-    if local_islands and done < last:
+    if local_islands and more():
         islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
     try:
-        bar = tqdm(range(done + 1, last + 1), desc="rounds", unit="round", initial=done,
-                   total=config.train.rounds, dynamic_ncols=True, disable=None)
-        for round in bar:
+        policy = service.policy
+        bar = tqdm(desc="results applied", unit="result", total=config.train.rounds * topology.n_paths,
+                   initial=sum(policy.applied_results(p) for p in range(topology.n_paths)),
+                   dynamic_ncols=True, disable=None)
+        while more():
+            round = service.committed + 1
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             rounds.append(stats)
             _write_summary(run.train_summary, summary)
-            bar.set_postfix(train_loss=f"{stats.mean_train_loss:.3f}")
+            bar.update(stats.applied)
+            bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
                      "(%d stale, %d dropped), %d tasks in flight, %.1fs", round, stats.mean_train_loss, stats.tokens,
                      stats.bytes_up / 1e6, stats.applied, stats.stale, stats.dropped, stats.in_flight, stats.seconds)
         finished_at = time.monotonic()
-        if islands and last == config.train.rounds:
+        bar.close()
+        if islands and service.done:
             islands.stop()  # they stop by themselves after the run's last round
-        if store.current_round() == config.train.rounds:  # so the last round can be a path's best (eval --best)
+        if service.done:  # so the last round can be a path's best (eval --best)
             finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.train.keep_rounds,
                        device=resolve_device(config.train.device))
     finally:
@@ -101,7 +113,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     summary.update(
         n_paths=topology.n_paths,
         rounds_completed=store.current_round(),
-        inner_steps_per_path=store.current_round() * config.inner.steps,
+        inner_steps_per_path=min(service.policy.applied_results(p) for p in range(topology.n_paths)) * config.inner.steps,
+        results_applied=sum(service.policy.applied_results(p) for p in range(topology.n_paths)),
         tokens=sum(r.tokens for r in rounds),
         seconds=sum(r.seconds for r in rounds),
         last_session_seconds=time.perf_counter() - started,
@@ -109,7 +122,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     )
     if islands:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
-        summary["goodput"] = goodput(store, rounds=config.train.rounds, islands=processes, seconds=island_seconds)
+        summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds)
     return _write_summary(run.train_summary, summary)
 
 
