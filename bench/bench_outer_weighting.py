@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +32,8 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.recording import write_results  # noqa: E402
+from bench.quality_runs import dipaco  # noqa: E402
+from bench.recording import markdown_table, write_results  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_outer_weighting")
@@ -48,12 +47,6 @@ VARIANTS = [  # (name, outer step, weighting, normalize)
     ("plain, shard, all", PLAIN, "shard", "all"),
     ("plain, tokens, module", PLAIN, "tokens", "module"),
 ]
-
-
-def dipaco(*args: str) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log.info("$ dipaco %s", " ".join(args))
-    subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, env=env, check=True)
 
 
 def main() -> None:
@@ -163,11 +156,6 @@ def markdown(results: dict) -> str:
         + markdown_table(["module", "paths", *kinds], scale_rows)
         + f"\n\nBenchmark wall time: {results['seconds']:.0f}s.\n\n```\n" + format_table(headers, rows) + "\n```\n"
     )
-
-
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    return "\n".join(["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-                      *("| " + " | ".join(map(str, row)) + " |" for row in rows)])
 
 
 if __name__ == "__main__":

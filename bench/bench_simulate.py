@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.recording import RESULTS, write_results  # noqa: E402
+from bench.recording import RESULTS, markdown_table, write_results  # noqa: E402
 from dipaco.config import OuterConfig, SimulateConfig  # noqa: E402
 from dipaco.simulate.scenario import STRATEGIES, run_strategy, sweep  # noqa: E402
 from dipaco.simulate.settings import Settings  # noqa: E402
@@ -140,13 +140,13 @@ def markdown(results: dict) -> str:
     rows = [[p["point"], p["role"], f"{p['goodput']:.1%}", "" if p["published"] is None else f"{p['published']:.0%}",
              "" if p["difference_points"] is None else f"{p['difference_points']:+.1f}"] for p in results["points"]]
     lines += ["## Goodput against the published points", "",
-              _markdown_table(["point", "role", "simulated", "published", "difference (points)"], rows), ""]
+              markdown_table(["point", "role", "simulated", "published", "difference (points)"], rows), ""]
     side = results["side_by_side_8_learners"]
     rows = [[name, f"{r['goodput']:.1%}", f"{r['lost_chip_seconds'] / r['allocated_chip_seconds']:.1%}",
              f"{r['idle_chip_seconds'] / r['allocated_chip_seconds']:.1%}",
              f"{r['bytes_per_link_per_training_second'] * 8 / 1e9:.3g}"] for name, r in side.items()]
     lines += ["## Side by side: 8 learners x 150k chips (seed 0)", "",
-              _markdown_table(["strategy", "goodput", "lost", "idle", "Gbit/s per learner link while training"], rows), ""]
+              markdown_table(["strategy", "goodput", "lost", "idle", "Gbit/s per learner link while training"], rows), ""]
     chips = sorted({r["chips"] for r in results["sweep"]})
     labels = []
     for r in results["sweep"]:
@@ -158,7 +158,7 @@ def markdown(results: dict) -> str:
         table[(_label(r), r["chips"])] = r["goodput"]
     rows = [[label, *[f"{table[(label, c)]:.1%}" if (label, c) in table else "" for c in chips]] for label in labels]
     lines += [f"## Goodput vs chips (seed 0; plot: {results['plot']})", "",
-              _markdown_table(["strategy", *[f"{c:,}" for c in chips]], rows), ""]
+              markdown_table(["strategy", *[f"{c:,}" for c in chips]], rows), ""]
     return "\n".join(lines)
 
 
@@ -166,12 +166,6 @@ def _label(row: dict) -> str:
     if row["strategy"] != "async rounds":
         return row["strategy"]
     return f"async, {row['learners']} learner{'s' if row['learners'] > 1 else ''}"
-
-
-def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,9 @@ def with_source(record: dict, markdown: str) -> str:
     """`markdown` with the source / machine line inserted under its title."""
     title, _, body = markdown.partition("\n")
     return f"{title}\n\n{describe(record)}\n{body}" if title.startswith("#") else f"{describe(record)}\n\n{markdown}"
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table: a header row, a rule, one row per list (cells formatted with str)."""
+    return "\n".join(["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+                      *("| " + " | ".join(map(str, row)) + " |" for row in rows)])
