@@ -146,9 +146,10 @@ def _config_and_run(args) -> tuple[Config, RunDir]:
         if args.config:
             raise ValueError("--store URL runs with the config published in the store; give overrides "
                              "(section.key=value) instead of --config")
-        from dipaco.stages.published import fetch_run
+        from dipaco.stages.published import PUBLICATION_WAIT, fetch_run
 
-        return fetch_run(args.store, run_root=Path(args.run) if args.run else None, overrides=args.overrides)
+        return fetch_run(args.store, run_root=Path(args.run) if args.run else None, overrides=args.overrides,
+                         wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
     if args.run is None:
         raise ValueError(f"dipaco {args.command}: give --run DIR (or --store URL for a run published in a store)")
     config_file = args.config

@@ -142,7 +142,9 @@ def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_
     assert reader.fetch.cache.stats.redownloads == 1 and sha(cached.read_bytes()) == digest
 
 
-def test_a_store_with_nothing_published_says_how_to_publish(tmp_path):
+def test_a_store_with_nothing_published_says_how_to_publish(tmp_path, monkeypatch):
+    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_WAIT", 0.2)  # an island waits that long for it
+    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_POLL", 0.05)
     (tmp_path / "store").mkdir()
     code, log = dipaco_in_process("island", "--store", tmp_path / "store", "--run", tmp_path / "island")
     assert code == 1 and "has no published run" in log and "dipaco coordinator" in log

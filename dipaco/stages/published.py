@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 
 from dipaco.atomic import write_bytes
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 ROUTING_FILES = ("router.json", "router.safetensors", "fingerprint.json")  # what islands and eval use of routing/
 SHARD_META = ("index.json", "fingerprint.json")  # the small files of shards/ (the rest is shard data)
+PUBLICATION_WAIT = 300.0  # seconds `dipaco island --store URL` waits for the run to be published there
+PUBLICATION_POLL = 2.0
 
 
 def is_store_only(run: RunDir) -> bool:
@@ -111,15 +114,22 @@ def publish_run(store: ModuleStore, run: RunDir) -> PublishStats:
     return publish(store, files, kept=kept)
 
 
-def fetch_run(url: str, *, run_root: Path | None, overrides: list[str]) -> tuple[Config, RunDir]:
+def fetch_run(url: str, *, run_root: Path | None, overrides: list[str],
+              wait: float = 0.0) -> tuple[Config, RunDir]:
     """A store-only command's config and local run directory, from the run published in the store at `url`
-    (small files only: shards come later, through `shard_fetcher`)."""
+    (small files only: shards come later, through `shard_fetcher`). `wait`: seconds to wait for a
+    coordinator started at the same time to publish the run (islands of a cluster job start together)."""
     machine = load_config(None, overrides).train  # this machine's cache settings (the command line's)
     store = ModuleStore(url)
     if not store.shared:
         raise ValueError(f"--store {url} lives in this process's memory: nothing is published there; use a "
                          f"directory or a shared URL (s3://, gs://)")
     store.check_reachable()
+    deadline = time.monotonic() + wait
+    if not store.exists(PUBLISHED) and wait > 0:
+        log.info("waiting up to %.0fs for the coordinator to publish the run in %s", wait, url)
+        while not store.exists(PUBLISHED) and time.monotonic() < deadline:
+            time.sleep(PUBLICATION_POLL)
     files = read_publication(store)
     if "config.yaml" not in files or "shards/index.json" not in files:
         raise StoreError(f"the run published in {url} lacks config.yaml or shards/index.json; restart its coordinator")

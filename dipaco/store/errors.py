@@ -122,12 +122,37 @@ class RetryingFileSystem:
 def check_reachable(fs: Any, root: str, *, url: str) -> None:
     """Refuse a remote store whose bucket is missing, or that cannot be reached, before any work (a
     `StoreError` saying what to fix). Local directories are always reachable (they are made on write)."""
+    if _lacks_credentials(url):
+        raise StoreError(f"store {url}: no credentials found; {_ENV_HINT['s3']}")
     bucket = root.split("/", 1)[0]
+    backend = fs.wrapped if isinstance(fs, RetryingFileSystem) else fs
     try:
+        if hasattr(backend, "call_s3"):  # s3fs: HEAD the bucket (exists() would hide why it failed)
+            retrying(backend.call_s3, url=url, what="head_bucket")("head_bucket", Bucket=bucket)
+            return
         found = fs.exists(bucket)
     except StoreError:
         raise
+    except FileNotFoundError:
+        found = False
     except Exception as err:  # the backend's own error types
         raise permanent_error(err, url=url) or StoreError(f"store {url}: {type(err).__name__}: {err}") from None
     if not found:
         raise StoreError(f"store {url}: {missing_bucket(url)}")
+
+
+def _lacks_credentials(url: str) -> bool:
+    """An s3:// store for which botocore finds no credentials (environment, profile, instance role) and
+    fsspec's configuration gives none (FSSPEC_S3_KEY / FSSPEC_S3='{"key": ...}' or anonymous access)."""
+    if protocol_of(url) not in ("s3", "s3a"):
+        return False
+    import fsspec.config
+
+    options = fsspec.config.conf.get("s3", {})
+    if options.get("key") or options.get("anon") or options.get("profile"):
+        return False
+    try:
+        import botocore.session
+    except ImportError:
+        return False
+    return botocore.session.get_session().get_credentials() is None

@@ -53,8 +53,11 @@ class ModuleStore:
     def __init__(self, url: str):
         self.url = url
         protocol = url.split("://", 1)[0] if "://" in url else "file"
+        # Remote filesystems cache directory listings forever by default (s3fs, gcsfs): a coordinator would never
+        # see an island's heartbeat or result that appeared after its first look. The store lists live.
+        options = {} if protocol in ("file", "local", "memory") else {"use_listings_cache": False}
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url)
+            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
         except ImportError as err:
             raise StoreError(f"store {url}: the fsspec backend for {protocol}:// is not installed ({err}); install "
                              f"it (s3: `pip install s3fs`, gs: `pip install gcsfs`, az: `pip install adlfs`)") from None
