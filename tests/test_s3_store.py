@@ -42,8 +42,8 @@ def free_port() -> int:
 def s3_env():
     """A running moto S3 server with one bucket; yields the environment variables that reach it."""
     try:
-        from moto.server import ThreadedMotoServer
         import s3fs
+        from moto.server import ThreadedMotoServer
     except ImportError as err:
         reason = f"moto[server] and s3fs are needed for the S3 tests (pip install -e '.[test]'): {err}"
         print(reason)
