@@ -28,9 +28,16 @@ from dipaco.stages.fingerprints import STAGE_ORDER
 log = logging.getLogger("dipaco")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, *, store_only: bool = False) -> None:
     parser.add_argument("--config", help="YAML config file (default: the built-in defaults)")
-    parser.add_argument("--run", required=True, help="run directory where this stage reads and writes artifacts")
+    if store_only:  # island, coordinator: a run published in a store is enough
+        parser.add_argument("--store", default=None, metavar="URL",
+                            help="run from the run published in this store alone (its config, tokenizer and shards; "
+                                 "docs/islands.md#store-only-islands); --run is then this machine's working directory")
+        parser.add_argument("--run", default=None, help="run directory where this stage reads and writes artifacts "
+                                                        "(with --store: default <train.cache_dir>/runs/<URL digest>)")
+    else:
+        parser.add_argument("--run", required=True, help="run directory where this stage reads and writes artifacts")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="override config fields")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -65,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="replace an earlier dipaco export in OUT (never anything else)")
         if name == "generate":
             parsers[name].add_argument("prompt", help="the text to continue")
-        _common(parsers[name])
+        _common(parsers[name], store_only=name in STORE_ONLY_STAGES)
     for name in ("export", "generate"):
         parsers[name].add_argument("--round", type=int, default=None, help="module version (default: the last)")
         parsers[name].add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
@@ -114,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     previous = stop_on_signals()
     try:
-        config_file = args.config
-        if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
-            config_file = Path(args.run) / "config.yaml"  # the run's own resolved config
-        config = load_config(config_file, args.overrides)
-        run = RunDir(args.run)
+        config, run = _config_and_run(args)
         prepare_run_dir(run, args.command)
         STAGES[args.command](config, run, args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
@@ -134,6 +137,25 @@ def main(argv: list[str] | None = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _config_and_run(args) -> tuple[Config, RunDir]:
+    """The config and run directory a command works with: `--store URL` fetches the run published there
+    (`dipaco.stages.published`), else `--config` (or the run's own resolved config) and `--run`."""
+    if getattr(args, "store", None):
+        if args.config:
+            raise ValueError("--store URL runs with the config published in the store; give overrides "
+                             "(section.key=value) instead of --config")
+        from dipaco.stages.published import PUBLICATION_WAIT, fetch_run
+
+        return fetch_run(args.store, run_root=Path(args.run) if args.run else None, overrides=args.overrides,
+                         wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
+    if args.run is None:
+        raise ValueError(f"dipaco {args.command}: give --run DIR (or --store URL for a run published in a store)")
+    config_file = args.config
+    if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
+        config_file = Path(args.run) / "config.yaml"  # the run's own resolved config
+    return load_config(config_file, args.overrides), RunDir(args.run)
 
 
 def stop_on_signals():
@@ -344,6 +366,7 @@ def cmd_simulate(config: Config, run: RunDir, args) -> None:
 
 
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")
+STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
 
 STAGES = {
     "run": cmd_run,

@@ -208,6 +208,8 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     keep_rounds: int = 2  # module versions kept in the store (older ones are deleted); 0 = keep all
     store_url: str = ""  # fsspec URL of the module store; "" = <run>/store (s3://, gs://, NFS for clusters)
+    cache_dir: str = ""  # where a store-only island or coordinator (--store URL) caches the shards it downloads; "" = $XDG_CACHE_HOME/dipaco or ~/.cache/dipaco
+    cache_max_bytes: int = 10 * 2**30  # that cache's size: least recently used shards are deleted beyond it; 0 = no limit
     seed: int = 0  # model initialisation and data order
     heartbeat_seconds: float = 1.0  # how often an island writes its heartbeat file
     heartbeat_timeout: float = 30.0  # a task whose island has not heart-beaten for this long is handed to another
@@ -242,6 +244,8 @@ class TrainConfig:
                              f"got {self.slowdown}, {self.checkpoint_steps}")
         if self.stop_after_round < 0:
             raise ValueError(f"train.stop_after_round must be >= 0, got {self.stop_after_round}")
+        if self.cache_max_bytes < 0:
+            raise ValueError(f"train.cache_max_bytes must be >= 0 (0 = no limit), got {self.cache_max_bytes}")
         if self.rounds < 1:
             raise ValueError(f"train.rounds must be >= 1, got {self.rounds}")
         if self.islands < 0 or self.threads_per_island < 0 or self.keep_rounds < 0:

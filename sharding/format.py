@@ -112,18 +112,25 @@ def read_array(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shard file {path} is missing")
-    data = path.read_bytes()
+    return decode_array(path.read_bytes(), where=str(path), dtype=dtype, sha256=sha256, length=length)
+
+
+def decode_array(
+    data: bytes, *, where: str, dtype: str | np.dtype, sha256: str, length: int | None = None
+) -> np.ndarray:
+    """The array in the bytes of a file written by :func:`write_array` (``where`` names it in errors),
+    verified as :func:`read_array` does: for shard bytes that come from elsewhere than a local file."""
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise ShardError(f"shard file {path} is corrupt: sha256 {digest} != {sha256} recorded in the index")
+        raise ShardError(f"shard file {where} is corrupt: sha256 {digest} != {sha256} recorded in the index")
     try:
         raw = zstandard.ZstdDecompressor().decompress(data)
     except zstandard.ZstdError as e:
-        raise ShardError(f"shard file {path} is not a valid zstd frame: {e}") from e
+        raise ShardError(f"shard file {where} is not a valid zstd frame: {e}") from e
     dt = _le(dtype)
     if len(raw) % dt.itemsize:
-        raise ShardError(f"shard file {path} holds {len(raw)} bytes, not a whole number of {dt} items")
+        raise ShardError(f"shard file {where} holds {len(raw)} bytes, not a whole number of {dt} items")
     array = np.frombuffer(raw, dtype=dt).astype(np.dtype(dtype), copy=False)
     if length is not None and len(array) != length:
-        raise ShardError(f"shard file {path} holds {len(array)} items, the index says {length}")
+        raise ShardError(f"shard file {where} holds {len(array)} items, the index says {length}")
     return array

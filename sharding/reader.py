@@ -8,6 +8,10 @@ file's sha256 as it reads it, and serves:
   ``(B, seq_len)`` int64 batches, one epoch after another, read one shard per path at a time;
 - ``test_documents()``: the held-out documents with their ids and routed paths.
 
+``ShardReader(dir, fetch=f)`` reads only ``index.json`` from ``dir`` and gets each shard file's bytes
+from ``f(file, sha256)`` when it first needs them (an island that downloads only its paths' shards from
+a store: ``dipaco.stages.published``); they are verified the same way.
+
 CPU example: ``python -c "from sharding.reader import ShardReader; r = ShardReader('shards'); \
 print(next(r.iter_batches(0, 'train', batch_size=4, seed=0)).shape)"``.
 """
@@ -17,14 +21,21 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sharding.format import FORMAT_VERSION, INDEX_NAME, TOKEN_DTYPES, ShardError, read_array
+from sharding.format import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    TOKEN_DTYPES,
+    ShardError,
+    decode_array,
+    read_array,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -58,8 +69,11 @@ _TAG_INTERLEAVE, _TAG_SHARD_ORDER, _TAG_BLOCK_ORDER = 1, 2, 3
 class ShardReader:
     """Read-only view of a shard directory written by :func:`sharding.build.build_shards`."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(
+        self, directory: str | Path, *, fetch: Callable[[str, str], bytes] | None = None
+    ) -> None:
         self.directory = Path(directory)
+        self.fetch = fetch  # (file, sha256) -> the file's bytes; None: read them from `directory`
         self.index_path = self.directory / INDEX_NAME
         if not self.index_path.is_file():
             raise FileNotFoundError(
@@ -218,12 +232,7 @@ class ShardReader:
 
     def _read_blocks(self, shard: dict[str, Any]) -> np.ndarray:
         """One block shard as (blocks, seq_len) in the token dtype."""
-        tokens = read_array(
-            self.directory / shard["file"],
-            dtype=self.token_dtype,
-            sha256=shard["sha256"],
-            length=shard["tokens"],
-        )
+        tokens = self._array(shard["file"], dtype=self.token_dtype, sha256=shard["sha256"], length=shard["tokens"])
         if shard["tokens"] != shard["blocks"] * self.seq_len:
             raise ShardError(
                 f"{self.index_path}: shard {shard['file']} has {shard['tokens']} tokens, "
@@ -231,12 +240,19 @@ class ShardReader:
             )
         return tokens.reshape(-1, self.seq_len)
 
+    def _array(self, file: str, *, dtype: Any, sha256: str, length: int) -> np.ndarray:
+        """One array file of the index, from ``directory`` or through ``fetch``, verified."""
+        if self.fetch is None:
+            return read_array(self.directory / file, dtype=dtype, sha256=sha256, length=length)
+        data = self.fetch(file, sha256)
+        return decode_array(data, where=file, dtype=dtype, sha256=sha256, length=length)
+
     def _read_documents(self, shard: dict[str, Any]) -> tuple[np.ndarray, ...]:
         n, n_tokens = shard["documents"], shard["tokens"]
         lengths = {"": n_tokens, "offsets_": n + 1, "doc_ids_": n, "paths_": n}
         arrays = tuple(
-            read_array(
-                self.directory / shard[f"{a}file"],
+            self._array(
+                shard[f"{a}file"],
                 dtype=self.token_dtype if a == "" else np.int64,
                 sha256=shard[f"{a}sha256"],
                 length=lengths[a],

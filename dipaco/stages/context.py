@@ -24,6 +24,7 @@ from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes
 from dipaco.run_dir import RunDir
+from dipaco.stages.published import shard_fetcher
 from dipaco.store.module_store import ModuleStore
 from routing.router import Router
 from sharding.reader import ShardReader
@@ -53,7 +54,8 @@ class PathFactory:
 
     @cached_property
     def reader(self) -> ShardReader:
-        reader = ShardReader(self.run.require(self.run.shards / "index.json", "shard").parent)
+        reader = ShardReader(self.run.require(self.run.shards / "index.json", "shard").parent,
+                             fetch=shard_fetcher(self.run, store=self.store, config=self.config))  # store-only runs
         if reader.n_paths != self.topology.n_paths:
             raise ValueError(
                 f"{self.run.shards / 'index.json'} holds {reader.n_paths} paths, but topology.levels "

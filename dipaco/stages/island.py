@@ -36,9 +36,11 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
            slowdown: float | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round. `slowdown`
     (default: `train.slowdown` for the island named island-0, else 1) makes it that many times slower."""
-    if not PathFactory(config, run).store.shared:
+    store = PathFactory(config, run).store
+    if not store.shared:
         raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory: an island "
                          f"cannot share it with the coordinator; use a directory or a shared URL (s3://, gs://)")
+    store.check_reachable()
     if not pull:
         setup = island_setup(config, run)
         for path in paths or []:

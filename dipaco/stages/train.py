@@ -37,6 +37,7 @@ from dipaco.model.path_model import load_parameters
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.fingerprints import check, index_digest, record
+from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
 
@@ -57,8 +58,10 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
     save_config(config, run.config)
     record(run, "train", config, shards=index_digest(run))
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
+    factory.store.check_reachable()
     lease = Lease.acquire(factory.store, timeout=config.train.lease_timeout, force=force)  # before any store write
     try:
+        publish_run(factory.store, run)  # so islands and coordinators given only the URL can run (store-only)
         return _train(config, run, factory, lease, local_islands=local_islands)
     finally:
         lease.release()

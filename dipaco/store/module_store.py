@@ -39,6 +39,8 @@ from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from dipaco.store.errors import RetryingFileSystem, StoreError, check_reachable
+
 log = logging.getLogger(__name__)
 
 STORE_VERSION = 1
@@ -47,21 +49,22 @@ KINDS = ("modules", "outer")
 CHECKSUMS = "checksums.json"
 
 
-class StoreError(RuntimeError):
-    """A store file is missing, corrupt or of an unknown version."""
-
-
 class ModuleStore:
     def __init__(self, url: str):
         self.url = url
         protocol = url.split("://", 1)[0] if "://" in url else "file"
+        # Remote filesystems cache directory listings forever by default (s3fs, gcsfs): a coordinator would never
+        # see an island's heartbeat or result that appeared after its first look. The store lists live.
+        options = {} if protocol in ("file", "local", "memory") else {"use_listings_cache": False}
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url)
+            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
         except ImportError as err:
             raise StoreError(f"store {url}: the fsspec backend for {protocol}:// is not installed ({err}); install "
                              f"it (s3: `pip install s3fs`, gs: `pip install gcsfs`, az: `pip install adlfs`)") from None
         except ValueError as err:
             raise StoreError(f"store {url}: {err}; use a directory or an fsspec URL such as s3://bucket/run") from None
+        if not isinstance(self.fs, LocalFileSystem) and protocol != "memory":
+            self.fs = RetryingFileSystem(self.fs, url=url)  # transient failures retried, the others explained
         self.shared = protocol != "memory"  # seen by other processes (memory:// lives in this one only)
         self.bytes_written = 0
         self.bytes_read = 0
@@ -72,6 +75,11 @@ class ModuleStore:
     def is_local(self) -> bool:
         """A directory on this machine's filesystem (not an object store)."""
         return isinstance(self.fs, LocalFileSystem)
+
+    def check_reachable(self) -> None:
+        """Refuse, before any work, a remote store whose bucket is missing or whose server cannot be reached."""
+        if not self.is_local and self.shared:
+            check_reachable(self.fs, self.root, url=self.url)
 
     # --- raw files -------------------------------------------------------------------------------
     def _path(self, relative: str) -> str:
