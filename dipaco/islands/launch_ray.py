@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def run_command(args: list[str], log_file: str, name: str, threads: int, env: di
     """Body of every Ray task here: `python -m dipaco <args>` to its end, in this Ray worker. A process
     killed by a signal raises `IslandKilled` (retried by Ray), another failure RuntimeError with its log."""
     task = Task(name=name, args=args, log=Path(log_file))
+    task.log.parent.mkdir(parents=True, exist_ok=True)
+    with task.log.open("a") as out:  # one line per placement: a restarted island has several
+        out.write(f"{time.strftime('%H:%M:%S')} ray: {name} starts on {socket.gethostname()} "
+                  f"(Ray worker pid {os.getpid()})\n")
     code = run_one(task, threads=threads, env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
     if code < 0:
         raise IslandKilled(failure_message(task, code))
