@@ -89,7 +89,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
     islands = []
     for name, beat in sorted(read_heartbeats(store).items()):
         assigned = [t.key for t in tasks.values() if t.status == "assigned" and t.island == name]
-        age = now - beat.time
+        age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
                         "beat_seconds_ago": age, "alive": beat.status != "done" and age < train.heartbeat_timeout,
                         "failures": beat.failures, "pinned": list(beat.pinned)})
@@ -132,7 +132,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "coordinator": None if holder is None else {"host": holder.host, "pid": holder.pid, "token": holder.token,
                                                      "started_seconds_ago": now - holder.started,
                                                      "renewed_seconds_ago": now - holder.renewed_at},
-        "module_versions": store.versions("modules"),
+        "module_versions": [v for v in store.versions("modules") if v <= round],  # not one being written
         "results_applied": sum(len(e) for e in applied.values()),
         "results_target": target,
         "stale": int(stale),
