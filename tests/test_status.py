@@ -83,7 +83,7 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
     """`dipaco train` wrote per-path losses, outer step norms, bytes, goodput and round times."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tiny_trained.root / "tensorboard"))
+    events = EventAccumulator(str(tiny_trained.tensorboard))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     modules = PathFactory(load_config(tiny_trained.config), tiny_trained).topology.modules

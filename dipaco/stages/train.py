@@ -7,7 +7,9 @@ island processes on this machine, `dipaco.islands.island`, talking only to the s
 service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`outer.mode`), every
 module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
 `dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
-runs the same loop without local islands. A killed run resumes with the same command: finished
+runs the same loop without local islands; `train.launcher=ray` runs this coordinator and its islands as
+Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
+to <run>/tensorboard (`dipaco.islands.metrics`, `train.tensorboard`). A killed run resumes with the same command: finished
 rounds are kept, and so are the results of islands that finished in the interrupted round; the row
 of a round committed just before the kill comes from the commit itself (`state.json`). Only one
 coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
@@ -95,7 +97,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         return not service.done and not (config.train.stop_after_round and service.committed >= config.train.stop_after_round)
 
     islands = None
-    metrics = RunMetrics(run.root / "tensorboard", enabled=config.train.tensorboard)
+    metrics = RunMetrics(run.tensorboard, enabled=config.train.tensorboard)
     if local_islands and more():
         tasks = pull_island_tasks(run, processes)
         islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.train.ray_island_gpus,
