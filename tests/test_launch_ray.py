@@ -47,7 +47,7 @@ def kill_first_island_once_it_beats(store: ModuleStore, run_root: Path, seen: di
         time.sleep(0.2)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance on the loopback address: two islands and the coordinator, one CPU each."""
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
@@ -79,6 +79,33 @@ def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(
     island_log = (run.logs / "island-0.log").read_text()
     assert island_log.count("ray: island-0 starts") == 2, island_log[-3000:]
     assert (run.logs / "island-1.log").read_text().count("ray: island-1 starts") == 1
+
+
+def test_ray_islands_that_all_fail_stop_the_run_with_the_log(tmp_path, local_ray):
+    """An island exiting with an error is not placed again (it would fail again); when every island has
+    ended, the error names the island and shows the end of its log."""
+    from dipaco.islands.launch_ray import RayIslands
+    from dipaco.islands.processes import Task
+
+    tasks = [Task(name=f"island-{i}", args=["no-such-command"], log=tmp_path / f"island-{i}.log") for i in range(2)]
+    islands = RayIslands(tasks, threads=1, cpus=1, gpus=0, restarts=3)
+    deadline = time.monotonic() + 120
+    with pytest.raises(RuntimeError, match=r"island-\d failed with exit code 2; its log .*island-\d\.log ends with:"):
+        while time.monotonic() < deadline:
+            islands.check_any_alive()
+            time.sleep(0.2)
+    islands.terminate()
+    for i in range(2):  # placed once each
+        assert (tmp_path / f"island-{i}.log").read_text().count("ray: island-") == 1
+
+
+def test_launcher_is_checked():
+    from dipaco.config import load_config
+
+    with pytest.raises(ValueError, match="train.launcher must be one of \\['local', 'ray'\\], got 'slurm'"):
+        load_config(TINY, ["train.launcher=slurm"])
+    with pytest.raises(ValueError, match="train.ray_island_cpus must be >= 1"):
+        load_config(TINY, ["train.ray_island_cpus=0"])
 
 
 def test_ray_launcher_without_ray_says_how_to_install_it(monkeypatch, tmp_path):
