@@ -1,7 +1,8 @@
 """A two-node island: two `torchrun --nnodes 2` invocations on this machine (c10d rendezvous on the
 loopback address, gloo), one rank each, train one task together and give the pseudo-gradient one process
 gives on the whole batch (the multi-node command of docs/islands.md#clusters). Four processes start
-(two launchers, two ranks): 26 s on 2 loaded cores, so it stays in the default suite."""
+(two launchers, two ranks): 26 s alone on 2 shared cores, 74 s in the full suite at a load average of
+~25, so it is marked slow like the one-node torchrun test (`make test-slow`)."""
 
 import os
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from cli_helpers import ROOT
 from test_coordinator import Clock, make_run
@@ -32,6 +34,7 @@ def node_command(rank: int, *, port: int, island_args: list[str]) -> list[str]:
             "-m", "dipaco", "--", *island_args]
 
 
+@pytest.mark.slow
 def test_a_two_node_torchrun_island_gives_the_one_process_pseudo_gradient(tiny_routed, tmp_path):
     clock = Clock()
     run = make_run(tiny_routed, tmp_path / "run", [])
