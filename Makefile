@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -47,6 +47,10 @@ islands:  ## the coordinator and N local island processes (= dipaco train train.
 
 coordinator:  ## the round loop alone; islands are started elsewhere with `make island` / `dipaco island`
 	$(DIPACO) coordinator --config $(CONFIG) --run $(RUN) $(ARGS)
+
+WATCH ?= 0
+status:  ## the live board of RUN: rounds, islands and their tasks, queue, goodput, bytes, per-path losses (WATCH=5 redraws)
+	$(DIPACO) status --run $(RUN) --watch $(WATCH)
 
 baselines:
 	$(DIPACO) baselines --config $(CONFIG) --run $(RUN) $(ARGS)

@@ -5,6 +5,7 @@
     dipaco island --config configs/tiny.yaml --run runs/tiny --path 3
     dipaco coordinator --config configs/tiny.yaml --run runs/tiny  # + `dipaco island ...` on other machines
     dipaco simulate --run runs/sim simulate.learners=16             # chaos simulation, no training
+    dipaco status --run runs/tiny --watch 5                         # the live board of a running run
 
 Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
 any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
@@ -42,6 +43,16 @@ def _common(parser: argparse.ArgumentParser, *, store_only: bool = False) -> Non
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+def _status_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", default=None, help="run directory (its store: train.store_url, else RUN/store)")
+    parser.add_argument("--store", default=None, help="the store's URL, read alone (e.g. s3://bucket/dipaco/demo)")
+    parser.add_argument("--config", default=None, help="the run's config (default: RUN/config.yaml when there is one)")
+    parser.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
+                        help="redraw every SECONDS until the run finishes (Ctrl-C stops)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per refresh")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dipaco", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,10 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
         "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
         "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
+        "status": "the live board of a run: rounds, islands and their tasks, queue, goodput, bytes, per-path losses",
     }
     parsers = {}
     for name, help_text in commands.items():
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "status":  # reads a run's store, writes nothing: --run or --store
+            _status_options(parsers[name])
+            continue
         if name == "export":
             parsers[name].add_argument("out", help="output directory: new, empty, or an earlier export (--overwrite)")
             parsers[name].add_argument("--overwrite", action="store_true",
@@ -121,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     previous = stop_on_signals()
     try:
+        if args.command == "status":  # no run directory to prepare: it only reads
+            cmd_status(args)
+            return 0
         config, run = _config_and_run(args)
         prepare_run_dir(run, args.command)
         STAGES[args.command](config, run, args)
@@ -363,6 +381,15 @@ def cmd_simulate(config: Config, run: RunDir, args) -> None:
           f"{sim.horizon_hours:g} h simulated")
     print(format_comparison(results["strategies"]))
     print(f"\nresults in {run.root / 'simulate'}")
+
+
+def cmd_status(args) -> None:
+    from dipaco.stages.status import config_of, source, status
+
+    if args.watch < 0:
+        raise ValueError(f"--watch must be >= 0 seconds, got {args.watch}")
+    src = source(run=args.run, store=args.store, config=config_of(args.run, args.config))
+    status(src, watch=args.watch, as_json=args.json)
 
 
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")

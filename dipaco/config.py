@@ -32,6 +32,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 WEIGHTINGS = ("shard", "tokens", "uniform")  # outer.weighting (dipaco.optim.weighting)
 NORMALIZATIONS = ("module", "all")  # outer.normalize
+LAUNCHERS = ("local", "ray")  # train.launcher
 
 EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
 
@@ -223,6 +224,13 @@ class TrainConfig:
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     fused_adamw: bool = False  # the islands' inner AdamW as torch's fused kernel (rounds differently from the default)
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
+    tensorboard: bool = True  # the coordinator writes per-round metrics as TensorBoard event files in <run>/tensorboard/
+    launcher: str = "local"  # who starts the coordinator and the islands of `dipaco train`: local (processes here) | ray (docs/islands.md#clusters)
+    ray_address: str = ""  # launcher ray: ray.init(address=...); "" = start a local Ray instance, "auto" = the running cluster, or host:port / ray://host:10001
+    ray_island_cpus: int = 1  # launcher ray: CPUs each island asks Ray for (also its torch threads)
+    ray_island_gpus: float = 0.0  # launcher ray: GPUs each island asks Ray for (set it with train.device cuda)
+    ray_coordinator_cpus: float = 1.0  # launcher ray: CPUs the coordinator task asks Ray for
+    ray_island_restarts: int = 3  # launcher ray: times Ray starts an island again whose process or node died
 
     def __post_init__(self) -> None:
         check_finite(self, "train")
@@ -254,6 +262,13 @@ class TrainConfig:
                 f"got {self.islands}, {self.threads_per_island}, {self.keep_rounds}"
             )
         check_device_precision("train", self.device, self.precision)
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"train.launcher must be one of {list(LAUNCHERS)}, got {self.launcher!r}")
+        if self.ray_island_cpus < 1 or self.ray_island_gpus < 0 or self.ray_coordinator_cpus < 0:
+            raise ValueError(f"train.ray_island_cpus must be >= 1, ray_island_gpus and ray_coordinator_cpus >= 0, got "
+                             f"{self.ray_island_cpus}, {self.ray_island_gpus}, {self.ray_coordinator_cpus}")
+        if self.ray_island_restarts < 0:
+            raise ValueError(f"train.ray_island_restarts must be >= 0, got {self.ray_island_restarts}")
 
 
 @dataclass(kw_only=True)

@@ -9,6 +9,7 @@
       store/           the module store (dipaco.store), unless train.store_url points elsewhere
       baselines/       dense baselines: <name>/model.safetensors + <name>/summary.json
       logs/            one log file per island task and baseline
+      tensorboard/     the coordinator's per-round metrics as TensorBoard event files (dipaco.islands.metrics)
       train.json       per-round training summary;  eval.json  the evaluation results
 """
 
@@ -56,6 +57,10 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
 
     @property
     def train_summary(self) -> Path:

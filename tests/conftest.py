@@ -1,7 +1,7 @@
 """Shared test setup: offline Hugging Face, one torch thread, and the tiny runs several modules read.
 
     make test          # everything but the tests marked slow
-    make test-slow     # the slow ones: kill / pause and resume, a re-routing phase, a torchrun island
+    make test-slow     # the slow ones: kill / pause and resume, a re-routing phase, torchrun islands (one and two nodes)
 
 Session fixtures (built once, on first use; tests that write into a run work on a `copy_run` of it):
 - `tiny_routed`: configs/tiny.yaml routed and sharded through the Python API (tokenizer, routing,

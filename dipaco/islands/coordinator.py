@@ -198,6 +198,7 @@ class Coordinator:
         self.seen: dict[str, Seen] = {}
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.round_started = clock()
+        self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed
         self._board_written = on_disk.to_json() if on_disk else None
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
             manifest = read_manifest(store, self.committed)
@@ -354,8 +355,9 @@ class Coordinator:
         pending = [t for t in self.tasks.values() if t.status == "received" and t.key not in self.used]
         plan = self.policy.plan()
         self.lease.check()
+        self.last_norms = {}  # module -> (outer gradient norm, update norm), for the metrics (dipaco.islands.metrics)
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
-                               sizes=self.sizes)
+                               sizes=self.sizes, norms=self.last_norms)
         write_manifest(self.store, manifest)
         finished = self.policy.finishes(plan)
         self.committed = round

@@ -86,11 +86,11 @@ def _env(threads: int) -> dict[str, str]:
             PARENT_ENV: str(os.getpid())}
 
 
-def _start(task: Task, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
+def _start(task: Task, env: dict[str, str], *, cwd: str | None = None) -> tuple[subprocess.Popen, object]:
     task.log.parent.mkdir(parents=True, exist_ok=True)
     out = open(task.log, "a")  # noqa: SIM115 - closed when the process ends
     proc = subprocess.Popen([sys.executable, "-m", "dipaco", *task.args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # its own process group: stopped with everything it started
+                            cwd=cwd, start_new_session=True)  # its own process group: stopped with everything it started
     return proc, out
 
 
@@ -157,6 +157,24 @@ class WorkerPool:
         stop_processes([proc for _, proc, _ in self.running])
         for _, _, out in self.running:
             out.close()
+
+
+def run_one(task: Task, *, threads: int, env: dict[str, str] | None = None, cwd: str | None = None) -> int:
+    """Run one task to its end (`python -m dipaco <args>`, output appended to its log) and return its exit
+    code (negative: killed by that signal). An interruption of the caller (KeyboardInterrupt: Ctrl-C,
+    SIGTERM through `dipaco.cli`, `ray.cancel`) stops the task's process group first. Extra `env`
+    variables are added to the worker's environment; `cwd` is its directory (default: this one's)."""
+    proc, out = _start(task, {**_env(threads), **(env or {})}, cwd=cwd)
+    try:
+        return proc.wait()
+    finally:
+        stop_processes([proc])  # nothing when it has ended
+        out.close()
+
+
+def failure_message(task: Task, code: int) -> str:
+    """What a failed task's error says: its name, exit code and the end of its log."""
+    return str(_failure(task, code))
 
 
 def run_tasks(tasks: list[Task], *, processes: int, threads: int, desc: str) -> None:

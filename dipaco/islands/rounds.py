@@ -26,6 +26,8 @@ those of the earlier implementation (`tests/test_memory.py`).
 
 from __future__ import annotations
 
+import math
+
 from dipaco.config import OuterConfig
 from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
@@ -37,11 +39,13 @@ from dipaco.store.records import ManifestEntry, RoundManifest, Task
 
 
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
-                config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None) -> RoundManifest:
+                config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None,
+                norms: dict[str, tuple[float, float]] | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
-    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. Streams module by module (module docstring): memory holds a few copies of one module."""
+    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. Streams module by module (module docstring): memory holds a few copies of one module.
+    `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm)."""
     tasks = {task.key: task for task in pending}
     metas = {task.key: read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
              for task in sorted(pending, key=lambda t: (t.path, t.base))}
@@ -74,13 +78,22 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         params = store.read_module(round - 1, name)
         momentum = store.read_outer_state(round - 1, name)
         if outer_grad is not None:
+            before = params
             params, momentum = outer_update(params, momentum, outer_grad, config)
+            if norms is not None:
+                norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
+            del before
         del outer_grad
         store.write_module(round, name, params)
         if momentum:
             store.write_outer_state(round, name, momentum)
         del params, momentum
     return RoundManifest(round=round, applied=tuple(applied), dropped=tuple(dropped))
+
+
+def _norm(tensors) -> float:
+    """The L2 norm of several tensors taken together."""
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
 
 
 __all__ = ["apply_round", "staleness_weight"]

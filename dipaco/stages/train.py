@@ -7,7 +7,9 @@ island processes on this machine, `dipaco.islands.island`, talking only to the s
 service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`outer.mode`), every
 module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
 `dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
-runs the same loop without local islands. A killed run resumes with the same command: finished
+runs the same loop without local islands; `train.launcher=ray` runs this coordinator and its islands as
+Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
+to <run>/tensorboard (`dipaco.islands.metrics`, `train.tensorboard`). A killed run resumes with the same command: finished
 rounds are kept, and so are the results of islands that finished in the interrupted round; the row
 of a round committed just before the kill comes from the commit itself (`state.json`). Only one
 coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -29,8 +32,9 @@ from tqdm import tqdm
 from dipaco import atomic
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.islands import coordinator
+from dipaco.islands import coordinator, launch_ray
 from dipaco.islands.coordinator import Coordinator, finish_run, goodput
+from dipaco.islands.metrics import RunMetrics
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
@@ -50,6 +54,8 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
     The rounds are run by the task-board coordinator (`dipaco.islands.coordinator`); with `local_islands`
     it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`).
     `force` takes over the store's coordinator lease even when another coordinator seems to hold it."""
+    if local_islands and config.train.launcher == "ray" and not launch_ray.in_coordinator_task():
+        return _train_on_ray(config, run, force=force)
     factory = PathFactory(config, run)
     if not factory.store.shared:
         raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
@@ -71,8 +77,16 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
-    processes, threads = plan_parallelism(topology.n_paths, processes=config.train.islands,
-                                          threads=config.train.threads_per_island)
+    on_ray = local_islands and config.train.launcher == "ray"
+    if on_ray:  # the coordinator task of a train.launcher=ray driver: islands are Ray tasks
+        launch_ray.connect(os.environ.get(launch_ray.ADDRESS_ENV, "auto"))
+        processes = launch_ray.island_plan(n_paths=topology.n_paths, islands=config.train.islands,
+                                           cpus=config.train.ray_island_cpus, gpus=config.train.ray_island_gpus,
+                                           coordinator_cpus=config.train.ray_coordinator_cpus)
+        threads = config.train.ray_island_cpus
+    else:
+        processes, threads = plan_parallelism(topology.n_paths, processes=config.train.islands,
+                                              threads=config.train.threads_per_island)
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
@@ -86,8 +100,12 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         return not service.done and not (config.train.stop_after_round and service.committed >= config.train.stop_after_round)
 
     islands = None
+    metrics = RunMetrics(run.tensorboard, enabled=config.train.tensorboard)
     if local_islands and more():
-        islands = WorkerPool(pull_island_tasks(run, processes), threads=threads)
+        tasks = pull_island_tasks(run, processes)
+        islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.train.ray_island_gpus,
+                                         restarts=config.train.ray_island_restarts)
+                   if on_ray else WorkerPool(tasks, threads=threads))
     try:
         policy = service.policy
         bar = tqdm(desc="results applied", unit="result", total=config.train.rounds * topology.n_paths,
@@ -98,6 +116,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             rounds.append(stats)
             _write_summary(run.train_summary, summary)
+            metrics.round(store, stats, norms=service.last_norms,
+                          goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
+                                                  first_beat=service.first_beat))
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
@@ -110,7 +131,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         if service.done:  # so the last round can be a path's best (eval --best)
             finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.train.keep_rounds,
                        device=resolve_device(config.train.device))
+            metrics.final(store, version=store.current_round())
     finally:
+        metrics.close()
         if islands:
             islands.terminate()
     summary.update(
@@ -127,6 +150,28 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
         summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds)
     return _write_summary(run.train_summary, summary)
+
+
+def _train_on_ray(config: Config, run: RunDir, *, force: bool) -> dict:
+    """`train.launcher=ray`: the coordinator (this stage over the run's config.yaml) and its islands run
+    as Ray tasks (`dipaco.islands.launch_ray`); returns train.json as the coordinator wrote it."""
+    check(run, config, ("route", "shard", "train"))  # refused here, before any Ray task starts
+    save_config(config, run.config)
+    root = run.root.resolve()
+    args = ["train", "--config", str(root / "config.yaml"), "--run", str(root), *(["--force"] if force else [])]
+    launch_ray.run_coordinator(args, address=config.train.ray_address, cpus=config.train.ray_coordinator_cpus,
+                               log_file=run.logs.resolve() / "coordinator.log")
+    return json.loads(run.train_summary.read_text())
+
+
+def _goodput_so_far(rounds: list[RoundStats], *, islands: int, first_beat: float | None) -> float | None:
+    """Applied island-seconds of `rounds` / (islands × seconds since the first heartbeat), as train.json's
+    goodput counts at the end (the coordinator's clock: time.monotonic); None before any heartbeat."""
+    if first_beat is None or not islands:
+        return None
+    elapsed = time.monotonic() - first_beat
+    useful = sum(sum(r.island_seconds.values()) for r in rounds)
+    return useful / (islands * elapsed) if elapsed > 0 else None
 
 
 def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, done: int) -> list[RoundStats]:

@@ -1,0 +1,101 @@
+"""Training metrics as TensorBoard event files: what the coordinator writes when it commits a round.
+
+    tensorboard --logdir runs/demo/tensorboard        # while `dipaco train` runs, or after
+
+The round loop (`dipaco.stages.train`) calls `RunMetrics.round` after each committed round and
+`RunMetrics.final` after the run's last version is scored; `train.tensorboard: false` turns it off.
+Everything comes from what the round already wrote (its `RoundStats`, its manifest and the applied
+results' metadata in the store) and the outer step's norms the coordinator kept; the step of every
+scalar is the module version (round) it belongs to. Tags:
+
+| tag | value at step t |
+|---|---|
+| `train/loss/path-P` | path P's training loss (mean of its last inner steps) in the result round t applied |
+| `val/loss/path-P` | path P's validation loss of module version t (the islands score the version they start from) |
+| `outer/grad_norm/<module>`, `outer/update_norm/<module>` | the module's outer gradient ‖g‖ and parameter change ‖θ_t − θ_{t−1}‖ |
+| `bytes/up_pseudo_gradients`, `bytes/up_inner`, `bytes/down_modules`, `bytes/down_inner` | bytes the applied results moved |
+| `round/seconds`, `round/tokens`, `round/applied`, `round/stale`, `round/dropped`, `round/in_flight` | the round's `RoundStats` |
+| `goodput` | applied island-seconds so far / (islands × seconds since the first heartbeat) (docs/islands.md#goodput) |
+
+Event files are written with `torch.utils.tensorboard.SummaryWriter` (the `tensorboard` package) and
+flushed after every round, so TensorBoard shows a running run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from dipaco.eval.early_stopping import read_history
+from dipaco.store.board import read_manifest, read_result_meta
+from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.store.records import RoundStats
+
+log = logging.getLogger(__name__)
+
+BYTES_DOWN = ("bytes_down_modules", "bytes_down_inner", "bytes_up_inner")
+
+
+class RunMetrics:
+    """The TensorBoard writer of one coordinator session (nothing is written when not `enabled`)."""
+
+    def __init__(self, logdir: Path, *, enabled: bool):
+        self.logdir = logdir
+        self.writer = None
+        if not enabled:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            log.warning("train.tensorboard: the tensorboard package is not installed (%s); no event files are "
+                        "written (pip install tensorboard, or set train.tensorboard=false)", err)
+            return
+        self.writer = SummaryWriter(log_dir=str(logdir))
+
+    def round(self, store: ModuleStore, stats: RoundStats, *, norms: dict[str, tuple[float, float]],
+              goodput: float | None = None) -> None:
+        """Round `stats.round`'s scalars (its manifest and results are read from `store`)."""
+        if self.writer is None:
+            return
+        t, add = stats.round, self.writer.add_scalar
+        for path, loss in sorted(stats.train_loss.items()):
+            add(f"train/loss/path-{path}", loss, t)
+        manifest = read_manifest(store, t)
+        moved = dict.fromkeys(BYTES_DOWN, 0)
+        for entry in manifest.applied if manifest else ():
+            if math.isfinite(entry.val_loss_start):
+                add(f"val/loss/path-{entry.path}", entry.val_loss_start, entry.base)
+            try:
+                meta = read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt)
+            except StoreError as err:  # pruned already (a resumed round): its bytes are not known
+                log.debug("no bytes for %s: %s", entry.key, err)
+                continue
+            for key in BYTES_DOWN:
+                moved[key] += getattr(meta, key)
+        for name, (grad, update) in sorted(norms.items()):
+            add(f"outer/grad_norm/{name}", grad, t)
+            add(f"outer/update_norm/{name}", update, t)
+        add("bytes/up_pseudo_gradients", stats.bytes_up, t)
+        add("bytes/up_inner", moved["bytes_up_inner"], t)
+        add("bytes/down_modules", moved["bytes_down_modules"], t)
+        add("bytes/down_inner", moved["bytes_down_inner"], t)
+        for key in ("seconds", "tokens", "applied", "stale", "dropped", "in_flight"):
+            add(f"round/{key}", getattr(stats, key), t)
+        if goodput is not None and math.isfinite(goodput):
+            add("goodput", goodput, t)
+        self.writer.flush()
+
+    def final(self, store: ModuleStore, *, version: int) -> None:
+        """The validation losses of the run's last version (scored after the last round)."""
+        if self.writer is None:
+            return
+        for path, losses in sorted(read_history(store).items()):
+            if version in losses and math.isfinite(losses[version]):
+                self.writer.add_scalar(f"val/loss/path-{path}", losses[version], version)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

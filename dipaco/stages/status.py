@@ -1,0 +1,232 @@
+"""`dipaco status`: the live board of a run, read from its store (nothing is written).
+
+    dipaco status --run runs/demo                  # the run's store (train.store_url or <run>/store)
+    dipaco status --store s3://bucket/dipaco/demo  # only the store, from any machine
+    dipaco status --run runs/demo --watch 5        # redrawn every 5 s until the run finishes (Ctrl-C stops)
+    dipaco status --run runs/demo --json           # the same, as one JSON object
+
+It shows what the store's files already say, read once each: the committed round and whether the run
+is finished (`state.json`), the coordinator holding the lease (`lease.json`), the module versions
+kept, every island's last heartbeat (alive when younger than `train.heartbeat_timeout`, by the
+island's wall clock against this machine's) and the task the board assigned it, the queue of tasks
+(`tasks.json`, or the board of the last commit when that is newer), and from the round manifests
+the results applied, the island-seconds they took (goodput's useful time), the pseudo-gradient bytes
+applied and every path's latest training loss; validation losses come from `best.json`. Goodput is
+train.json's at the end of a run; while it runs, an estimate: applied island-seconds / (islands seen
+× the coordinator's time: train.json's round seconds, or since the lease holder started).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dipaco.config import Config, TrainConfig
+from dipaco.eval.early_stopping import best_rounds, read_history
+from dipaco.islands.coordinator import committed_record
+from dipaco.run_dir import RunDir
+from dipaco.store.board import read_board, read_heartbeats, read_manifest
+from dipaco.store.lease import read_holder
+from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.tables import format_table
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where `dipaco status` reads: the store, and what the run directory adds (its config, train.json)."""
+
+    store: ModuleStore
+    run: RunDir | None = None
+    config: Config | None = None
+
+
+def source(*, run: str | None, store: str | None, config: Config | None) -> Source:
+    """The store of `run` (its config's train.store_url, else <run>/store) or the store URL `store`."""
+    if store:
+        return Source(store=ModuleStore(store), run=RunDir(run) if run else None, config=config)
+    if not run:
+        raise ValueError("dipaco status needs --run DIR or --store URL")
+    run_dir = RunDir(run)
+    if not run_dir.root.is_dir():
+        raise FileNotFoundError(f"--run {run}: no such run directory")
+    return Source(store=ModuleStore((config.train.store_url if config else "") or str(run_dir.store)),
+                  run=run_dir, config=config)
+
+
+def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
+    """Everything `dipaco status` shows, as a JSON-ready dict (`now`: this machine's wall clock)."""
+    now = time.time() if now is None else now
+    store = src.store
+    state = store.state()
+    if state is None:
+        raise StoreError(f"store {store.url} has no committed round yet: `dipaco train` has not started on it")
+    train = src.config.train if src.config else TrainConfig()
+    round = int(state["round"])
+    committed_board, last_stats = committed_record(store)
+    board = read_board(store)
+    if committed_board is not None and (board is None or board.round < committed_board.round):
+        board = committed_board
+    tasks = dict(board.tasks) if board else {}
+    holder = read_holder(store)
+
+    applied: dict[int, list] = {}  # path -> its applied manifest entries, oldest first (with their round)
+    useful = bytes_up = stale = dropped = 0
+    for r in range(1, round + 1):
+        manifest = read_manifest(store, r)
+        if manifest is None:
+            continue
+        for entry in manifest.applied:
+            applied.setdefault(entry.path, []).append((r, entry))
+            useful += entry.seconds
+            bytes_up += entry.bytes
+            stale += entry.staleness > 0
+        dropped += len(manifest.dropped)
+
+    islands = []
+    for name, beat in sorted(read_heartbeats(store).items()):
+        assigned = [t.key for t in tasks.values() if t.status == "assigned" and t.island == name]
+        age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
+        islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
+                        "beat_seconds_ago": age, "alive": beat.status != "done" and age < train.heartbeat_timeout,
+                        "failures": beat.failures, "pinned": list(beat.pinned)})
+
+    history = read_history(store)
+    best = best_rounds(history)
+    n_paths = len(board.paths) if board else max(applied, default=-1) + 1
+    paths = []
+    for path in range(n_paths):
+        entries = applied.get(path, [])
+        last_round, last = entries[-1] if entries else (None, None)
+        val = history.get(path, {})
+        latest = max(val) if val else None
+        paths.append({"path": path, "steps_done": board.paths[path].steps_done if board and path in board.paths else None,
+                      "results_applied": len(entries), "train_loss": last.train_loss if last else None,
+                      "train_loss_round": last_round, "val_loss": val[latest] if latest is not None else None,
+                      "val_loss_version": latest, "best_val_loss": val[best[path]] if path in best else None,
+                      "best_version": best.get(path)})
+
+    summary = _train_summary(src.run)
+    islands_seen = len(islands)
+    if summary.get("goodput"):
+        goodput = {"value": summary["goodput"]["goodput"], "how": "train.json, at the end of the run"}
+    else:
+        elapsed, how = None, ""
+        if summary.get("rounds"):
+            elapsed, how = sum(r.get("seconds", 0.0) for r in summary["rounds"]), "train.json's round seconds"
+        elif holder is not None:
+            elapsed, how = now - holder.started, "since the coordinator started"
+        value = useful / (islands_seen * elapsed) if elapsed and islands_seen else None
+        unknown = "recorded in the run's train.json (pass --run)" if state.get("finished") else "not known yet"
+        goodput = {"value": value, "how": f"estimate: applied island-seconds / ({islands_seen} islands x {how})"
+                   if value is not None else unknown}
+    counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in ("open", "assigned", "received", "lost")}
+    target = train.rounds * n_paths if src.config else None
+    return {
+        "store": store.url,
+        "round": round,
+        "finished": bool(state.get("finished")),
+        "coordinator": None if holder is None else {"host": holder.host, "pid": holder.pid, "token": holder.token,
+                                                     "started_seconds_ago": now - holder.started,
+                                                     "renewed_seconds_ago": now - holder.renewed_at},
+        "module_versions": [v for v in store.versions("modules") if v <= round],  # not one being written
+        "results_applied": sum(len(e) for e in applied.values()),
+        "results_target": target,
+        "stale": int(stale),
+        "dropped": dropped,
+        "useful_island_seconds": useful,
+        "bytes_up": bytes_up,
+        "goodput": goodput,
+        "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
+                                                        "applied": last_stats.applied, "in_flight": last_stats.in_flight},
+        "islands": islands,
+        "queue": counts,
+        "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
+                  for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
+        "paths": paths,
+    }
+
+
+def _train_summary(run: RunDir | None) -> dict[str, Any]:
+    if run is None or not run.train_summary.exists():
+        return {}
+    try:
+        return json.loads(run.train_summary.read_text())
+    except json.JSONDecodeError:
+        return {}  # being replaced (atomically): only the estimate is lost
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """`collect`'s dict as the text `dipaco status` prints."""
+    lines = [f"store {status['store']}: round {status['round']} committed, "
+             + ("finished" if status["finished"] else "running")]
+    coordinator = status["coordinator"]
+    if coordinator:
+        lines.append(f"coordinator: {coordinator['host']} pid {coordinator['pid']} (lease token {coordinator['token']}, "
+                     f"started {coordinator['started_seconds_ago']:.0f}s ago, renewed "
+                     f"{coordinator['renewed_seconds_ago']:.0f}s ago)")
+    elif not status["finished"]:
+        lines.append("coordinator: none holds the store's lease (stopped; the same command resumes the run)")
+    versions = status["module_versions"]
+    lines.append(f"module versions kept: {', '.join(map(str, versions)) or '-'}")
+    target = f" of {status['results_target']}" if status["results_target"] else ""
+    lines.append(f"results applied: {status['results_applied']}{target} ({status['stale']} stale, "
+                 f"{status['dropped']} dropped); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
+                 f"applied island time {status['useful_island_seconds']:.1f}s")
+    goodput = status["goodput"]
+    lines.append(f"goodput: {100 * goodput['value']:.1f}% ({goodput['how']})"
+                 if goodput["value"] is not None else f"goodput: {goodput['how']}")
+    last = status["last_round"]
+    if last:
+        lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
+                     f"{last['in_flight']} tasks in flight when it closed")
+    lines.append(f"\nislands ({len(status['islands'])})")
+    if status["islands"]:
+        lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],
+                                    [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
+                                      "yes" if i["alive"] else "no", i["failures"]] for i in status["islands"]]))
+    queue = status["queue"]
+    lines.append(f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
+                 f"(waiting for their round), {queue['lost']} lost")
+    if status["tasks"]:
+        lines.append(format_table(["task", "status", "island", "attempt", "base version"],
+                                    [[t["task"], t["status"], t["island"] or "-", t["attempt"], t["base"]]
+                                     for t in status["tasks"]]))
+    lines.append("\npaths")
+    lines.append(format_table(
+        ["path", "inner steps", "results applied", "train loss (round)", "val loss (version)", "best val loss (version)"],
+        [[p["path"], _num(p["steps_done"], "d"), p["results_applied"],
+          f"{_num(p['train_loss'])} ({_num(p['train_loss_round'], 'd')})",
+          f"{_num(p['val_loss'])} ({_num(p['val_loss_version'], 'd')})",
+          f"{_num(p['best_val_loss'])} ({_num(p['best_version'], 'd')})"] for p in status["paths"]]))
+    return "\n".join(lines)
+
+
+def status(src: Source, *, watch: float = 0.0, as_json: bool = False, out=print) -> dict[str, Any]:
+    """Print the status once, or with `watch` every `watch` seconds until the run is finished; returns
+    the last status."""
+    clear = "\033[H\033[J" if watch and not as_json else ""
+    while True:
+        current = collect(src)
+        out(json.dumps(current) if as_json else clear + format_status(current))
+        if not watch or current["finished"]:
+            return current
+        time.sleep(watch)
+
+
+def config_of(run: str | None, config_file: str | None) -> Config | None:
+    """The run's config (`--config`, else <run>/config.yaml) when there is one."""
+    from dipaco.config import load_config
+
+    if config_file:
+        return load_config(config_file)
+    if run and (Path(run) / "config.yaml").exists():
+        return load_config(Path(run) / "config.yaml")
+    return None

@@ -1,0 +1,117 @@
+"""Watching a run: `dipaco status` on a finished and on a running run, and the TensorBoard event files
+the coordinator writes every round."""
+
+import json
+
+import pytest
+from cli_helpers import TINY, copy_run, dipaco_in_process
+
+from dipaco.config import load_config, save_config
+from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.island import IslandWorker
+from dipaco.stages.context import PathFactory
+from dipaco.stages.island import island_setup
+from dipaco.stages.train import initialise_store
+
+
+def status_of(capsys, *args) -> tuple[str, dict]:
+    """`dipaco status ARGS` as text and as JSON."""
+    capsys.readouterr()
+    code, log = dipaco_in_process("status", *args)
+    assert code == 0, log
+    text = capsys.readouterr().out
+    code, log = dipaco_in_process("status", *args, "--json")
+    assert code == 0, log
+    return text, json.loads(capsys.readouterr().out)
+
+
+def test_status_of_a_finished_run(tiny_trained, capsys):
+    text, status = status_of(capsys, "--run", tiny_trained.root)
+    assert status["finished"] and "round 3 committed, finished" in text
+    assert status["results_applied"] == status["results_target"] == 12  # train.rounds=3 x 4 paths
+    train = json.loads(tiny_trained.train_summary.read_text())
+    assert status["goodput"]["value"] == pytest.approx(train["goodput"]["goodput"])
+    assert status["bytes_up"] == train["bytes_up"]
+    assert status["queue"] == {"open": 0, "assigned": 0, "received": 0, "lost": 0}
+    assert [p["results_applied"] for p in status["paths"]] == [3, 3, 3, 3]
+    last = {r["round"]: r for r in train["rounds"]}[3]
+    for p in status["paths"]:
+        assert p["train_loss"] == pytest.approx(last["train_loss"][str(p["path"])]) and p["train_loss_round"] == 3
+        assert p["val_loss_version"] == 3 and p["best_val_loss"] <= p["val_loss"]
+    assert {i["status"] for i in status["islands"]} == {"done"} and not any(i["alive"] for i in status["islands"])
+    code, log = dipaco_in_process("status", "--run", tiny_trained.root, "--watch", "0.1")  # finished: one view
+    assert code == 0 and capsys.readouterr().out.count("round 3 committed, finished") == 1
+    code, log = dipaco_in_process("status", "--run", tiny_trained.root, "--watch", "-1")
+    assert code == 1 and "--watch must be >= 0" in log
+    # the store alone says the same about the board (goodput is train.json's)
+    _, alone = status_of(capsys, "--store", tiny_trained.store)
+    assert alone["results_applied"] == 12 and alone["paths"] == status["paths"] and alone["results_target"] is None
+
+
+def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
+    """A coordinator has handed out tasks; one island has reported, the other is running its task."""
+    run = copy_run(tiny_routed, tmp_path / "run", parts=("tokenizer", "routing", "shards"))
+    config = load_config(TINY, ["train.device=cpu"])
+    save_config(config, run.config)
+    initialise_store(PathFactory(config, run))
+    setup = island_setup(config, run)
+    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
+                              inner_steps=config.inner.steps, sizes=PathFactory(config, run).path_sizes)
+    try:
+        fast, busy = IslandWorker(setup, name="fast"), IslandWorker(setup, name="busy")
+        fast.heartbeat()
+        busy.heartbeat()
+        coordinator.tick()  # opens a task per path and hands one to each island
+        assert fast.poll()  # trains its task and reports it
+        coordinator.tick()  # receives it and hands fast the next task; busy's task is still running
+        busy_task, fast_task = busy.next_task().key, fast.next_task().key
+
+        text, status = status_of(capsys, "--run", run.root)
+        assert not status["finished"] and "round 0 committed, running" in text
+        assert status["coordinator"]["pid"] > 0 and "coordinator:" in text
+        assert status["queue"] == {"open": 1, "assigned": 2, "received": 1, "lost": 0}
+        islands = {i["island"]: i for i in status["islands"]}
+        assert islands["busy"]["task"] == busy_task and islands["busy"]["alive"]
+        assert islands["fast"]["task"] == fast_task != busy_task and islands["fast"]["alive"]
+        assert busy_task in text and "2 running" in text and "1 received" in text
+        assert status["results_applied"] == 0 and status["results_target"] == 8
+    finally:
+        coordinator.lease.release()
+
+
+def test_tensorboard_event_files_hold_every_round(tiny_trained):
+    """`dipaco train` wrote per-path losses, outer step norms, bytes, goodput and round times."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tiny_trained.tensorboard))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    modules = PathFactory(load_config(tiny_trained.config), tiny_trained).topology.modules
+    expected = ({f"train/loss/path-{p}" for p in range(4)} | {f"val/loss/path-{p}" for p in range(4)}
+                | {f"outer/{kind}/{m}" for kind in ("grad_norm", "update_norm") for m in modules}
+                | {"bytes/up_pseudo_gradients", "bytes/down_modules", "bytes/down_inner", "bytes/up_inner",
+                   "goodput", "round/seconds", "round/applied"})
+    assert expected <= tags, expected - tags
+    train = json.loads(tiny_trained.train_summary.read_text())
+    rows = {r["round"]: r for r in train["rounds"]}
+    assert [e.step for e in events.Scalars("train/loss/path-1")] == [1, 2, 3]
+    for event in events.Scalars("train/loss/path-1"):
+        assert event.value == pytest.approx(rows[event.step]["train_loss"]["1"])
+    assert [e.step for e in events.Scalars("val/loss/path-0")] == [0, 1, 2, 3]  # version 3 scored at the end
+    assert [e.value for e in events.Scalars("bytes/up_pseudo_gradients")] == [rows[t]["bytes_up"] for t in (1, 2, 3)]
+    assert all(e.value > 0 for e in events.Scalars("outer/update_norm/embeddings"))
+    assert all(0 < e.value <= 1 for e in events.Scalars("goodput"))
+
+
+def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):
+    """train.tensorboard: false: the round hook writes nothing (and on, the same call writes the round)."""
+    from dipaco.islands.coordinator import committed_record
+    from dipaco.islands.metrics import RunMetrics
+
+    store = PathFactory(load_config(tiny_trained.config), tiny_trained).store
+    stats = committed_record(store)[1]
+    for enabled in (False, True):
+        metrics = RunMetrics(tmp_path / f"tb-{enabled}", enabled=enabled)
+        metrics.round(store, stats, norms={"embeddings": (1.0, 0.5)}, goodput=0.5)
+        metrics.close()
+        assert (tmp_path / f"tb-{enabled}").exists() == enabled
