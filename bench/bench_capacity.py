@@ -1,6 +1,6 @@
 """The capacity-bound regime (issue 10, item 5): DiPaCo ÷ dense-equal-compute against training tokens per parameter.
 
-    python bench/bench_capacity.py                                  # the sweep (~60-70 min on 2 idle cores)
+    python bench/bench_capacity.py                                  # the sweep (~45 min on 2 cores of its own)
     python bench/bench_capacity.py --points 2x100,4x125 --jobs 1    # some points: ROUNDSxH
     python bench/bench_capacity.py --collect-only                   # rewrite the results from finished runs
 
@@ -52,7 +52,7 @@ log = logging.getLogger("bench_capacity")
 CAPACITY_SET = ["sharding.vocab_size=1024", "sharding.seq_len=128", "model.hidden_size=32", "model.n_layers=2",
                 "model.n_heads=2", "train.precision=fp32", "eval.precision=fp32"]
 CAPACITY_DIPACO = ["topology.blocks_per_level=[1,1]", "topology.private_embeddings=true"]
-DEFAULT_POINTS = "2x100,4x125,5x160,8x200"
+DEFAULT_POINTS = "2x100,4x125,5x160,8x200,16x250"
 MODES = ["prefix", "oracle"]
 
 
@@ -104,6 +104,12 @@ def plan(config: Config, points: list[tuple[int, int]], *, warm_fraction: float)
         grid = n_paths * rounds * inner_steps
         out.append(Point(rounds, inner_steps, round(grid * warm_fraction / (1 - warm_fraction)), n_paths))
     return sorted(out, key=lambda p: -p.total_steps)
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the repository when it lies inside it (results files name no local folders)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def embedding_parameters(config: Config) -> int:
@@ -191,7 +197,7 @@ def main() -> None:
         summaries = [s for s in pool.map(run, points) if s is not None]
     summaries.sort(key=lambda s: s["total_steps"])
     results = {"points": summaries, "set": set_, "dipaco": dipaco, "warm_fraction": args.warm_fraction,
-               "config": str(config_file), "threads": args.threads, "jobs": args.jobs,
+               "config": display_path(config_file), "threads": args.threads, "jobs": args.jobs,
                "embedding_params": embedding_parameters(config), "seconds": time.perf_counter() - started}
     path = write_results(args.name, results, markdown(results))
     plot(results, RESULTS / f"{args.name}.png")

@@ -131,6 +131,8 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
         runs["DiLoCo, DiPaCo's outer step"] = pipeline(
             "diloco-dipaco-outer", diloco_file, diloco_overrides(config, outer=True), baselines=False,
             modes=["prefix"])
+    if collect_only:  # a DiLoCo run that never finished has no row (the point is still reported)
+        runs = {label: run for label, run in runs.items() if (run / "eval.json").exists()}
     results = collect(config, own, dipaco_run, runs)
     results.update(dipaco_overrides=dipaco_overrides,
                    config=str(config_file.resolve().relative_to(ROOT)) if config_file.resolve().is_relative_to(ROOT)

@@ -62,3 +62,33 @@ def test_a_point_reports_tokens_per_parameter_epochs_and_ratios():
     no_diloco = summarise(point, {"rows": [r for r in rows if r["kind"] != "diloco"], "scored_tokens": 5},
                           embedding=30_000, corpus_tokens=0)
     assert no_diloco["vs_diloco"] is None and no_diloco["diloco"] is None and no_diloco["epochs"] is None
+
+
+def _model(name: str, perplexity: float, *, paths: int, total: int, steps: int) -> dict:
+    return {"model": name, "perplexity": perplexity, "paths": paths, "params_per_path": 100, "params_total": total,
+            "steps_per_path": steps, "tokens_seen": steps * paths * 1024, "pretrain_steps": 0}
+
+
+def test_collecting_a_point_whose_diloco_never_ran_keeps_the_point(tmp_path):
+    import json
+
+    from bench.bench_quality import compare
+    from bench.quality_runs import Runner
+
+    point = Point(rounds=2, inner_steps=100, pretrain_steps=267, n_paths=4)
+    run = tmp_path / point.name / "dipaco"
+    run.mkdir(parents=True)
+    eval_json = {"scored_tokens": 40, "test_documents": 3, "per_path": [],
+                 "models": [_model("DiPaCo 2x2 routed", 90.0, paths=4, total=300, steps=200),
+                            _model("dense-equal-steps", 150.0, paths=1, total=100, steps=467),
+                            _model("dense-equal-compute", 100.0, paths=1, total=100, steps=1067)],
+                 "modes": {"rows": [{"mode": "prefix", "checkpoints": "last", "perplexity": 90.0},
+                                    {"mode": "oracle", "checkpoints": "last", "perplexity": 85.0}]}}
+    (run / "eval.json").write_text(json.dumps(eval_json))
+    overrides = [*CAPACITY_SET, *CAPACITY_DIPACO, *point.overrides()]
+    result = compare(Runner(tmp_path / point.name, keep=True), DEMO, overrides, diloco_dipaco_outer=False,
+                     modes=["prefix", "oracle"], collect_only=True)
+    kinds = [r["kind"] for r in result["rows"]]
+    assert kinds == ["dipaco-prefix", "dipaco-oracle", "dense-equal-steps", "dense-equal-compute"]
+    out = summarise(point, result, embedding=50, corpus_tokens=0)
+    assert out["ratio"] == pytest.approx(0.9) and out["diloco"] is None and out["oracle"] == 85.0
