@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality bench-capacity clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-capacity | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -97,6 +97,9 @@ corpus-manpages:  ## build the second, less separable corpus (data/manpages.json
 
 bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (ARGS='--budget 4', '--set corpus.path=data/manpages.jsonl.zst --name quality-manpages')
 	$(OFFLINE) $(PYTHON) bench/bench_quality.py $(ARGS)
+
+bench-capacity:  ## the capacity-bound regime: DiPaCo / dense equal compute against tokens per parameter (~60-70 min on 2 cores)
+	$(OFFLINE) $(PYTHON) bench/bench_capacity.py $(ARGS)
 
 clean:
 	rm -rf runs/ .pytest_cache .ruff_cache

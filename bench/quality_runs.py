@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dipaco.config import Config, load_config  # noqa: E402
+from dipaco.outputs import mark_run_dir  # noqa: E402
 
 log = logging.getLogger("quality_runs")
 
@@ -90,7 +91,7 @@ class Runner:
         overrides = [*overrides, f"eval.baselines={str(baselines).lower()}", f"eval.modes=[{','.join(modes)}]"]
         config = load_config(config_file, overrides)
         run = self.root / name
-        run.mkdir(parents=True, exist_ok=True)
+        mark_run_dir(run)  # a dipaco run folder before bench.log lands in it (dipaco refuses unmarked non-empty ones)
         self._adopt(run, "tokenizer", tokenizer_key(config), ["tokenizer"])
         if config.pretrain.steps:
             self._adopt(run, "pretrain", pretrain_key(config), ["pretrain"])
