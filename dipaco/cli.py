@@ -271,9 +271,15 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
         log.info("shard: %s exists, skipping (run `dipaco shard` to redo it)", run.shards)
     else:
         cmd_shard(config, run, args)
-    cmd_train(config, run, args)
-    if config.eval.baselines:
-        cmd_baselines(config, run, args)
+    if config.eval.baselines and config.eval.baselines_with_train:
+        from dipaco.stages.baselines import train_baselines
+
+        # the longest baseline trains alongside the islands, the others after them (dipaco.stages.baselines)
+        train_baselines(config, run, alongside=lambda: cmd_train(config, run, args))
+    else:
+        cmd_train(config, run, args)
+        if config.eval.baselines:
+            cmd_baselines(config, run, args)
     cmd_eval(config, run, args)
     cmd_report(config, run, args)
     print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")
