@@ -161,3 +161,57 @@ def test_the_diloco_config_has_diloco_s_outer_step():
     assert config.topology.levels == [1] and config.topology.replicas == 4
     outer = config.outer
     assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths) == (0.7, 0.9, True, False)
+
+
+def _schedule(monkeypatch, tmp_path, *, fail: bool):
+    """`train_baselines` with an `alongside` stage, its processes replaced by recorders."""
+    from pathlib import Path
+
+    from dipaco.run_dir import RunDir
+    from dipaco.stages import baselines as stage
+
+    events: list[tuple] = []
+
+    class Pool:
+        def __init__(self, tasks, *, threads):
+            events.append(("start alongside", [t.name for t in tasks], threads))
+
+        def wait(self):
+            events.append(("wait",))
+
+        def terminate(self):
+            events.append(("terminate",))
+
+    def alongside():
+        events.append(("islands",))
+        if fail:
+            raise KeyboardInterrupt("stopped")
+
+    monkeypatch.setattr(stage, "check", lambda *a, **k: None)
+    monkeypatch.setattr(stage, "available_cores", lambda: 2)
+    monkeypatch.setattr(stage, "plan_parallelism", lambda n, processes=0, threads=0: (processes or min(n, 2), threads or 1))
+    monkeypatch.setattr(stage, "WorkerPool", Pool)
+    monkeypatch.setattr(stage, "run_tasks", lambda tasks, *, processes, threads, desc:
+                        events.append(("after", [t.name for t in tasks], processes)))
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml", ["train.islands=2"])
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir(parents=True)
+    if fail:
+        with pytest.raises(KeyboardInterrupt):
+            stage.train_baselines(config, run, alongside=alongside)
+    else:
+        stage.train_baselines(config, run, alongside=alongside)
+    return events
+
+
+def test_the_longest_baseline_trains_alongside_the_islands_and_the_others_after(monkeypatch, tmp_path):
+    """`dipaco run` (eval.baselines_with_train): dense-equal-compute, the longest job, starts with the islands
+    (one thread: 2 cores, 2 islands + it); dense-equal-steps starts when they are done, on the core they free."""
+    assert _schedule(monkeypatch, tmp_path, fail=False) == [
+        ("start alongside", ["baseline dense-equal-compute"], 1), ("islands",),
+        ("after", ["baseline dense-equal-steps"], 1), ("wait",)]
+
+
+def test_a_failed_train_stage_stops_the_baseline_it_ran_with(monkeypatch, tmp_path):
+    assert _schedule(monkeypatch, tmp_path, fail=True) == [
+        ("start alongside", ["baseline dense-equal-compute"], 1), ("islands",), ("terminate",)]

@@ -154,7 +154,7 @@ class WorkerPool:
 
     def wait(self) -> None:
         """Wait for every worker to exit (however long it takes); raise naming the first that failed."""
-        for task, proc, out in self.running:
+        for _task, proc, out in self.running:
             proc.wait()
             out.close()
         for task, proc, _ in self.running:
