@@ -203,10 +203,11 @@ def cmd_island(config: Config, run: RunDir, args) -> None:
            return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
 
 
-def cmd_baselines(config: Config, run: RunDir, args) -> None:
+def cmd_baselines(config: Config, run: RunDir, args, *, alongside=None) -> None:
+    """`alongside` (`dipaco run`): a stage to run while the longest baseline trains (`dipaco.stages.baselines`)."""
     from dipaco.stages.baselines import train_baselines
 
-    train_baselines(config, run)
+    train_baselines(config, run, alongside=alongside)
 
 
 def cmd_baseline(config: Config, run: RunDir, args) -> None:
@@ -272,10 +273,8 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
     else:
         cmd_shard(config, run, args)
     if config.eval.baselines and config.eval.baselines_with_train:
-        from dipaco.stages.baselines import train_baselines
-
         # the longest baseline trains alongside the islands, the others after them (dipaco.stages.baselines)
-        train_baselines(config, run, alongside=lambda: cmd_train(config, run, args))
+        cmd_baselines(config, run, args, alongside=lambda: cmd_train(config, run, args))
     else:
         cmd_train(config, run, args)
         if config.eval.baselines:

@@ -86,7 +86,7 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
         if tasks:
             islands, _ = plan_parallelism(n_paths, processes=config.train.islands)  # the train stage's rule
             threads = max(1, available_cores() // (islands + 1))
-            log.info("training %s alongside the islands (%d threads)", tasks[0].name, threads)
+            log.info("training %s alongside the islands (torch threads: %d)", tasks[0].name, threads)
             first, tasks = WorkerPool(tasks[:1], threads=threads), tasks[1:]
         try:
             alongside()
