@@ -243,10 +243,11 @@ def cmd_island(config: Config, run: RunDir, args) -> None:
            return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
 
 
-def cmd_baselines(config: Config, run: RunDir, args) -> None:
+def cmd_baselines(config: Config, run: RunDir, args, *, alongside=None) -> None:
+    """`alongside` (`dipaco run`): a stage to run while the longest baseline trains (`dipaco.stages.baselines`)."""
     from dipaco.stages.baselines import train_baselines
 
-    train_baselines(config, run)
+    train_baselines(config, run, alongside=alongside)
 
 
 def cmd_baseline(config: Config, run: RunDir, args) -> None:
@@ -311,9 +312,13 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
         log.info("shard: %s exists, skipping (run `dipaco shard` to redo it)", run.shards)
     else:
         cmd_shard(config, run, args)
-    cmd_train(config, run, args)
-    if config.eval.baselines:
-        cmd_baselines(config, run, args)
+    if config.eval.baselines and config.eval.baselines_with_train:
+        # the longest baseline trains alongside the islands, the others after them (dipaco.stages.baselines)
+        cmd_baselines(config, run, args, alongside=lambda: cmd_train(config, run, args))
+    else:
+        cmd_train(config, run, args)
+        if config.eval.baselines:
+            cmd_baselines(config, run, args)
     cmd_eval(config, run, args)
     cmd_report(config, run, args)
     print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")

@@ -34,6 +34,7 @@ WEIGHTINGS = ("shard", "tokens", "uniform")  # outer.weighting (dipaco.optim.wei
 NORMALIZATIONS = ("module", "all")  # outer.normalize
 LAUNCHERS = ("local", "ray")  # train.launcher
 
+BASELINE_INITS = ("warm-start", "scratch")  # eval.baselines_init (dipaco.eval.baselines)
 EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
 
 
@@ -279,6 +280,8 @@ class EvalConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
+    baselines_init: str = "warm-start"  # warm-start (path-sized baselines continue from the dense warm start, as in the papers) | scratch
+    baselines_with_train: bool = True  # `dipaco run` trains the baselines alongside the islands (they share the cores)
     modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: int = 0  # width of the "dense-large" baseline (~8x a path's parameters); 0 = no such baseline
@@ -292,6 +295,8 @@ class EvalConfig:
             raise ValueError(f"eval.large_hidden_size and eval.large_n_layers must be >= 0, "
                              f"got {self.large_hidden_size}, {self.large_n_layers}")
         check_device_precision("eval", self.device, self.precision)
+        if self.baselines_init not in BASELINE_INITS:
+            raise ValueError(f"eval.baselines_init must be one of {BASELINE_INITS}, got {self.baselines_init!r}")
         for mode in self.modes:
             try:
                 parse_mode(mode)

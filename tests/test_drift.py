@@ -4,6 +4,7 @@ inputs, config.yaml never claims what was not run, and `dipaco run --restart-fro
 import json
 import logging
 import shutil
+from functools import partial
 
 import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
@@ -121,8 +122,13 @@ def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_pa
 
     run = copy_run(tiny_routed, tmp_path / "run")
     done = []
+    def stage_done(config, run, args, *, alongside=None, stage):
+        if alongside is not None:  # the baselines run the train stage alongside (eval.baselines_with_train)
+            alongside()
+        done.append(stage)
+
     for stage in ("train", "baselines", "eval", "report"):  # the stages after shard are tested elsewhere
-        monkeypatch.setitem(cli.__dict__, f"cmd_{stage}", lambda config, run, args, stage=stage: done.append(stage))
+        monkeypatch.setitem(cli.__dict__, f"cmd_{stage}", partial(stage_done, stage=stage))
     code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, "sharding.val_fraction=0.2",
                                   "--restart-from", "shard")
     assert code == 0, log

@@ -86,6 +86,25 @@ def test_dense_training_is_the_inner_recipe_over_its_own_steps_and_loads_back(tm
     assert sorted(p.name for p in (tmp_path / "dense").iterdir()) == ["model.safetensors", "summary.json"]
 
 
+def test_dense_training_continues_from_an_init_file(tmp_path):
+    """`init` (a baseline continuing from the warm start): the model starts from the file's parameters, not
+    from its seed, with a fresh AdamW and the schedule over its own steps — bit for bit a loop started by hand."""
+    from dipaco.model.path_model import save_parameters
+
+    cfg = InnerConfig(batch_size=2, warmup_steps=1)
+    spec = PathSpec(model=ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    cpu = torch.device("cpu")
+    start = build_path_model(spec.model, vocab_size=30, seq_len=12, seed=9)
+    save_parameters(start, tmp_path / "start.safetensors")
+    model, summary = train_dense(spec, _batches(2), steps=2, inner=cfg, seed=4, device=cpu, precision="fp32",
+                                 out=tmp_path / "dense", init=tmp_path / "start.safetensors")
+    train_steps(start, make_optimizer(start, cfg), _batches(2), start_step=0, steps=2, total_steps=2, config=cfg,
+                device=cpu, precision="fp32")
+    for name, param in path_parameters(model).items():
+        torch.testing.assert_close(param, path_parameters(start)[name], rtol=0, atol=0)
+    assert summary["steps"] == 2 and summary["cpu_seconds"] > 0
+
+
 def test_train_steps_matches_a_plain_loop_bit_for_bit():
     """Losses kept on the device and checked every CHECK_EVERY steps change nothing: the same losses and
     parameters as a loop that syncs `loss.item()` each step (the loop train_steps ran before)."""

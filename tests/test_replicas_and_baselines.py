@@ -93,8 +93,12 @@ def test_dense_large_is_about_eight_times_a_path():
 
 
 def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
-    """With `pretrain.steps` P the paths start from a dense model trained P steps: every baseline trains P
-    steps more than the grid's share, and the eval table gives each model's warm start, steps and tokens in all."""
+    """With `pretrain.steps` P the paths start from a dense model trained P steps, and every budget counts
+    them: by default (`eval.baselines_init: warm-start`) a baseline continues from that very model for the
+    rest of its budget; with `scratch` it trains P steps more than the grid's share from a fresh model.
+    The eval table gives each model's warm start, steps and tokens in all."""
+    import json
+    import shutil
     from pathlib import Path
 
     from dipaco.run_dir import RunDir
@@ -106,8 +110,10 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     from dipaco.stages.train import train
 
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
-    config = load_config(tiny, ["pretrain.steps=3", "train.rounds=1", "inner.steps=2", "eval.modes=[]",
-                                "train.device=cpu", "eval.device=cpu"])
+    overrides = ["pretrain.steps=3", "train.rounds=1", "inner.steps=2", "eval.modes=[]", "train.device=cpu",
+                 "eval.device=cpu"]
+    config = load_config(tiny, overrides)
+    assert config.eval.baselines_init == "warm-start"
     run = RunDir(tmp_path / "run")
     for stage in (pretrain, route, shard):
         stage(config, run)
@@ -115,17 +121,36 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
 
     budgets = baseline_budgets(config, 4)
     assert budgets == {"dense-equal-steps": 3 + 2, "dense-equal-compute": 3 + 4 * 2}
-    for name in budgets:
-        train_baseline(config, run, name=name)
+    warm = {name: train_baseline(config, run, name=name) for name in budgets}
+    assert {name: (s["init"], s["steps"]) for name, s in warm.items()} == {
+        "dense-equal-steps": ("warm-start", 2), "dense-equal-compute": ("warm-start", 8)}
     block = config.inner.batch_size * config.sharding.seq_len
     models = {m["model"]: m for m in evaluate(config, run, modes=[])["models"]}
     ours, steps, compute = models["DiPaCo 2x2 routed"], models["dense-equal-steps"], models["dense-equal-compute"]
     assert (ours["pretrain_steps"], ours["steps_per_path"], ours["steps_total"]) == (3, 2, 5)
     assert ours["train_tokens_total"] == 3 * block + 4 * 2 * block  # the warm start, then 4 paths x 2 steps
-    assert (steps["pretrain_steps"], steps["steps_total"], steps["train_tokens_total"]) == (0, 5, 5 * block)
-    assert compute["steps_total"] == 11 and compute["train_tokens_total"] == ours["train_tokens_total"]
+    assert (steps["pretrain_steps"], steps["steps_per_path"], steps["steps_total"]) == (3, 2, 5)
+    assert steps["train_tokens_total"] == 5 * block
+    assert (compute["pretrain_steps"], compute["steps_total"]) == (3, 11)
+    assert compute["train_tokens_total"] == ours["train_tokens_total"]
     table = format_results(evaluate(config, run, modes=[]))
     assert "warm start" in table and "train tokens (all)" in table
+
+    pretrained = json.loads((run.pretrain / "summary.json").read_text())
+    assert warm["dense-equal-steps"]["pretrain_tokens"] == pretrained["tokens"] == 3 * block
+
+    # from scratch: the whole budget in one schedule from a fresh model
+    shutil.rmtree(run.baselines)
+    scratch = load_config(tiny, [*overrides, "eval.baselines_init=scratch"])
+    cold = train_baseline(scratch, run, name="dense-equal-steps")
+    assert (cold["init"], cold["pretrain_steps"], cold["steps"]) == ("scratch", 0, 5)
+    row = {m["model"]: m for m in evaluate(scratch, run, modes=[])["models"]}["dense-equal-steps"]
+    assert (row["pretrain_steps"], row["steps_per_path"], row["steps_total"], row["train_tokens_total"]) == (0, 5, 5, 5 * block)
+
+    # a warm start that is gone: a clear error, not a silent baseline from scratch
+    (run.pretrain / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="baselines_init"):
+        train_baseline(config, run, name="dense-equal-steps")
 
 
 def test_the_diloco_config_has_diloco_s_outer_step():
@@ -136,3 +161,57 @@ def test_the_diloco_config_has_diloco_s_outer_step():
     assert config.topology.levels == [1] and config.topology.replicas == 4
     outer = config.outer
     assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths) == (0.7, 0.9, True, False)
+
+
+def _schedule(monkeypatch, tmp_path, *, fail: bool):
+    """`train_baselines` with an `alongside` stage, its processes replaced by recorders."""
+    from pathlib import Path
+
+    from dipaco.run_dir import RunDir
+    from dipaco.stages import baselines as stage
+
+    events: list[tuple] = []
+
+    class Pool:
+        def __init__(self, tasks, *, threads):
+            events.append(("start alongside", [t.name for t in tasks], threads))
+
+        def wait(self):
+            events.append(("wait",))
+
+        def terminate(self):
+            events.append(("terminate",))
+
+    def alongside():
+        events.append(("islands",))
+        if fail:
+            raise KeyboardInterrupt("stopped")
+
+    monkeypatch.setattr(stage, "check", lambda *a, **k: None)
+    monkeypatch.setattr(stage, "available_cores", lambda: 2)
+    monkeypatch.setattr(stage, "plan_parallelism", lambda n, processes=0, threads=0: (processes or min(n, 2), threads or 1))
+    monkeypatch.setattr(stage, "WorkerPool", Pool)
+    monkeypatch.setattr(stage, "run_tasks", lambda tasks, *, processes, threads, desc:
+                        events.append(("after", [t.name for t in tasks], processes)))
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml", ["train.islands=2"])
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir(parents=True)
+    if fail:
+        with pytest.raises(KeyboardInterrupt):
+            stage.train_baselines(config, run, alongside=alongside)
+    else:
+        stage.train_baselines(config, run, alongside=alongside)
+    return events
+
+
+def test_the_longest_baseline_trains_alongside_the_islands_and_the_others_after(monkeypatch, tmp_path):
+    """`dipaco run` (eval.baselines_with_train): dense-equal-compute, the longest job, starts with the islands
+    (one thread: 2 cores, 2 islands + it); dense-equal-steps starts when they are done, on the core they free."""
+    assert _schedule(monkeypatch, tmp_path, fail=False) == [
+        ("start alongside", ["baseline dense-equal-compute"], 1), ("islands",),
+        ("after", ["baseline dense-equal-steps"], 1), ("wait",)]
+
+
+def test_a_failed_train_stage_stops_the_baseline_it_ran_with(monkeypatch, tmp_path):
+    assert _schedule(monkeypatch, tmp_path, fail=True) == [
+        ("start alongside", ["baseline dense-equal-compute"], 1), ("islands",), ("terminate",)]

@@ -11,8 +11,12 @@
   1.3B against 150M paths: about 8x a path's parameters) for as many steps as each path.
 
 The warm start counts: with `pretrain.steps` = P, DiPaCo's paths start from a dense model trained for P
-steps, so every baseline trains from scratch for P more steps than the grid's share above, in one
-schedule (docs/evaluation.md, "Warm start"): a path's P + rounds x H, all paths' P + paths x rounds x H.
+steps, so every budget is P + the grid's share above: a path's P + rounds x H, all paths' P + paths x
+rounds x H (docs/evaluation.md, "Warm start"). With `eval.baselines_init: warm-start` (the default, as
+in the DiLoCo / DiPaCo papers, where every model starts from the same pretrained checkpoint) the
+path-sized baselines continue from that very dense model for the rest of their budget (`own_steps`);
+with `scratch`, and always for `dense-large` (another shape), a baseline trains its whole budget from a
+fresh model in one schedule.
 
 `dipaco baselines` trains them (`dipaco.optim.dense.train_dense`); `dipaco eval` loads them
 (`dipaco.optim.dense.load_dense`) and scores the same tokens as the routed model.
@@ -34,6 +38,19 @@ def baseline_steps(*, steps_per_path: int, n_paths: int, large: bool, pretrain_s
     if large:
         budgets[LARGE] = pretrain_steps + steps_per_path
     return budgets
+
+
+def continues_warm_start(name: str, *, init: str, pretrain_steps: int, warm_start: bool) -> bool:
+    """Whether baseline `name` starts from the dense warm start rather than from scratch: `init` (the
+    config's `eval.baselines_init`) is `warm-start`, the paths started from a warm start (`pretrain_steps`
+    > 0 and `warm_start`), and the baseline is path-sized (`dense-large` is not)."""
+    return init == "warm-start" and pretrain_steps > 0 and warm_start and name != LARGE
+
+
+def own_steps(budget: int, *, pretrain_steps: int, warm_started: bool) -> int:
+    """The steps a baseline trains itself: its whole `budget` from scratch, the rest of it after the
+    `pretrain_steps` of the warm start it continues from."""
+    return budget - pretrain_steps if warm_started else budget
 
 
 def baseline_model_config(model: ModelConfig, settings: EvalConfig, name: str) -> ModelConfig:

@@ -152,6 +152,15 @@ class WorkerPool:
                 stop_processes([proc])
             out.close()
 
+    def wait(self) -> None:
+        """Wait for every worker to exit (however long it takes); raise naming the first that failed."""
+        for _task, proc, out in self.running:
+            proc.wait()
+            out.close()
+        for task, proc, _ in self.running:
+            if proc.returncode != 0:
+                raise _failure(task, proc.returncode)
+
     def terminate(self) -> None:
         """Stop every worker and what it started (its process group)."""
         stop_processes([proc for _, proc, _ in self.running])

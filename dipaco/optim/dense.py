@@ -2,10 +2,13 @@
 
     model, summary = train_dense(spec, batches, steps=200, inner=cfg.inner, seed=0, device=device,
                                  precision="fp32", out=run.pretrain)      # out/model.safetensors + summary.json
+    model, summary = train_dense(spec, batches, steps=600, ..., init=run.pretrain / "model.safetensors",
+                                 out=run.baselines / "dense-equal-compute")  # continues a trained model
     model, summary = load_dense(run.baselines / "dense-equal-steps", spec)
 
 `dipaco pretrain` (the dense warm start) and `dipaco baselines` (the dense baselines) both train
-this way: a freshly seeded model, the inner recipe (`dipaco.optim.inner`) with its warmup + cosine
+this way: a freshly seeded model (or, with `init`, the parameters of one written before: a baseline
+continuing from the warm start), the inner recipe (`dipaco.optim.inner`) with its warmup + cosine
 schedule stretched over `steps`, then the parameters and a summary (steps, tokens, seconds,
 parameters, the architecture, the losses) written next to each other.
 """
@@ -39,16 +42,22 @@ SUMMARY = "summary.json"
 
 def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, inner: InnerConfig, seed: int,
                 device: torch.device, precision: str, out: Path, info: dict | None = None,
-                ) -> tuple[LlamaForCausalLM, dict]:
-    """Train a fresh model of shape `spec` (seeded by `seed`) for `steps` AdamW steps on `batches` of
-    token blocks `(B, T)`, the schedule spanning those steps. Writes `out/model.safetensors` and
-    `out/summary.json` (`info` first, then the training record); returns the model (CPU) and the summary."""
+                init: Path | None = None) -> tuple[LlamaForCausalLM, dict]:
+    """Train a fresh model of shape `spec` (seeded by `seed`; its parameters read from the safetensors file
+    `init` when given) for `steps` AdamW steps on `batches` of token blocks `(B, T)`, with a fresh AdamW and
+    the schedule spanning those steps. Writes `out/model.safetensors` and `out/summary.json` (`info` first,
+    then the training record: `seconds` of wall time, `cpu_seconds` of this process); returns the model
+    (CPU) and the summary."""
     if steps < 1:
         raise ValueError(f"dense training needs steps >= 1, got {steps}")
-    model = spec.new_model(seed=seed).to(device)
+    model = spec.new_model(seed=seed)
+    if init is not None:
+        load_parameters(model, Path(init))
+        log.info("dense training continues from %s", init)
+    model = model.to(device)
     optimizer = make_optimizer(model, inner)
     log.info("training a dense model (%d parameters) for %d steps into %s", count_parameters(model), steps, out)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     losses: list[float] = []
     tokens = 0
     chunk = min(PROGRESS_EVERY, steps)  # the same steps, schedule and batches as one call: progress between chunks
@@ -62,11 +71,11 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
             bar.update(len(stats["losses"]))
             bar.set_postfix(loss=f"{np.mean(stats['losses']):.3f}")
     stats = {"losses": losses, "tokens": tokens}
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     model = model.cpu()
     save_parameters(model, Path(out) / PARAMETERS)
     summary = {**(info or {}), "steps": steps, "tokens": stats["tokens"], "seconds": seconds,
-               "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
+               "cpu_seconds": cpu_seconds, "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
                "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
     write_json(Path(out) / SUMMARY, summary)
     return model, summary

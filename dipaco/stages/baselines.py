@@ -5,20 +5,26 @@ grid) trained on all paths' data with the same recipe.
     dipaco baseline --name dense-equal-steps --config ... --run ...  # one
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
-its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`), from scratch; its
-budget includes the `pretrain.steps` of the warm start the grid started from (`dipaco.eval.baselines`).
+its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`). Its budget includes
+the `pretrain.steps` of the warm start the grid started from (`dipaco.eval.baselines`): with
+`eval.baselines_init: warm-start` (the default) a path-sized baseline continues from that dense model
+(`pretrain/model.safetensors`) for the rest of its budget; with `scratch` it trains the whole budget
+from a fresh model. The summary records which (`init`) and the warm start's steps and tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+from collections.abc import Callable
 
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.eval.baselines import baseline_model_config
-from dipaco.islands.processes import Task, plan_parallelism, run_tasks
-from dipaco.optim.dense import is_trained, train_dense
+from dipaco.eval.baselines import baseline_model_config, continues_warm_start, own_steps
+from dipaco.islands.processes import Task, WorkerPool, available_cores, plan_parallelism, run_tasks
+from dipaco.model.topology import Topology
+from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory, baseline_budgets
 from dipaco.stages.fingerprints import check
@@ -33,20 +39,68 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
     if name not in steps:
         raise ValueError(f"unknown baseline {name!r}; baselines are {sorted(steps)}")
     spec = dataclasses.replace(factory.spec, model=baseline_model_config(config.model, config.eval, name))
+    warm = continues_warm_start(name, init=config.eval.baselines_init, pretrain_steps=config.pretrain.steps,
+                                warm_start=config.pretrain.warm_start)
+    start = warm_start_record(config, run) if warm else {"steps": 0, "tokens": 0}
+    info = {"name": name, "init": "warm-start" if warm else "scratch", "pretrain_steps": start["steps"],
+            "pretrain_tokens": start["tokens"], "pretrain_steps_in_budget": config.pretrain.steps}
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
-    _, summary = train_dense(spec, batches, steps=steps[name], inner=config.inner, seed=config.train.seed,
-                             device=resolve_device(config.train.device), precision=config.train.precision,
-                             out=run.baselines / name, info={"name": name, "pretrain_steps_in_budget": config.pretrain.steps})
+    _, summary = train_dense(spec, batches, steps=own_steps(steps[name], pretrain_steps=start["steps"], warm_started=warm),
+                             inner=config.inner, seed=config.train.seed, device=resolve_device(config.train.device),
+                             precision=config.train.precision, out=run.baselines / name, info=info,
+                             init=run.pretrain / PARAMETERS if warm else None)
     return summary
 
 
-def train_baselines(config: Config, run: RunDir) -> None:
-    """Train every baseline not yet trained, each in its own process, in parallel."""
+def warm_start_record(config: Config, run: RunDir) -> dict:
+    """Steps and tokens of the run's dense warm start (`pretrain/summary.json`), which a baseline
+    continues from; an error naming the file when it is missing or trained for other than `pretrain.steps`."""
+    record, parameters = run.pretrain / SUMMARY, run.pretrain / PARAMETERS
+    if not (record.exists() and parameters.exists()):
+        raise ValueError(f"the baselines continue from the dense warm start (eval.baselines_init: warm-start), but "
+                         f"{parameters} or {record} is missing: run `dipaco pretrain --run {run.root}` first, or set "
+                         f"eval.baselines_init=scratch")
+    pretrained = json.loads(record.read_text())
+    if int(pretrained["steps"]) != config.pretrain.steps:
+        raise ValueError(f"{record} records a warm start of {pretrained['steps']} steps, but pretrain.steps is "
+                         f"{config.pretrain.steps}: run `dipaco pretrain` again (or `dipaco run --restart-from pretrain`)")
+    return {"steps": int(pretrained["steps"]), "tokens": int(pretrained["tokens"])}
+
+
+def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], object] | None = None) -> None:
+    """Train every baseline not yet trained, each in its own process, in parallel. With `alongside` (the
+    train stage, `dipaco run`; `eval.baselines_with_train`): the baseline with the largest budget (the
+    longest) trains while `alongside()` runs its island processes, with a share of the cores as if it were
+    one more island, and the others after `alongside()` returns, next to the longest one, so that no core
+    idles while it finishes. When `alongside()` raises, the baseline it ran with is stopped."""
     check(run, config, ("route", "shard"))
     save_config(config, run.config)
-    names = [name for name in baseline_budgets(config, 1) if not is_trained(run.baselines / name)]
-    processes, threads = plan_parallelism(len(names), threads=config.train.threads_per_island)
+    n_paths = Topology.from_config(config.topology, n_layers=config.model.n_layers).n_paths
+    budgets = baseline_budgets(config, n_paths)
+    names = sorted((name for name in budgets if not is_trained(run.baselines / name)), key=lambda n: -budgets[n])
     tasks = [Task(name=f"baseline {name}", args=["baseline", "--name", name, "--config", str(run.config),
                                                  "--run", str(run.root)], log=run.logs / f"baseline-{name}.log")
              for name in names]
-    run_tasks(tasks, processes=processes, threads=threads, desc="baselines")
+    first = None
+    if alongside is not None:
+        if tasks:
+            islands, _ = plan_parallelism(n_paths, processes=config.train.islands)  # the train stage's rule
+            threads = max(1, available_cores() // (islands + 1))
+            log.info("training %s alongside the islands (torch threads: %d)", tasks[0].name, threads)
+            first, tasks = WorkerPool(tasks[:1], threads=threads), tasks[1:]
+        try:
+            alongside()
+        except BaseException:
+            if first is not None:
+                first.terminate()
+            raise
+    try:
+        if tasks:
+            processes, threads = plan_parallelism(len(tasks) + (first is not None), threads=config.train.threads_per_island)
+            run_tasks(tasks, processes=max(1, processes - (first is not None)), threads=threads, desc="baselines")
+        if first is not None:
+            first.wait()
+    except BaseException:
+        if first is not None:
+            first.terminate()
+        raise

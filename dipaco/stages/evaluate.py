@@ -9,7 +9,8 @@ comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
 `eval.json` and are printed as a table. Every model's row says the dense warm-start steps it started
 from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
-included): the baselines' budgets count the warm start (`dipaco.eval.baselines`). Results holding a
+included): the baselines' budgets count the warm start (`dipaco.eval.baselines`), which a path-sized
+baseline continues from by default (its row then has the warm start's steps and tokens too). Results holding a
 NaN or infinite number (a broken module) never replace eval.json: they go to `eval-rejected.json` and
 the command fails naming them.
 """
@@ -26,6 +27,7 @@ import numpy as np
 from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
+from dipaco.eval.baselines import continues_warm_start
 from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import perplexity, score_documents, token_losses
@@ -84,16 +86,24 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
             log.info("baseline %s not trained; run `dipaco baselines` to compare with it", name)
             continue
         model, info = load_dense(folder, factory.spec)
-        if info["steps"] != budget:
-            log.warning("baseline %s in %s trained %d steps, but this config's budget is %d (pretrain.steps %d "
-                        "included): delete the folder and run `dipaco baselines` again", name, folder,
-                        info["steps"], budget, config.pretrain.steps)
+        started = int(info.get("pretrain_steps", 0))  # the warm start it continued from (0: from scratch)
+        if started + info["steps"] != budget:
+            log.warning("baseline %s in %s trained %d steps (+%d of the warm start), but this config's budget is %d "
+                        "(pretrain.steps %d included): delete the folder and run `dipaco baselines` again", name,
+                        folder, info["steps"], started, budget, config.pretrain.steps)
+        init = "warm-start" if continues_warm_start(name, init=config.eval.baselines_init,
+                                                    pretrain_steps=config.pretrain.steps,
+                                                    warm_start=config.pretrain.warm_start) else "scratch"
+        if info.get("init", "scratch") != init:
+            log.warning("baseline %s in %s was trained from %s, this config asks for %s (eval.baselines_init): "
+                        "delete the folder and run `dipaco baselines` again", name, folder,
+                        info.get("init", "scratch"), init)
         b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)
         rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
-                     "params_total": info["parameters"], "pretrain_steps": 0, "steps_per_path": info["steps"],
-                     "steps_total": info["steps"], "tokens_seen": info["tokens"],
-                     "train_tokens_total": info["tokens"], "train_seconds": info["seconds"],
-                     "perplexity": perplexity(b_nll.sum(), b_tokens.sum())})
+                     "params_total": info["parameters"], "pretrain_steps": started, "steps_per_path": info["steps"],
+                     "steps_total": started + info["steps"], "tokens_seen": info["tokens"],
+                     "train_tokens_total": int(info.get("pretrain_tokens", 0)) + info["tokens"],
+                     "train_seconds": info["seconds"], "perplexity": perplexity(b_nll.sum(), b_tokens.sum())})
     results = {
         "round": round,
         "test_documents": len(docs),
