@@ -242,7 +242,9 @@ def child_train(run_dir: str) -> dict:
 
 
 def run_child(*args: str, code: str | None = None, timeout: int = 1800) -> dict:
-    env = {**ENV, **({"BENCH_DIPACO_CODE": code} if code else {})}
+    # the islands (`python -m dipaco island`, started by the child) import the same code as the coordinator
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([code or str(ROOT), ENV.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           **({"BENCH_DIPACO_CODE": code} if code else {})}
     out = subprocess.run([sys.executable, __file__, "--child", *args], env=env, capture_output=True, text=True,
                          timeout=timeout)
     if out.returncode != 0:

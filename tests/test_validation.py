@@ -182,3 +182,22 @@ def test_store_names_cannot_leave_the_store(tmp_path):
         with pytest.raises(StoreError, match="does not stay inside the store"):
             store.read_bytes(name)
     shutil.rmtree(tmp_path / "store", ignore_errors=True)
+
+
+def test_each_result_is_found_by_one_listing_and_its_json_read_once(trained, tiny_routed, tmp_path, monkeypatch):
+    """The coordinator lists a round's results folder instead of asking whether each result exists, and
+    the JSON the validator read is the one the policy and the outer step use: read once per result."""
+    results, clean = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    reads, checks = [], []
+    read_bytes, exists = case.store.read_bytes, case.store.exists
+    monkeypatch.setattr(case.store, "read_bytes", lambda relative: reads.append(relative) or read_bytes(relative))
+    monkeypatch.setattr(case.store, "exists", lambda relative: checks.append(relative) or exists(relative))
+    assert case.coordinator.tick() is False and case.coordinator.committed == 1
+    metas = [r for r in reads if r.startswith("results/") and r.endswith(".json")]
+    assert len(metas) == len(set(metas)) == len(case.tasks)
+    assert not [c for c in checks if c.startswith("results/")]
+    for name, tensors in clean.items():  # the same outer step
+        assert all(torch.equal(t, case.store.read_module(1, name)[k]) for k, t in tensors.items())
