@@ -90,7 +90,16 @@ from dipaco.store.board import (
 )
 from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import Board, Heartbeat, ManifestEntry, PathState, ResultMeta, RoundStats, Task, task_key
+from dipaco.store.records import (
+    Board,
+    Heartbeat,
+    ManifestEntry,
+    PathState,
+    ResultMeta,
+    RoundStats,
+    Task,
+    task_key,
+)
 from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
 
 log = logging.getLogger(__name__)

@@ -69,7 +69,6 @@ The rules (`outer.mode`):
 
 from __future__ import annotations
 
-
 import math
 import statistics
 from collections import Counter, deque
