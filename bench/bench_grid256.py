@@ -257,6 +257,7 @@ def extract(ref: str, into: Path) -> Path:
     """The dipaco package of commit `ref` in `into` (git archive)."""
     archive = subprocess.run(["git", "archive", ref, "dipaco", "routing", "sharding"], cwd=ROOT, check=True,
                              capture_output=True).stdout
+    into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
