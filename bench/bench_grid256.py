@@ -61,7 +61,8 @@ PHASES = ("heartbeats", "results", "outer", "write", "commit", "board", "other")
 
 
 def grid_config(levels: list[int], *, rounds: int, islands: int) -> list[str]:
-    return [*OVERRIDES, f"topology.levels=[{','.join(map(str, levels))}]", f"model.n_layers={len(levels)}",
+    corpus = ROOT / "dipaco" / "data" / "demo_corpus.jsonl.zst"  # by its file: both codes' runs see the same one
+    return [*OVERRIDES, f"corpus.path={corpus}", f"topology.levels=[{','.join(map(str, levels))}]", f"model.n_layers={len(levels)}",
             f"train.rounds={rounds}", f"train.islands={islands}"]
 
 
