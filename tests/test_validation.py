@@ -201,3 +201,24 @@ def test_each_result_is_found_by_one_listing_and_its_json_read_once(trained, tin
     assert not [c for c in checks if c.startswith("results/")]
     for name, tensors in clean.items():  # the same outer step
         assert all(torch.equal(t, case.store.read_module(1, name)[k]) for k, t in tensors.items())
+
+
+def test_the_board_is_serialised_and_written_only_when_it_changed(tiny_routed, tmp_path, monkeypatch):
+    """An idle tick serialises nothing (at 16x16 that was 256 tasks' JSON every tick); a hand-out is written."""
+    from dipaco.islands import coordinator as coordinator_module
+    from dipaco.store.board import read_board, write_board, write_heartbeat
+    from dipaco.store.records import Board, Heartbeat
+
+    case = fresh(tiny_routed, tmp_path)
+    written, serialised = [], []
+    to_json = Board.to_json
+    monkeypatch.setattr(coordinator_module, "write_board", lambda store, board: written.append(board) or write_board(store, board))
+    monkeypatch.setattr(Board, "to_json", lambda self: serialised.append(self) or to_json(self))
+    case.coordinator.tick()  # nothing happened since the fixture's tick
+    assert written == [] and serialised == []
+    write_heartbeat(case.store, Heartbeat(island="i", incarnation="x", seq=1, status="idle", task=None, pinned=(),
+                                          last_path=None, finished=(), time=0.0, failures=0))
+    case.coordinator.tick()  # the island gets a task
+    assert len(written) == 1 and [t.island for t in read_board(case.store).tasks.values()].count("i") == 1
+    case.coordinator.tick()
+    assert len(written) == 1 and len(serialised) == 1

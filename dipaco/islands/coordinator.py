@@ -4,10 +4,12 @@
     dipaco train       --config configs/tiny.yaml --run runs/tiny      # the same, plus local islands
 
 `Coordinator.tick()` does one pass, and everything it decides it reads back from the store:
-1. reads the islands' heartbeats; an island whose `seq` has not changed for `train.heartbeat_timeout`
-   seconds (coordinator clock), or that came back as a new incarnation, has lost its task;
-2. picks up finished results (one attempt per task is accepted: the current one when it has reported,
-   else an older one that reported late);
+1. reads the islands' heartbeats (one listing; only the files that changed since the last pass are
+   read); an island whose `seq` has not changed for `train.heartbeat_timeout` seconds (coordinator
+   clock), or that came back as a new incarnation, has lost its task;
+2. picks up finished results (one listing per results folder, not a check per task; one attempt per
+   task is accepted: the current one when it has reported, else an older one that reported late);
+   each result's JSON is read once, by the validator, and handed to the policy and the outer step;
 3. opens a task for every path that has none in flight, from the newest module version;
 4. hands a lost task to another island as the next attempt (in async mode a lost task from an old
    version is replaced by one from the newest version);
@@ -211,6 +213,7 @@ class Coordinator:
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.round_started = clock()
         self._board_written = on_disk.to_json() if on_disk else None
+        self._board_snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
             manifest = read_manifest(store, self.committed)
             self._retain(self.committed, manifest.applied if manifest else ())
@@ -424,12 +427,16 @@ class Coordinator:
         return Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
 
     def _write_board(self) -> None:
+        snapshot = (self.committed, dict(self.tasks), dict(self.paths))  # the records are frozen: compared by identity first
+        if snapshot == self._board_snapshot:
+            return  # nothing changed since the last pass: not even serialised (256 tasks' JSON every tick at 16x16)
         board = self._board()
         written = board.to_json()
         if written != self._board_written:
             self.lease.check()
             write_board(self.store, board)
             self._board_written = written
+        self._board_snapshot = snapshot
 
 
 def _open(tasks: dict[str, Task]) -> list[OpenTask]:
