@@ -302,8 +302,8 @@ def markdown(records: list[dict], args) -> str:
         f"Sync rounds of tiny paths (hidden 16, one block per level, {args.rounds} rounds, {args.islands} local island "
         "processes, 2 inner steps of 2 x 32 tokens), the whole bundled corpus (~14k documents; ~50 per path at "
         "16x16: a systems benchmark, not a quality one). Per round: the last round (round 1 includes the islands' "
-        "start-up); coordinator seconds from the round's first tick to its commit, which includes waiting for the "
-        "islands in `other`'s share of idle ticks. `coordinator ms/path` is the round's time spent in the "
+        "start-up); `round s` is the coordinator's time inside its ticks from the round's first tick to its commit (not "
+        "the sleeps between ticks); `other` is the policy, assigning tasks and the lease. `coordinator ms/path` is the round's time spent in the "
         "coordinator's own work (every phase but `other`) per path: flat when a round's cost is linear in the paths.",
         "",
         markdown_table(["grid", "paths", "code", "ticks", "round s", "coordinator ms/path",
