@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from dipaco.store.board import (
+    HeartbeatCache,
+    all_inner_states,
     inner_ref,
     inner_states,
     read_heartbeats,
     read_manifest,
     read_result,
     read_result_meta,
+    reported_results,
     result_exists,
     result_rounds,
     write_heartbeat,
@@ -83,3 +86,57 @@ def test_inner_states_are_listed_by_round(tmp_path):
         write_inner(store, ref, {"w.exp_avg": torch.ones(1)}, {"step": 1})
     assert sorted(inner_states(store, 1)) == [(2, refs[0]), (3, refs[1]), (10, refs[2])]
     assert inner_states(store, 0) == []
+
+
+def test_one_listing_says_which_results_are_in_as_result_exists_does(tmp_path):
+    store = ModuleStore(str(tmp_path))
+    folder = tmp_path / "results" / "round-000002"
+    folder.mkdir(parents=True)
+    for name in ("path-0003.json", "path-0003.a2.json", "path-0010.a1.json", "path-0004.safetensors",
+                 "path-0005.json.tmp-1a2b3c4d", "path-3.json", "path-0006.ax.json", "notes.json"):
+        (folder / name).write_text("{}")
+    reported = reported_results(store, 2)
+    assert reported == {3: {0, 2}, 10: {1}}
+    for path in range(12):
+        for attempt in range(3):
+            assert (attempt in reported.get(path, set())) == result_exists(store, round=2, path=path, attempt=attempt)
+    assert reported_results(store, 7) == {}  # no folder yet
+
+
+def test_a_heartbeat_unchanged_since_the_last_poll_is_not_read_again(tmp_path):
+    store = ModuleStore(str(tmp_path))
+    beat = Heartbeat(island="a", incarnation="x1", seq=1, status="idle", task=None, pinned=(), last_path=None,
+                     finished=(), time=1.0, failures=0)
+    write_heartbeat(store, beat)
+    write_heartbeat(store, replace(beat, island="b"))
+    cache = HeartbeatCache()
+    assert read_heartbeats(store, cache=cache) == {"a": beat, "b": replace(beat, island="b")} and cache.reads == 2
+    assert read_heartbeats(store, cache=cache) == read_heartbeats(store) and cache.reads == 2  # nothing re-read
+    newer = replace(beat, seq=2)  # the same size: the stamp's mtime / inode still change
+    write_heartbeat(store, newer)
+    assert read_heartbeats(store, cache=cache)["a"] == newer and cache.reads == 3
+    (tmp_path / "heartbeats" / "b.json").unlink()
+    assert read_heartbeats(store, cache=cache) == {"a": newer} and set(cache.beats) == {"a.json"}
+
+
+def test_a_memory_store_heartbeat_rewritten_is_read_again():
+    store = ModuleStore("memory://bench-beats")
+    beat = Heartbeat(island="a", incarnation="x1", seq=1, status="idle", task=None, pinned=(), last_path=None,
+                     finished=(), time=1.0, failures=0)
+    write_heartbeat(store, beat)
+    cache = HeartbeatCache()
+    read_heartbeats(store, cache=cache)
+    write_heartbeat(store, replace(beat, seq=2))
+    assert read_heartbeats(store, cache=cache)["a"].seq == 2
+    store.remove("heartbeats")
+
+
+def test_every_paths_inner_states_come_from_one_listing(tmp_path):
+    store = ModuleStore(str(tmp_path))
+    refs = [inner_ref(path=p, round=r, attempt=a) for p, r, a in ((1, 2, 0), (1, 3, 1), (12, 10, 0))]
+    for ref in refs:
+        write_inner(store, ref, {"w.exp_avg": torch.ones(1)}, {"step": 1})
+    (tmp_path / "islands" / "path-0001" / "notes.txt").write_text("x")
+    states = all_inner_states(store)
+    assert {p: sorted(s) for p, s in states.items()} == {p: sorted(inner_states(store, p)) for p in (1, 12)}
+    assert all_inner_states(ModuleStore(str(tmp_path / "empty"))) == {}

@@ -173,3 +173,15 @@ def test_a_dropped_result_leaves_its_path_work_to_do():
     assert policy.outstanding(1) == 0 and 1 not in policy.paths_to_open(busy=set())
     with pytest.raises(ValueError, match="train.rounds"):
         RoundPolicy(grid(), ASYNC, rounds=0)
+
+
+def test_every_paths_outstanding_results_in_one_pass_match_outstanding():
+    policy = RoundPolicy(grid(), ASYNC, rounds=3)
+    for path, base in ((0, 0), (1, 0), (3, 0)):
+        policy.received(result(path, base))
+    for _ in range(3):
+        policy.commit(policy.plan())
+    for path, base in ((0, 1), (0, 2), (2, 0), (3, 2)):  # path 2's result from version 0 is past max_staleness
+        policy.received(result(path, base))
+    assert policy._outstanding_all() == [policy.outstanding(p) for p in range(4)] == [0, 2, 3, 1]
+    assert RoundPolicy(grid(), ASYNC)._outstanding_all() == [None] * 4

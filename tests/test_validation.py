@@ -182,3 +182,44 @@ def test_store_names_cannot_leave_the_store(tmp_path):
         with pytest.raises(StoreError, match="does not stay inside the store"):
             store.read_bytes(name)
     shutil.rmtree(tmp_path / "store", ignore_errors=True)
+
+
+def test_each_result_is_found_by_one_listing_and_its_json_read_once(trained, tiny_routed, tmp_path, monkeypatch):
+    """The coordinator lists a round's results folder instead of asking whether each result exists, and
+    the JSON the validator read is the one the policy and the outer step use: read once per result."""
+    results, clean = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    reads, checks = [], []
+    read_bytes, exists = case.store.read_bytes, case.store.exists
+    monkeypatch.setattr(case.store, "read_bytes", lambda relative: reads.append(relative) or read_bytes(relative))
+    monkeypatch.setattr(case.store, "exists", lambda relative: checks.append(relative) or exists(relative))
+    assert case.coordinator.tick() is False and case.coordinator.committed == 1
+    metas = [r for r in reads if r.startswith("results/") and r.endswith(".json")]
+    assert len(metas) == len(set(metas)) == len(case.tasks)
+    assert not [c for c in checks if c.startswith("results/")]
+    for name, tensors in clean.items():  # the same outer step
+        assert all(torch.equal(t, case.store.read_module(1, name)[k]) for k, t in tensors.items())
+
+
+def test_the_board_is_serialised_and_written_only_when_it_changed(tiny_routed, tmp_path, monkeypatch):
+    """An idle tick serialises nothing (at 16x16 that was 256 tasks' JSON every tick); a hand-out is written."""
+    from dipaco.islands import coordinator as coordinator_module
+    from dipaco.store.board import read_board, write_board, write_heartbeat
+    from dipaco.store.records import Board, Heartbeat
+
+    case = fresh(tiny_routed, tmp_path)
+    written, serialised = [], []
+    to_json = Board.to_json
+    monkeypatch.setattr(coordinator_module, "write_board", lambda store, board: written.append(board) or write_board(store, board))
+    monkeypatch.setattr(Board, "to_json", lambda self: serialised.append(self) or to_json(self))
+    case.coordinator.tick()  # nothing happened since the fixture's tick
+    assert written == [] and serialised == []
+    write_heartbeat(case.store, Heartbeat(island="i", incarnation="x", seq=1, status="idle", task=None, pinned=(),
+                                          last_path=None, finished=(), time=0.0, failures=0))
+    case.coordinator.tick()  # the island gets a task
+    assert len(written) == 1 and [t.island for t in read_board(case.store).tasks.values()].count("i") == 1
+    before = len(serialised)  # the comparison and write_board's own
+    case.coordinator.tick()
+    assert len(written) == 1 and len(serialised) == before

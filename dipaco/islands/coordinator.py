@@ -4,10 +4,12 @@
     dipaco train       --config configs/tiny.yaml --run runs/tiny      # the same, plus local islands
 
 `Coordinator.tick()` does one pass, and everything it decides it reads back from the store:
-1. reads the islands' heartbeats; an island whose `seq` has not changed for `train.heartbeat_timeout`
-   seconds (coordinator clock), or that came back as a new incarnation, has lost its task;
-2. picks up finished results (one attempt per task is accepted: the current one when it has reported,
-   else an older one that reported late);
+1. reads the islands' heartbeats (one listing; only the files that changed since the last pass are
+   read); an island whose `seq` has not changed for `train.heartbeat_timeout` seconds (coordinator
+   clock), or that came back as a new incarnation, has lost its task;
+2. picks up finished results (one listing per results folder, not a check per task; one attempt per
+   task is accepted: the current one when it has reported, else an older one that reported late);
+   each result's JSON is read once, by the validator, and handed to the policy and the outer step;
 3. opens a task for every path that has none in flight, from the newest module version;
 4. hands a lost task to another island as the next attempt (in async mode a lost task from an old
    version is replaced by one from the newest version);
@@ -78,18 +80,28 @@ from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
+    HeartbeatCache,
     inner_ref,
     read_board,
     read_heartbeats,
     read_manifest,
     read_result_meta,
-    result_exists,
+    reported_results,
     write_board,
     write_manifest,
 )
 from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import Board, Heartbeat, ManifestEntry, PathState, RoundStats, Task, task_key
+from dipaco.store.records import (
+    Board,
+    Heartbeat,
+    ManifestEntry,
+    PathState,
+    ResultMeta,
+    RoundStats,
+    Task,
+    task_key,
+)
 from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
 
 log = logging.getLogger(__name__)
@@ -187,6 +199,8 @@ class Coordinator:
         for key in [k for k in self.tasks if k in self.used]:
             del self.tasks[key]  # applied by a committed round whose board update was lost in a crash
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
+        self.metas: dict[str, ResultMeta] = {}  # task key -> its received result's metadata, until applied
+        self.beats = HeartbeatCache()  # heartbeat files unchanged since the last tick are not read again
         self.policy = RoundPolicy(Grid.of(topology), outer, rounds=train.rounds, committed=self.committed,
                                   applied=applied)
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
@@ -200,6 +214,7 @@ class Coordinator:
         self.round_started = clock()
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed
         self._board_written = on_disk.to_json() if on_disk else None
+        self._board_snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
             manifest = read_manifest(store, self.committed)
             self._retain(self.committed, manifest.applied if manifest else ())
@@ -209,7 +224,7 @@ class Coordinator:
         """One pass of the loop; returns True when the run's last round is committed (`done`)."""
         now = self.clock()
         self.lease.renew()
-        for name, beat in read_heartbeats(self.store).items():
+        for name, beat in read_heartbeats(self.store, cache=self.beats).items():
             if self.first_beat is None:
                 self.first_beat = now
             seen = self.seen.get(name)
@@ -253,25 +268,39 @@ class Coordinator:
         return seen is not None and now - seen.changed_at < self.train.heartbeat_timeout
 
     def _receive(self) -> None:
+        reported: dict[int, dict[int, set[int]]] = {}  # round -> path -> attempts: one listing per round folder
         for key, task in list(self.tasks.items()):
             if task.status not in ("open", "assigned"):
                 continue
+            if task.round not in reported:
+                reported[task.round] = reported_results(self.store, task.round)
+            attempts = reported[task.round].get(task.path, set())
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
-                if result_exists(self.store, round=task.round, path=task.path, attempt=attempt):
+                if attempt in attempts:
                     reason = self.validator.check(task, attempt)
                     if reason is not None:  # rejected: never applied; the current attempt is handed out again
                         if attempt == task.attempt:
                             self.tasks[key] = task = self.validator.requeue(task, reason)
                         continue
                     self.tasks[key] = replace(task, status="received", result_attempt=attempt)
+                    meta = self.validator.accepted_meta(task, attempt)
+                    if meta is not None:  # the JSON the validator read: not read again here nor by the outer step
+                        self.metas[key] = meta
                     self._tell_policy(self.tasks[key], arrived=self.clock())
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
                                                       inner=inner_ref(path=task.path, round=task.round, attempt=attempt))
                     log.info("received %s (attempt %d)", key, attempt)
                     break
 
+    def _result_meta(self, task: Task) -> ResultMeta:
+        """A received task's result metadata: as the validator read it, else read (once) from the store."""
+        if task.key not in self.metas:
+            self.metas[task.key] = read_result_meta(self.store, round=task.round, path=task.path,
+                                                    attempt=task.result_attempt)
+        return self.metas[task.key]
+
     def _tell_policy(self, task: Task, *, arrived: float) -> None:
-        meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=task.result_attempt)
+        meta = self._result_meta(task)
         self.policy.received(Result(key=task.key, path=task.path, base=task.base, tokens=meta.tokens,
                                     arrived=arrived, started=self.started.get(task.key)))
 
@@ -357,7 +386,8 @@ class Coordinator:
         self.lease.check()
         self.last_norms = {}  # module -> (outer gradient norm, update norm), for the metrics (dipaco.islands.metrics)
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
-                               sizes=self.sizes, norms=self.last_norms)
+                               sizes=self.sizes, norms=self.last_norms,
+                               metas={t.key: self._result_meta(t) for t in pending})
         write_manifest(self.store, manifest)
         finished = self.policy.finishes(plan)
         self.committed = round
@@ -366,6 +396,7 @@ class Coordinator:
         for key in [k for k, t in self.tasks.items() if k in self.used or t.status == "lost"]:
             del self.tasks[key]  # finished business: the manifests keep the record
             self.started.pop(key, None)
+            self.metas.pop(key, None)
         self._rebase_open()
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
         now = self.clock()
@@ -399,12 +430,16 @@ class Coordinator:
         return Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
 
     def _write_board(self) -> None:
+        snapshot = (self.committed, dict(self.tasks), dict(self.paths))  # the records are frozen: compared by identity first
+        if snapshot == self._board_snapshot:
+            return  # nothing changed since the last pass: not even serialised (256 tasks' JSON every tick at 16x16)
         board = self._board()
         written = board.to_json()
         if written != self._board_written:
             self.lease.check()
             write_board(self.store, board)
             self._board_written = written
+        self._board_snapshot = snapshot
 
 
 def _open(tasks: dict[str, Task]) -> list[OpenTask]:

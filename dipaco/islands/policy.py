@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -237,6 +237,17 @@ class RoundPolicy:
                      if r.path == path and staleness_weight(self.committed - r.base, config=self.config) is not None)
         return self.rounds - self.applied_results(path) - usable
 
+    def _outstanding_all(self) -> list[int | None]:
+        """`outstanding(p)` of every path, from one pass over the pending results (not one per path: the
+        coordinator asks every tick, and paths × pending results is 65k at 16x16)."""
+        if self.rounds is None:
+            return [None] * self.grid.n_paths
+        usable = [0] * self.grid.n_paths
+        for r in self.pending.values():
+            if staleness_weight(self.committed - r.base, config=self.config) is not None:
+                usable[r.path] += 1
+        return [self.rounds - self.applied_results(p) - usable[p] for p in range(self.grid.n_paths)]
+
     @property
     def done(self) -> bool:
         """Every path has had `rounds` results applied: the run is over."""
@@ -253,15 +264,17 @@ class RoundPolicy:
 
     def _unfinished(self) -> set[int]:
         """Paths that still need a result beyond the pending ones (every path when the run has no length)."""
-        return {p for p in range(self.grid.n_paths) if (self.outstanding(p) or 0) > 0 or self.rounds is None}
+        outstanding = self._outstanding_all()
+        return {p for p in range(self.grid.n_paths) if (outstanding[p] or 0) > 0 or self.rounds is None}
 
     def _finishing(self, running: list[Running], open: list[OpenTask]) -> bool:
         """Async, the run's end: no task will be handed out any more, because the tasks in flight cover
         every result still outstanding."""
         if self.rounds is None or open:
             return False
-        in_flight = [t.path for t in running]
-        return all(self.outstanding(p) <= in_flight.count(p) for p in range(self.grid.n_paths))
+        in_flight = Counter(t.path for t in running)
+        outstanding = self._outstanding_all()
+        return all(outstanding[p] <= in_flight[p] for p in range(self.grid.n_paths))
 
     # --- closing a round -----------------------------------------------------------------------------
     def fresh_paths(self, module: str | None = None) -> set[int]:
@@ -363,9 +376,9 @@ class RoundPolicy:
     def paths_to_open(self, *, busy: set[int]) -> list[int]:
         """Paths that need a new task from the newest version: none in flight (`busy`), no result yet
         from the newest version, and results still outstanding (the run's length is not yet covered)."""
-        fresh = self.fresh_paths()
+        fresh, outstanding = self.fresh_paths(), self._outstanding_all()
         return [p for p in range(self.grid.n_paths)
-                if p not in busy and p not in fresh and (self.outstanding(p) is None or self.outstanding(p) > 0)]
+                if p not in busy and p not in fresh and (outstanding[p] is None or outstanding[p] > 0)]
 
     def rebase(self, open: Iterable[OpenTask]) -> list[OpenTask]:
         """The open tasks to move to the newest version (nobody has started them)."""

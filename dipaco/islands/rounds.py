@@ -35,19 +35,24 @@ from dipaco.optim.outer import combine_streamed, outer_update
 from dipaco.optim.weighting import PathSizes, result_weights
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import ManifestEntry, RoundManifest, Task
+from dipaco.store.records import ManifestEntry, ResultMeta, RoundManifest, Task
 
 
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
                 config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None,
-                norms: dict[str, tuple[float, float]] | None = None) -> RoundManifest:
+                norms: dict[str, tuple[float, float]] | None = None,
+                metas: dict[str, ResultMeta] | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
-    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. Streams module by module (module docstring): memory holds a few copies of one module.
+    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
+    results' metadata by task key where the caller has read it already (the coordinator, when it validated
+    them); the others are read here. Streams module by module (module docstring): memory holds a few copies of one module.
     `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm)."""
     tasks = {task.key: task for task in pending}
-    metas = {task.key: read_result_meta(store, round=task.round, path=task.path, attempt=task.result_attempt)
+    known = metas or {}
+    metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
+                                                               attempt=task.result_attempt)
              for task in sorted(pending, key=lambda t: (t.path, t.base))}
     if plan is None:
         policy = RoundPolicy(Grid.of(topology), config, committed=round - 1)

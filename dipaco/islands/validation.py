@@ -19,7 +19,8 @@ A result (its `ResultMeta` JSON and its pseudo-gradient file) is accepted only w
 
 A rejected result is logged with its reason and its task handed out again as the next attempt; after
 `outer.max_rejections` rejections of one task the run stops with the reasons (a deterministic island
-would only repeat them). Each (task, attempt) is checked once.
+would only repeat them). Each (task, attempt) is checked once, and the `ResultMeta` an accepted one was
+checked with is handed to the coordinator (`accepted_meta`), so its JSON is read once per result.
 """
 
 from __future__ import annotations
@@ -53,22 +54,29 @@ class ResultValidator:
         self.verdicts: dict[tuple[str, int], str | None] = {}  # (task key, attempt) -> None or the reason
         self.rejections: dict[str, list[str]] = {}  # task key -> reasons of its rejected attempts
         self._shapes: dict[str, dict[str, tuple[list[int], str]]] = {}  # module -> param -> (shape, dtype)
+        self._accepted: dict[tuple[str, int], ResultMeta] = {}  # (task key, attempt) -> its metadata, until taken
 
     def check(self, task: Task, attempt: int) -> str | None:
         """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once)."""
         key = (task.key, attempt)
         if key not in self.verdicts:
             try:
-                norm = self._check(task, attempt)
+                norm, meta = self._check(task, attempt)
             except StoreError as err:
                 self.verdicts[key] = str(err)
             else:
                 self.verdicts[key] = self._outlier(task.path, norm)
                 if self.verdicts[key] is None:
                     self.norms[task.path] = (self.norms.get(task.path, []) + [norm])[-HISTORY:]
+                    self._accepted[key] = meta
             if self.verdicts[key] is not None:
                 log.warning("rejected the result of %s attempt %d: %s", task.key, attempt, self.verdicts[key])
         return self.verdicts[key]
+
+    def accepted_meta(self, task: Task, attempt: int) -> ResultMeta | None:
+        """The `ResultMeta` that `check` read and accepted for this attempt, handed over once (so the
+        coordinator need not read it again); None when it was not accepted or was already taken."""
+        return self._accepted.pop((task.key, attempt), None)
 
     def requeue(self, task: Task, reason: str) -> Task:
         """`task` open again as its next attempt; the run stops after `outer.max_rejections` rejections."""
@@ -81,8 +89,8 @@ class ResultValidator:
         return dataclasses.replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
     # --- the checks ----------------------------------------------------------------------------------
-    def _check(self, task: Task, attempt: int) -> float:
-        """The result's pseudo-gradient norm; a StoreError says what is wrong with it."""
+    def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta]:
+        """The result's pseudo-gradient norm and its metadata; a StoreError says what is wrong with it."""
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt))
         _check_meta(meta, task, attempt, where=where, tokens=self.tokens_per_task)
@@ -92,7 +100,7 @@ class ResultValidator:
             tensors = load_safetensors(data) if meta.compression == "none" else decompress(data, method=meta.compression)[0]
         except Exception as err:  # safetensors / zstd raise their own error types
             raise StoreError(f"{self.store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
-        return self._check_tensors(tensors, task.path, where=self.store.location(name))
+        return self._check_tensors(tensors, task.path, where=self.store.location(name)), meta
 
     def _check_tensors(self, tensors: dict[str, torch.Tensor], path: int, *, where: str) -> float:
         expected = {f"{module}/{param}": spec for module in self.topology.modules_of_path(path)

@@ -71,20 +71,41 @@ def write_heartbeat(store: ModuleStore, beat: Heartbeat) -> None:
     store.write_json(_heartbeat_file(beat.island), beat.to_json())
 
 
-def read_heartbeats(store: ModuleStore) -> dict[str, Heartbeat]:
-    """Every island's latest heartbeat, by island name."""
+def read_heartbeats(store: ModuleStore, *, cache: HeartbeatCache | None = None) -> dict[str, Heartbeat]:
+    """Every island's latest heartbeat, by island name. With a `cache` (a coordinator polling every tick),
+    a heartbeat file whose listing stamp (size, modification time, inode / ETag) is the one it had when
+    last read is not read again: one listing per poll, plus one read per island that beat since."""
     beats = {}
-    for name in store.listdir("heartbeats"):
+    stamps = store.listdir_stamped("heartbeats") if cache is not None else dict.fromkeys(store.listdir("heartbeats"))
+    for name, stamp in stamps.items():
         if not name.endswith(".json"):
             continue  # a temporary file of a write in progress
         relative = f"heartbeats/{name}"
+        known = cache.beats.get(name) if cache is not None else None
+        if known is not None and stamp is not None and any(v is not None for v in stamp) and known[0] == stamp:
+            beats[known[1].island] = known[1]
+            continue
         try:
             obj = store.read_json(relative)
         except StoreError:
             continue  # removed or half-visible on an eventually consistent store: next poll
         beat = Heartbeat.from_json(obj, file=store.location(relative))
         beats[beat.island] = beat
+        if cache is not None:
+            cache.beats[name] = (stamp, beat)
+            cache.reads += 1
+    if cache is not None:
+        for gone in set(cache.beats) - set(stamps):
+            del cache.beats[gone]
     return beats
+
+
+class HeartbeatCache:
+    """The heartbeat files `read_heartbeats` last read, each with its listing stamp then."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, tuple[tuple, Heartbeat]] = {}  # file name -> (stamp, heartbeat)
+        self.reads = 0  # files read so far (the others were unchanged)
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -110,6 +131,23 @@ def result_file(*, round: int, path: int, attempt: int, compression: str | None 
 
 def result_exists(store: ModuleStore, *, round: int, path: int, attempt: int) -> bool:
     return store.exists(_result_stem(round, path, attempt) + ".json")
+
+
+def reported_results(store: ModuleStore, round: int) -> dict[int, set[int]]:
+    """`{path: attempts}` whose result JSON is in round `round`'s results folder, from one listing (a
+    result whose JSON exists is complete); what `result_exists` says of each, without a check per task."""
+    reported: dict[int, set[int]] = {}
+    for name in store.listdir(f"results/{round_dir(round)}"):
+        if not (name.startswith("path-") and name.endswith(".json")):
+            continue  # pseudo-gradients, temporary files
+        stem = name.removeprefix("path-").removesuffix(".json")
+        path, _, suffix = stem.partition(".")
+        if not path.isdigit() or (suffix and not (suffix.startswith("a") and suffix[1:].isdigit())):
+            continue
+        attempt = int(suffix[1:]) if suffix else 0
+        if _result_stem(round, int(path), attempt) + ".json" == f"results/{round_dir(round)}/{name}":
+            reported.setdefault(int(path), set()).add(attempt)
+    return reported
 
 
 def read_result_meta(store: ModuleStore, *, round: int, path: int, attempt: int) -> ResultMeta:
@@ -214,6 +252,22 @@ def inner_states(store: ModuleStore, path: int) -> list[tuple[int, str]]:
             round = parse_round(name.removeprefix("inner-"))
             if round is not None:
                 states.append((round, f"{folder}/{name}"))
+    return states
+
+
+def all_inner_states(store: ModuleStore) -> dict[int, list[tuple[int, str]]]:
+    """`inner_states` of every path, `{path: [(round, reference)]}`, from one recursive listing of the
+    store's `islands/` folder (not one listing per path)."""
+    states: dict[int, list[tuple[int, str]]] = {}
+    for ref in store.walk_files("islands"):
+        parts = ref.split("/")
+        if len(parts) != 3 or not parts[1].startswith("path-") or not parts[1][5:].isdigit():
+            continue
+        path, name = int(parts[1][5:]), parts[2]
+        if name.startswith("inner-round-") and ref == f"{_inner_folder(path)}/{name}":
+            round = parse_round(name.removeprefix("inner-"))
+            if round is not None:
+                states.setdefault(path, []).append((round, ref))
     return states
 
 

@@ -47,6 +47,10 @@ STORE_VERSION = 1
 BEST_FILE = "best.json"
 KINDS = ("modules", "outer")
 CHECKSUMS = "checksums.json"
+# listing fields that change when a file is rewritten: local disks (a rewrite is a rename of a new file: a new
+# inode), memory://, s3fs, gcsfs, adlfs
+STAMP_FIELDS = ("size", "mtime", "ino", "created", "ETag", "LastModified", "generation", "md5Hash", "updated", "etag",
+                "last_modified")
 
 
 class ModuleStore:
@@ -156,10 +160,37 @@ class ModuleStore:
             raise StoreError(f"store file {self._path(relative)} is not a valid safetensors file: {err}") from None
 
     def listdir(self, relative: str) -> list[str]:
-        """The names in a store folder, sorted ([] when it does not exist)."""
-        if not self.exists(relative):
+        """The names in a store folder, sorted ([] when it does not exist). One listing call (on object
+        stores one LIST request), not an existence check first."""
+        try:
+            entries = self.fs.ls(self._path(relative), detail=False)
+        except FileNotFoundError:
             return []
-        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self._path(relative), detail=False))
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
+
+    def listdir_stamped(self, relative: str) -> dict[str, tuple]:
+        """The files in a store folder, each with a stamp that changes when the file is rewritten (size,
+        modification time and inode on a local disk; ETag / generation on object stores), from one listing
+        call; {} when the folder does not exist. For skipping files that did not change since last read."""
+        try:
+            entries = self.fs.ls(self._path(relative), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: tuple(entry.get(k) for k in STAMP_FIELDS)
+                for entry in entries if entry.get("type") != "directory"}
+
+    def walk_files(self, relative: str) -> list[str]:
+        """Every file under a store folder (recursively), as store names relative to the root, sorted; []
+        when the folder does not exist. One recursive listing (on object stores a LIST without delimiter,
+        one request per 1000 names) rather than one listing per sub-folder."""
+        base = self._path(relative).rstrip("/")
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        root = self.root.rstrip("/") + "/"
+        return sorted(name[len(root):] if name.startswith(root) else name for name in found
+                      if name.startswith(base + "/"))
 
     def size(self, relative: str) -> int:
         return int(self.fs.size(self._path(relative)))

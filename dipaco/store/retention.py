@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from dipaco.store.board import inner_states, remove_inner, remove_results, result_rounds
+from dipaco.store.board import all_inner_states, remove_inner, remove_results, result_rounds
 from dipaco.store.module_store import ModuleStore
 
 
@@ -41,8 +41,10 @@ def prune_versions(store: ModuleStore, *, keep_from: int, keep_modules: dict[int
 
 
 def prune_inner_states(store: ModuleStore, *, n_paths: int, keep_from: int, referenced: set[str | None]) -> None:
-    """Delete the inner states of rounds older than `keep_from` that no task or path state names."""
+    """Delete the inner states of rounds older than `keep_from` that no task or path state names (of
+    paths 0 … n_paths − 1; one recursive listing of the store, not one per path)."""
+    states = all_inner_states(store)
     for path in range(n_paths):
-        for round, ref in inner_states(store, path):
+        for round, ref in states.get(path, []):
             if round < keep_from and ref not in referenced:
                 remove_inner(store, ref)
