@@ -48,7 +48,8 @@ def test_best_is_the_version_with_the_lowest_validation_loss_and_survives_prunin
 
 
 def chunk_nll(model, doc: np.ndarray, start: int, end: int) -> float:
-    """Summed loss of tokens start..end-1, the model reading only the document's first `end` tokens."""
+    """Summed loss of tokens start..end-1, the model reading only the document's first `end` tokens
+    (in fp32: the tiny config evaluates in fp32, so the eval's batched losses match to rounding)."""
     ids = torch.as_tensor(doc[:end], dtype=torch.long)[None]
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, :-1]
@@ -85,6 +86,9 @@ def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[
 
 
 def test_routed_eval_and_every_mode_match_a_direct_computation(run):
+    # an fp32 reference checks an fp32 eval; `eval.precision: auto` would be bf16 on a CPU with
+    # AVX512-BF16 (per-token losses off by up to ~7e-3, a path's perplexity by ~1e-4)
+    assert load_config(run.config).eval.precision == "fp32"
     results = json.loads(run.eval_results.read_text())
     rows = {(r["mode"], r["checkpoints"]): r for r in results["modes"]["rows"]}
     assert all(r["tokens"] == results["scored_tokens"] for r in rows.values())
