@@ -3,7 +3,7 @@
 import pytest
 
 from dipaco.config import OuterConfig, TopologyConfig
-from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
+from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running, staleness_weight
 from dipaco.model.topology import Topology
 
 ASYNC = OuterConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
@@ -173,3 +173,14 @@ def test_a_dropped_result_leaves_its_path_work_to_do():
     assert policy.outstanding(1) == 0 and 1 not in policy.paths_to_open(busy=set())
     with pytest.raises(ValueError, match="train.rounds"):
         RoundPolicy(grid(), ASYNC, rounds=0)
+
+
+def test_a_resumable_task_whose_result_would_be_dropped_is_replaced():
+    """An island back with its checkpoint resumes its task only while the result can still be applied:
+    once more than outer.max_staleness versions were committed after its base, the result would be
+    dropped whatever happens, so the island gets a task from the newest version instead."""
+    config = OuterConfig(mode="async", quorum=0.5, max_staleness=1)
+    policy = RoundPolicy(grid(), config, committed=3)
+    assert policy.on_lost(2, resumable=True) == "retry"  # staleness 1 at the next round: applied, weighted
+    assert policy.on_lost(1, resumable=True) == "replace"  # staleness >= 2 > max_staleness: would be dropped
+    assert staleness_weight(policy.committed - 1, config=config) is None
