@@ -92,7 +92,9 @@ def dipaco(*args: str) -> None:
 def prepare() -> RunDir:
     base = RunDir(WORK / "base")
     if not (base.shards / "index.json").exists():
-        log("routing and sharding the bundled corpus (demo config)")
+        log("warm start, routing and sharding the bundled corpus (demo config)")
+        if load_config(CONFIG).pretrain.steps:  # the demo's dense warm start; its model also routes (base-model)
+            dipaco("pretrain", "--config", str(CONFIG), "--run", str(base.root))
         dipaco("route", "--config", str(CONFIG), "--run", str(base.root))
         dipaco("shard", "--config", str(CONFIG), "--run", str(base.root))
     return base
@@ -102,8 +104,9 @@ def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
     run = RunDir(WORK / name)
     if run.root.exists():
         shutil.rmtree(run.root)
-    for part in ("tokenizer", "routing", "shards"):
-        shutil.copytree(base.root / part, run.root / part)
+    for part in ("tokenizer", "pretrain", "routing", "shards"):
+        if (base.root / part).exists():
+            shutil.copytree(base.root / part, run.root / part)
     args = ["--config", str(CONFIG), "--run", str(run.root), *COMMON, *overrides]
     log(f"{name}: training ({' '.join(overrides) or 'defaults'})")
     started = time.perf_counter()
