@@ -4,27 +4,33 @@ and (with --compression) bytes per island per round with compressed pseudo-gradi
     python bench/bench_islands.py                  # writes bench/results/islands.{json,md}
     python bench/bench_islands.py --compression    # also part (a), three more runs
     python bench/bench_islands.py --markdown-only  # re-render the tables from bench/results/islands.json
-    BENCH_ROUNDS=3 BENCH_ISLANDS=2 python bench/bench_islands.py
+    python bench/bench_islands.py --predict        # (re)compute the simulator's column from the JSON
+    BENCH_MTBF_TASKS=1 BENCH_STRAGGLER=0 python bench/bench_islands.py   # one failure rate, no straggler runs
 
 Each run is a real `dipaco train` (coordinator + pull-based island processes over a local store) of the
-demo grid (2x2 paths, 25 inner steps of batch 4, fp32, plain-averaging outer step), then routed held-out
-perplexity (`dipaco eval`). Goodput is docs/islands.md#goodput's: the inner-loop seconds of the results
-committed rounds applied (a resumed task counts the steps before its checkpoint once) / (islands x
-seconds from the first heartbeat to the last commit), from `train.json`.
+demo grid (2x2 paths, the demo's warm start, 25 inner steps of batch 4, fp32, plain-averaging outer
+step), then routed held-out perplexity (`dipaco eval`). Goodput is docs/islands.md#goodput's: the
+inner-loop seconds of the results committed rounds applied (a resumed task counts the steps before its
+checkpoint once; checkpoint writes are not counted) / (islands x seconds from the first heartbeat to
+the last commit), from `train.json`.
 
 (b) Failures as the paper models them: an island fails (its process keeps its disk), is back after a
-    restart time R and resumes its task from its last inner checkpoint (`train.checkpoint_steps`);
-    failures per island are exponential with mean MTBF (`train.fail_mtbf`, `train.fail_mode=die`).
-    MTBF and R are set in units of the task time T measured by the failure-free sync run, so the
-    settings mean the same on a loaded machine. For each failure rate, sync and async run side by side
-    (one after the other, in this one invocation).
-(c) A straggler: island-0 runs `train.slowdown`x slower, sync vs async.
+    restart time R and resumes its task from its last inner checkpoint (`train.checkpoint_steps`, every
+    step by default: ~T/25, the paper's ~T/20); failures per island are exponential with mean MTBF
+    (`train.fail_mtbf`, `train.fail_mode=die`). MTBF and R are in units of the task time T measured by
+    the failure-free sync run, so the settings mean the same on a loaded machine. The defaults are the
+    paper's learner (150k chips at a one-year chip MTBI: MTBF ~1T, restart ~0.15T) and twice its rate.
+    For each failure rate, sync and async run side by side (one after the other, in this invocation).
+(c) A straggler: island-0 runs `train.slowdown`x slower, sync vs async (`BENCH_STRAGGLER=0` skips it).
 (a) outer.compression none / int8 / int4 (--compression): bytes each island uploads and downloads per
     task, next to what data-parallel training would send for the same inner steps (a float32 gradient
     each way per step), and the perplexity each compression costs.
+Next to each measured goodput: the simulator's prediction for the same settings
+(bench/islands_prediction.py: `dipaco simulate`'s rounds, driven by the same round policy).
 
-Budget: the machine is shared, so by default `BENCH_ISLANDS=2` island processes of one thread each (two
-cores) for the four paths, and `BENCH_ROUNDS=3` rounds; about 1-2 minutes per run when idle.
+Budget: by default `BENCH_ISLANDS=4` island processes of one thread each, one per path (the
+simulator's mapping needs one learner per path), on whatever cores there are, and `BENCH_ROUNDS=2`;
+the results are written after every run, so a run cut short keeps what was measured.
 """
 
 from __future__ import annotations
