@@ -164,7 +164,7 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
 
     def slow_save(self, path):
         writes.append(self.steps)
-        time.sleep(0.5)
+        time.sleep(1.0)
         write(self, path)
 
     monkeypatch.setattr(InnerCheckpoint, "save", slow_save)
@@ -173,4 +173,4 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
     out = train_task(run.setup, task, checkpoint=run.dir.root / "islands" / "a.safetensors")
     steps = run.config.inner.steps
     assert writes == list(range(1, steps))  # a checkpoint after every step but the last
-    assert out.meta.seconds < 0.5 * len(writes) / 2  # the 0.5 s per write is not in it
+    assert out.meta.seconds < 1.0 * len(writes)  # the writes took longer than that alone: they are not in it
