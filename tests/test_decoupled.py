@@ -1,6 +1,8 @@
 """Decoupled islands with the real coordinator and islands (in one process, a fake clock): inner
 checkpoints, tasks always from the newest versions, no island idle while a commit would give it work."""
 
+import time
+
 import pytest
 import torch
 from test_coordinator import Clock, TinyRun, drive, make_run, manifests
@@ -148,3 +150,27 @@ def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match="a.safetensors"):
         InnerCheckpoint.load(broken)
     assert InnerCheckpoint.load(tmp_path / "none.safetensors") is None
+
+
+def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_path, monkeypatch):
+    """A result's `seconds` are the useful seconds goodput counts (docs/islands.md#goodput): the time an
+    island spends writing its inner checkpoints is overhead, like loading modules, so it is left out."""
+    from dipaco.islands.checkpoint import InnerCheckpoint
+    from dipaco.islands.island import train_task
+    from dipaco.store.records import Task
+
+    write = InnerCheckpoint.save
+    writes = []
+
+    def slow_save(self, path):
+        writes.append(self.steps)
+        time.sleep(1.0)
+        write(self, path)
+
+    monkeypatch.setattr(InnerCheckpoint, "save", slow_save)
+    run = make_run(tiny, tmp_path / "run", ["train.checkpoint_steps=1", "train.rounds=1"])
+    task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
+    out = train_task(run.setup, task, checkpoint=run.dir.root / "islands" / "a.safetensors")
+    steps = run.config.inner.steps
+    assert writes == list(range(1, steps))  # a checkpoint after every step but the last
+    assert out.meta.seconds < 1.0 * len(writes)  # the writes took longer than that alone: they are not in it

@@ -3,7 +3,7 @@
 import pytest
 
 from dipaco.config import OuterConfig, TopologyConfig
-from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
+from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running, staleness_weight
 from dipaco.model.topology import Topology
 
 ASYNC = OuterConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
@@ -185,3 +185,14 @@ def test_every_paths_outstanding_results_in_one_pass_match_outstanding():
         policy.received(result(path, base))
     assert policy._outstanding_all() == [policy.outstanding(p) for p in range(4)] == [0, 2, 3, 1]
     assert RoundPolicy(grid(), ASYNC)._outstanding_all() == [None] * 4
+
+
+def test_a_resumable_task_whose_result_would_be_dropped_is_replaced():
+    """An island back with its checkpoint resumes its task only while the result can still be applied:
+    once more than outer.max_staleness versions were committed after its base, the result would be
+    dropped whatever happens, so the island gets a task from the newest version instead."""
+    config = OuterConfig(mode="async", quorum=0.5, max_staleness=1)
+    policy = RoundPolicy(grid(), config, committed=3)
+    assert policy.on_lost(2, resumable=True) == "retry"  # staleness 1 at the next round: applied, weighted
+    assert policy.on_lost(1, resumable=True) == "replace"  # staleness >= 2 > max_staleness: would be dropped
+    assert staleness_weight(policy.committed - 1, config=config) is None

@@ -159,14 +159,17 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, inner.steps)
 
     last_seconds = 0.0  # inner-loop seconds at the end of the previous step (slowdown included)
+    saving = 0.0  # seconds spent writing inner checkpoints: overhead, not training (docs/islands.md#goodput)
 
     def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
-        nonlocal last_seconds
+        nonlocal last_seconds, saving
+        seconds -= saving
         if train.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
             time.sleep((train.slowdown - 1) * (seconds - last_seconds))
             seconds += (train.slowdown - 1) * (seconds - last_seconds)
         last_seconds = seconds
         if checkpoint is not None and (done + steps) % train.checkpoint_steps == 0 and done + steps < inner.steps:
+            save_started = time.perf_counter()
             adam, adam_meta = optimizer_state(optimizer, names)
             InnerCheckpoint(task=task_identity(task), steps=done + steps,
                             params={name: p.detach().cpu().clone() for name, p in params.items()},
@@ -175,6 +178,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                             tokens=(resume.tokens if resume else 0) + tokens,
                             seconds=(resume.seconds if resume else 0.0) + seconds,
                             val_loss_start=val_loss).save(checkpoint)
+            saving += time.perf_counter() - save_started
 
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
                                                               seed=data_seed(train.seed, path=path),
@@ -192,7 +196,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                 after_step=after_step if checkpoint is not None or train.slowdown > 1 else None)
     setup.models.release_gradients()
     losses = stats["losses"]
-    tokens, seconds = stats["tokens"], stats["seconds"]
+    tokens, seconds = stats["tokens"], stats["seconds"] - saving
     if resume is not None:
         losses, tokens, seconds = list(resume.losses) + losses, resume.tokens + tokens, resume.seconds + seconds
     train_loss = sum(losses[-5:]) / len(losses[-5:])

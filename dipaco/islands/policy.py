@@ -60,7 +60,8 @@ The rules (`outer.mode`):
   newest version and owes a result; every open task (no island has it) is moved to the newest version at each commit, so
   an island only ever receives a task based on the newest committed versions. A lost task in async
   mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
-  its island is back with the task's inner checkpoint: then it is retried, and resumed there.
+  its island is back with the task's inner checkpoint and its result could still be applied (at most
+  outer.max_staleness versions behind): then it is retried, and resumed there.
   Idle islands take open tasks oldest base first, then the path that has trained fewest steps (no path
   starves when every open task is rebased), then the lowest path: an island pinned to paths only takes
   those; an island prefers the path it trained last (its inner state is local). A fast island simply
@@ -387,10 +388,14 @@ class RoundPolicy:
     def on_lost(self, base: int, *, resumable: bool = False) -> str:
         """A task's island was lost: "retry" it (next attempt, same base) or "replace" it by a task from
         the newest version. `resumable`: the island is back and holds the task's inner checkpoint, so the
-        task is still its own (its result, if stale, is weighted or dropped like any other)."""
-        if resumable:
+        task is still its own (its result, if stale, is weighted like any other) — unless its result
+        could no longer be applied (more than outer.max_staleness versions since its base): resuming
+        it would only train a result that is dropped."""
+        if self.config.mode != "async" or base == self.committed:
             return "retry"
-        return "replace" if self.config.mode == "async" and base < self.committed else "retry"
+        if resumable and staleness_weight(self.committed - base, config=self.config) is not None:
+            return "retry"
+        return "replace"
 
     def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[str, str]]:
         """(task key, island) for the open tasks idle islands take now."""

@@ -1,0 +1,120 @@
+"""The simulator's prediction for bench/bench_islands.py's runs: `dipaco simulate`'s rounds (the real round
+policy on a virtual clock) with the benchmark's islands, task time, failures, restart time and checkpoints.
+
+    python bench/bench_islands.py --predict     # adds the column to bench/results/islands.{json,md}
+
+How the measured settings map onto a simulation (`dipaco.simulate.rounds.RoundsSimulation`, one learner
+per path of the demo grid, pinned to it, on the demo's own topology, `rounds` = the run's length):
+- a learner is one island of one chip; chip_mtbi = the islands' MTBF, so it fails as a Poisson process
+  of mean MTBF (the real islands draw their next failure from their return: no failure while down);
+- learner_failure = restart: back after R, resuming from the checkpoint every `train.checkpoint_steps`;
+- step = T / inner.steps, T the failure-free sync run's mean task seconds (inner loop);
+- speed sigma = the standard deviation of log task seconds over the failure-free runs' results
+  (the shared cores' variation);
+- the per-task overhead o (loading modules, validation, uploads, the islands' and the coordinator's
+  polling, the outer step) is the simulator's transfer time (download + upload over the link), **fitted**
+  so the simulated failure-free sync goodput equals the measured one; every other figure is a prediction;
+- a straggler run (island-0 F times slower) has no counterpart (the simulator's speeds are random per
+  task), so it gets no prediction.
+Goodput = useful chip-seconds / (learners × the time of the last commit), as `train.json`'s from the
+first heartbeat; the mean over `SEEDS` failure draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from dipaco.config import SimulateConfig, load_config
+from dipaco.model.topology import Topology
+from dipaco.simulate.failures import FailureModel
+from dipaco.simulate.rounds import RoundsSimulation
+from dipaco.simulate.settings import Settings
+
+SEEDS = 50
+NO_FAILURES_HOURS = 1e12  # a chip MTBI that never fails within a run
+
+
+def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int) -> float:
+    """Mean goodput over SEEDS failure draws of one run of `rounds` results per path."""
+    values = []
+    for seed in range(SEEDS):
+        sim = dataclasses.replace(settings.sim, seed=seed)
+        run = RoundsSimulation(Settings(sim=sim, outer=settings.outer),
+                               FailureModel(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed),
+                               mode=mode, topology=topology, rounds=rounds)
+        ledger = run.run()
+        if not run.rounds:
+            raise RuntimeError(f"the simulated {mode} run committed no round within {sim.horizon_hours} h")
+        values.append(ledger.useful / (sim.learners * run.rounds[-1].time))
+    return statistics.mean(values)
+
+
+def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None) -> Settings:
+    b = out["budget"]
+    config = load_config(b["config"], [o for o in b["overrides"] if o.startswith(("outer.", "topology."))]
+                         + b["async_overrides"])
+    task, steps, params = b["task_seconds"], b["inner_steps_per_task"], b["path_parameters"]
+    transfer_bits = params * (32 + 32)  # a float32 pseudo-gradient up, float32 modules down
+    sim = SimulateConfig(
+        learners=b["islands"], chips_per_learner=1,
+        chip_mtbi_hours=NO_FAILURES_HOURS if mtbf_tasks is None else mtbf_tasks * task / 3600,
+        restart_seconds=b["restart_tasks"] * task, learner_failure="restart",
+        checkpoint_steps=max(1, b["checkpoint_steps"]), step_seconds=task / steps, inner_steps=steps,
+        speed_sigma=sigma, model_parameters=params, parameter_bytes=4.0,
+        link_gbit_per_s=transfer_bits / (max(overhead, 1e-6) * 1e9), horizon_hours=1000 * task / 3600)
+    return Settings(sim=sim, outer=config.outer)
+
+
+def _topology(out: dict) -> Topology:
+    config = load_config(out["budget"]["config"], [o for o in out["budget"]["overrides"] if o.startswith("topology.")])
+    return Topology.from_config(config.topology, n_layers=config.model.n_layers)
+
+
+def fit_overhead(out: dict, *, sigma: float, topology: Topology) -> float:
+    """Per-task overhead seconds o that make the simulated failure-free sync goodput the measured one."""
+    target = next(g["goodput"] for g in out["goodput"] if g["run"] == "sync")
+    rounds = out["budget"]["rounds"]
+    low, high = 0.0, out["budget"]["task_seconds"]
+    for _ in range(30):  # goodput falls as o grows: bisection
+        mid = (low + high) / 2
+        at = _settings(out, overhead=mid, sigma=sigma, mtbf_tasks=None)
+        if simulated_goodput(at, mode="sync", topology=topology, rounds=rounds) > target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def speed_sigma(out: dict) -> float:
+    """Standard deviation of log task seconds over the failure-free runs' applied results."""
+    logs = [math.log(s) for name in ("sync", "async") for s in out["runs"].get(name, {}).get("task_seconds_each", [])
+            if s > 0]
+    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+
+
+def predict_rows(out: dict) -> dict:
+    """{"settings": one line, "overhead_seconds", "speed_sigma", "runs": [{"run", "goodput", "fitted"}]}."""
+    b = out["budget"]
+    topology = _topology(out)
+    if b["islands"] != topology.n_paths:
+        return {"settings": f"not predicted: the simulator pins one learner per path ({topology.n_paths}), the "
+                            f"benchmark ran {b['islands']} islands", "runs": []}
+    sigma = speed_sigma(out)
+    overhead = fit_overhead(out, sigma=sigma, topology=topology)
+    runs = []
+    for g in out["goodput"]:
+        if "slower" in g["fault"]:
+            continue
+        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=g.get("mtbf_tasks"))
+        runs.append({"run": g["run"], "goodput": simulated_goodput(at, mode=g["mode"], topology=topology,
+                                                                   rounds=b["rounds"]),
+                     "fitted": g["run"] == "sync"})
+    task = b["task_seconds"]
+    return {"settings": (f"{b['islands']} learners of one chip pinned to the demo grid's paths, task {task:.1f}s "
+                         f"({b['inner_steps_per_task']} steps), restart {b['restart_tasks'] * task:.1f}s, checkpoint "
+                         f"every {b['checkpoint_steps']} steps, per-task overhead {overhead:.2f}s (fitted to the "
+                         f"failure-free sync goodput), speed sigma {sigma:.3f} (from the failure-free runs' task "
+                         f"times), mean of {SEEDS} failure draws (bench/islands_prediction.py)"),
+            "overhead_seconds": overhead, "speed_sigma": sigma, "runs": runs}
