@@ -213,6 +213,7 @@ class Coordinator:
         self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
         self.round_started = clock()
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed
+        self.last_metas: dict[str, ResultMeta] = {}  # task key -> result metadata, of the last round closed
         self._board_written = on_disk.to_json() if on_disk else None
         self._board_snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
@@ -385,9 +386,9 @@ class Coordinator:
         plan = self.policy.plan()
         self.lease.check()
         self.last_norms = {}  # module -> (outer gradient norm, update norm), for the metrics (dipaco.islands.metrics)
+        self.last_metas = {t.key: self._result_meta(t) for t in pending}  # read once: the outer step, the metrics
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
-                               sizes=self.sizes, norms=self.last_norms,
-                               metas={t.key: self._result_meta(t) for t in pending})
+                               sizes=self.sizes, norms=self.last_norms, metas=self.last_metas)
         write_manifest(self.store, manifest)
         finished = self.policy.finishes(plan)
         self.committed = round

@@ -30,7 +30,7 @@ from pathlib import Path
 from dipaco.eval.early_stopping import read_history
 from dipaco.store.board import read_manifest, read_result_meta
 from dipaco.store.module_store import ModuleStore, StoreError
-from dipaco.store.records import RoundStats
+from dipaco.store.records import ResultMeta, RoundStats
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ class RunMetrics:
         self.writer = SummaryWriter(log_dir=str(logdir))
 
     def round(self, store: ModuleStore, stats: RoundStats, *, norms: dict[str, tuple[float, float]],
-              goodput: float | None = None) -> None:
-        """Round `stats.round`'s scalars (its manifest and results are read from `store`)."""
+              goodput: float | None = None, metas: dict[str, ResultMeta] | None = None) -> None:
+        """Round `stats.round`'s scalars (its manifest is read from `store`; a result's metadata is taken
+        from `metas`, by task key, where the coordinator read it already, else read from `store`)."""
         if self.writer is None:
             return
         t, add = stats.round, self.writer.add_scalar
@@ -67,7 +68,8 @@ class RunMetrics:
             if math.isfinite(entry.val_loss_start):
                 add(f"val/loss/path-{entry.path}", entry.val_loss_start, entry.base)
             try:
-                meta = read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt)
+                meta = (metas or {}).get(entry.key) or read_result_meta(store, round=entry.base + 1, path=entry.path,
+                                                                         attempt=entry.attempt)
             except StoreError as err:  # pruned already (a resumed round): its bytes are not known
                 log.debug("no bytes for %s: %s", entry.key, err)
                 continue

@@ -116,7 +116,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             rounds.append(stats)
             _write_summary(run.train_summary, summary)
-            metrics.round(store, stats, norms=service.last_norms,
+            metrics.round(store, stats, norms=service.last_norms, metas=service.last_metas,
                           goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
                                                   first_beat=service.first_beat))
             bar.update(stats.applied)
