@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bench.bench_quality import as_override, diloco_overrides
@@ -36,3 +37,13 @@ def test_diloco_trains_dipacos_path_model_on_the_same_data_and_budget():
     # the same warm start, so the bench copies DiPaCo's pretrained model instead of training another
     assert pretrain_key(diloco) == pretrain_key(dipaco)
     assert routing_key(diloco) != routing_key(dipaco)
+
+
+def test_a_run_without_diloco_says_so_and_a_run_with_it_reports_the_gap():
+    from bench.bench_quality import markdown
+    results = json.loads((ROOT / "bench" / "results" / "quality-manpages.json").read_text())
+    assert results["checks"]["dipaco_vs_diloco"] is None  # committed with --no-diloco
+    assert "DiPaCo against DiLoCo: not run (`--no-diloco`)" in markdown(results)
+    results["checks"]["dipaco_vs_diloco"] = 0.1
+    text = markdown(results)
+    assert "not run" not in text and "own outer step: 10.0% lower perplexity (target: at least 5% lower)" in text
