@@ -97,6 +97,7 @@ def test_prefix_texts_agrees_with_decode_prefix(trained):
     for n in (1, 5, 16, 40):
         expected = [decode_prefix(tok, ids, n) for ids in encode_batch(tok, texts)]
         assert prefix_texts(tok, texts, n_tokens=n) == expected
+        assert prefix_texts(tok, texts, n_tokens=n, batch_size=7) == expected  # in batches, same order
 
 
 def test_prefix_texts_encodes_a_short_character_prefix_of_long_documents(trained, monkeypatch):
