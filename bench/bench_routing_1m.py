@@ -81,14 +81,38 @@ def perturb(text: str, *, rng: np.random.Generator) -> str:
     return " ".join(w for w, k in zip(words, keep) if k) or text[:KEEP_CHARS]
 
 
-def documents(corpus: list[str], n: int, *, batch: int, seed: int) -> Iterator[list[str]]:
-    """`n` documents in batches of `batch`: the corpus, then seeded perturbed repetitions of it."""
-    for start in range(0, n, batch):
+def documents(corpus: list[str], n: int, *, batch: int, seed: int, start: int = 0) -> Iterator[list[str]]:
+    """Documents `start`..`n` in batches of `batch`: the corpus, then seeded perturbed repetitions of it."""
+    for begin in range(start, n, batch):
         out = []
-        for j in range(start, min(n, start + batch)):
+        for j in range(begin, min(n, begin + batch)):
             rep, i = divmod(j, len(corpus))
             out.append(corpus[i] if rep == 0 else perturb(corpus[i], rng=np.random.default_rng([seed, rep, i])))
         yield out
+
+
+def compare_prefix_cuts(tok, texts: list[str], *, prefix_tokens: int, repeats: int = 2) -> dict:
+    """docs/s of `prefix_texts` with its first cut at 32 characters per token (before) and at the
+    library's default, side by side on the same perturbed batch, alternated `repeats` times (best of each)."""
+    import sharding.tokenizer as st
+
+    default = st._CHARS_PER_TOKEN
+    best = {32: 0.0, default: 0.0}
+    outputs = {}
+    try:
+        for _ in range(repeats):
+            for cut in best:
+                st._CHARS_PER_TOKEN = cut
+                started = time.perf_counter()
+                outputs[cut] = st.prefix_texts(tok, texts, n_tokens=prefix_tokens)
+                best[cut] = max(best[cut], len(texts) / (time.perf_counter() - started))
+    finally:
+        st._CHARS_PER_TOKEN = default
+    if outputs[32] != outputs[default]:
+        raise RuntimeError("prefix_texts gave different prefixes with a different first cut")
+    return {"documents": len(texts), "chars_per_token_before": 32, "chars_per_token_after": default,
+            "docs_per_second_before": best[32], "docs_per_second_after": best[default],
+            "speedup": best[default] / best[32]}
 
 
 def base_model_rate(tok, prefixes: list[str], *, prefix_tokens: int) -> float:
@@ -159,7 +183,12 @@ def main() -> None:
     log.info("fit on %d documents in %.1fs (k-means %s)", len(sample), fit_seconds, fit_stats["kmeans"])
     base_rate = base_model_rate(tok, sample_prefixes[: args.base_sample], prefix_tokens=args.prefix_tokens)
     log.info("base-model featurizer: %.0f docs/s on %d prefixes", base_rate, args.base_sample)
-    del sample, sample_prefixes
+    # before/after of the prefix step's first cut, side by side on the first batch of perturbed documents
+    first_perturbed = next(documents(corpus, len(corpus) + args.batch, batch=args.batch, seed=args.seed,
+                                     start=len(corpus)))
+    prefix_compare = compare_prefix_cuts(tok, first_perturbed, prefix_tokens=args.prefix_tokens)
+    log.info("prefix_texts first cut: %s", prefix_compare)
+    del sample, sample_prefixes, first_perturbed
     sample_seconds = prepared - started
 
     # stream: prefix -> featurize -> assign, one batch at a time
@@ -186,7 +215,7 @@ def main() -> None:
             seconds[key] += b - a
         done += len(batch)
         if done >= next_mark or done == args.docs:
-            checkpoints.append({"documents": done, "rss_mib": _kib("VmRSS") / 1024,
+            checkpoints.append({"documents": done, "rss_mib": _kib("VmRSS") / 1024, "peak_rss_mib": _kib("VmHWM") / 1024,
                                 "seconds": time.perf_counter() - stream_started})
             log.info("%d documents, RSS %.0f MiB, %.0f docs/s (prefix+featurize+assign)", done,
                      checkpoints[-1]["rss_mib"], done / (seconds["prefix"] + seconds["featurize"] + seconds["assign"]))
@@ -204,7 +233,7 @@ def main() -> None:
         "corpus_documents": len(corpus), "fit": {"documents": args.fit_sample, "seconds": fit_seconds,
                                                  "sample_prefix_seconds": sample_seconds, "kmeans": fit_stats["kmeans"],
                                                  "featurizer": fit_stats["featurizer"]},
-        "seconds": seconds, "docs_per_second": rates,
+        "seconds": seconds, "docs_per_second": rates, "prefix_first_cut": prefix_compare,
         "routing_docs_per_second": done / routing_seconds,
         "extrapolated_seconds_for_docs": per_doc * args.docs,
         "base_model": {"sample": args.base_sample, "docs_per_second": base_rate,
@@ -228,7 +257,8 @@ def main() -> None:
     rows.append([f"base-model featurizer (demo-size path model), on {args.base_sample:,} prefixes only",
                  f"{args.base_sample / base_rate:.1f}", f"{base_rate:,.0f}",
                  f"{args.docs / base_rate:,.0f} (extrapolated: {args.docs / base_rate / 3600:.1f} h)"])
-    mem_rows = [[f"{c['documents']:,}", f"{c['rss_mib']:.0f}", f"{c['seconds']:.0f}"] for c in checkpoints]
+    mem_rows = [[f"{c['documents']:,}", f"{c['rss_mib']:.0f}", f"{c['peak_rss_mib']:.0f}", f"{c['seconds']:.0f}"]
+                for c in checkpoints]
     markdown = "\n".join([
         f"# Routing {reached} to {'x'.join(map(str, levels))} paths, streamed (bench/bench_routing_1m.py)",
         "",
@@ -239,11 +269,16 @@ def main() -> None:
         "",
         markdown_table(["stage", "seconds", "docs/s", f"seconds for {args.docs:,}"], rows),
         "",
+        f"Prefix step before/after (`prefix_texts`, first cut at {prefix_compare['chars_per_token_before']} vs "
+        f"{prefix_compare['chars_per_token_after']} characters per token, same {prefix_compare['documents']:,} perturbed "
+        f"documents side by side, best of 2, identical prefixes): {prefix_compare['docs_per_second_before']:,.0f} -> "
+        f"{prefix_compare['docs_per_second_after']:,.0f} docs/s ({prefix_compare['speedup']:.1f}x).",
+        "",
         f"Memory: resident {setup_rss / 1024:.0f} MiB after loading the corpus and the tokenizer, {stream_rss / 1024:.0f} "
         f"MiB when streaming began (router fitted); peak while streaming {stream_peak / 1024:.0f} MiB (of which the path "
         f"ids, 8 bytes a document: {paths.nbytes / MIB:.0f} MiB). Resident memory as the documents go by:",
         "",
-        markdown_table(["documents", "RSS MiB", "seconds"], mem_rows),
+        markdown_table(["documents", "RSS MiB", "peak RSS MiB (VmHWM since streaming began)", "seconds"], mem_rows),
         "",
         f"Path sizes: min {int(sizes.min()):,}, median {float(np.median(sizes)):,.0f}, max {int(sizes.max()):,}, "
         f"{int((sizes == 0).sum())} empty of {router.n_paths} (plain nearest centroid; `routing.balance` would "

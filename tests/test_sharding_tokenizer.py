@@ -97,6 +97,30 @@ def test_prefix_texts_agrees_with_decode_prefix(trained):
     for n in (1, 5, 16, 40):
         expected = [decode_prefix(tok, ids, n) for ids in encode_batch(tok, texts)]
         assert prefix_texts(tok, texts, n_tokens=n) == expected
+        assert prefix_texts(tok, texts, n_tokens=n, batch_size=7) == expected  # in batches, same order
+
+
+def test_prefix_texts_encodes_a_short_character_prefix_of_long_documents(trained, monkeypatch):
+    """Words of ~4 characters: one try (L = 4 * n_tokens and 2L characters) settles each document, so a
+    2,000-character document costs ~12 * n_tokens encoded characters, not the whole text."""
+    import sharding.tokenizer
+
+    tok, _ = trained
+    texts = [("river stone light north cold garden " * 60)[:2000] + f" {i}" for i in range(20)]
+    texts.append("pre <|endoftext|> post " * 100)  # a special token's string near the first cut
+    encoded: list[int] = []
+    real = sharding.tokenizer._encode_ids
+
+    def counting(tokenizer, batch):
+        batch = list(batch)
+        encoded.extend(len(t) for t in batch)
+        return real(tokenizer, batch)
+
+    monkeypatch.setattr(sharding.tokenizer, "_encode_ids", counting)
+    n = 16
+    got = prefix_texts(tok, texts, n_tokens=n)
+    assert got == [decode_prefix(tok, ids, n) for ids in encode_batch(tok, texts)]
+    assert sum(encoded) - sum(len(t) for t in texts) <= 3 * 4 * n * len(texts)  # encode_batch's own calls
 
 
 def test_prefix_texts_retries_with_longer_prefixes(trained, monkeypatch):

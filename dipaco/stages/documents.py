@@ -8,6 +8,7 @@ every document's prefix features and path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -73,8 +74,9 @@ def assign_all(router: Router, features: np.ndarray, split: np.ndarray, *, top_k
     return paths, (topk if top_k > 1 else None)
 
 
-def run_tokenizer(sharding: ShardingConfig, run: RunDir, train_texts: list[str]):
-    """The configured tokenizer (copied into the run), the run's own, or a BPE trained on `train_texts`."""
+def run_tokenizer(sharding: ShardingConfig, run: RunDir, train_texts: Iterable[str]):
+    """The configured tokenizer (copied into the run), the run's own, or a BPE trained on `train_texts`
+    (a list, or an iterator that is read only when a BPE is trained)."""
     if sharding.tokenizer:
         tokenizer = load_tokenizer(sharding.tokenizer)
         tokenizer.save_pretrained(run.tokenizer)  # the run keeps its own copy
@@ -82,6 +84,7 @@ def run_tokenizer(sharding: ShardingConfig, run: RunDir, train_texts: list[str])
     if (run.tokenizer / "tokenizer.json").exists():
         log.info("reusing the tokenizer in %s", run.tokenizer)
         return load_tokenizer(run.tokenizer)
-    log.info("training a %d-token byte-level BPE on %d documents", sharding.vocab_size, len(train_texts))
+    log.info("training a %d-token byte-level BPE on the %s training documents", sharding.vocab_size,
+             len(train_texts) if hasattr(train_texts, "__len__") else "streamed")
     return train_tokenizer(train_texts, vocab_size=sharding.vocab_size, out_dir=run.tokenizer,
                            max_chars=sharding.max_encode_chars)

@@ -51,10 +51,10 @@ def route(config: Config, run: RunDir) -> dict:
     record_path(run, "route").unlink(missing_ok=True)  # until this routing is complete, no record claims it
     dataset = load_run_corpus(config.corpus)
     split = run_splits(config.corpus, len(dataset))
-    texts = dataset["text"]
-    train_texts = [t for t, s in zip(texts, split) if s == TRAIN]
-    tokenizer = run_tokenizer(config.sharding, run, train_texts)
-    prefixes = prefix_texts(tokenizer, texts, n_tokens=config.routing.prefix_tokens)
+    # the texts are read from the (memory-mapped) dataset a batch at a time, never held as one list
+    tokenizer = run_tokenizer(config.sharding, run, _train_texts(dataset, split))
+    prefixes = [prefix for batch in _text_batches(dataset)
+                for prefix in prefix_texts(tokenizer, batch, n_tokens=config.routing.prefix_tokens)]
     topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
     fit_docs = np.flatnonzero(split == TRAIN)
     if 0 < config.routing.fit_sample < len(fit_docs):  # a seeded sample; all documents are assigned below
@@ -83,6 +83,18 @@ def route(config: Config, run: RunDir) -> dict:
     record(run, "route", config, corpus=corpus_digest(config.corpus))
     save_config(config, run.config)  # only now: config.yaml claims what was run
     return stats
+
+
+def _text_batches(dataset, *, batch_size: int = 8192):
+    """The dataset's texts, a list of at most `batch_size` at a time, in order."""
+    for start in range(0, len(dataset), batch_size):
+        yield dataset[start : start + batch_size]["text"]
+
+
+def _train_texts(dataset, split: np.ndarray, *, batch_size: int = 8192):
+    """The training documents' texts, in order, read a batch at a time."""
+    for start, batch in zip(range(0, len(dataset), batch_size), _text_batches(dataset, batch_size=batch_size)):
+        yield from (text for text, s in zip(batch, split[start : start + batch_size]) if s == TRAIN)
 
 
 def assign_replicas(routed: np.ndarray, *, replicas: int, seed: int) -> np.ndarray:
