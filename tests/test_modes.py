@@ -95,11 +95,25 @@ def test_rerouting_scores_each_chunk_with_the_path_chosen_before_it(setup):
     for d, doc in enumerate(docs):
         expected = 0.0
         for start, end, path in routes[d]:
-            assert path == route([doc], [start])[0]
+            assert path == route([doc[start - PREFIX:start]], [PREFIX])[0]  # the PREFIX tokens before the span
             expected += reference_span_nll(models[path], doc, start, end)
         assert scores["nll"][d] == pytest.approx(expected, rel=1e-4, abs=1e-4)
         assert scores["tokens"][d] == max(0, len(doc) - PREFIX)
     assert len({p for spans in routes for _, _, p in spans}) > 1, "the test should exercise re-routing"
+
+
+def test_rerouting_with_a_router_that_reads_only_its_first_tokens_still_follows_the_text(setup):
+    # the base-model featurizer truncates its input to routing.prefix_tokens: routed from "the first s
+    # tokens", every chunk would get the prefix's path and every:W would be the prefix mode again
+    _, docs, _ = setup
+
+    def truncating(batch, n_tokens):
+        return route([d[:PREFIX] for d in batch], [min(PREFIX, n) for n in n_tokens])
+
+    routes = route_chunks(truncating, docs, prefix=PREFIX, window=8)
+    first = truncating(docs, [PREFIX] * len(docs))
+    assert all(spans[0][2] == first[d] for d, spans in enumerate(routes) if spans)
+    assert any(p != first[d] for d, spans in enumerate(routes) for _, _, p in spans[1:])
 
 
 def test_oracle_is_the_best_path_and_never_worse_than_prefix(setup):
@@ -152,7 +166,7 @@ def test_evaluate_modes_rows_match_direct_computations_and_reuse_the_table(setup
     every = 0.0
     for doc in docs:
         for start, end in chunk_spans(len(doc), prefix=PREFIX, window=8):
-            every += reference_span_nll(models[route([doc], [start])[0]], doc, start, end)
+            every += reference_span_nll(models[route([doc[start - PREFIX:start]], [PREFIX])[0]], doc, start, end)
     assert rows["every:8"]["perplexity"] == pytest.approx(math.exp(every / tokens), rel=1e-5)
     oracle = sum(min(reference_span_nll(m, doc, PREFIX, len(doc)) for m in models) for doc in docs if len(doc) > PREFIX)
     assert rows["oracle"]["perplexity"] == pytest.approx(math.exp(oracle / tokens), rel=1e-5)

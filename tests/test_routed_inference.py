@@ -59,7 +59,7 @@ def chunk_nll(model, doc: np.ndarray, start: int, end: int) -> float:
 def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[int, tuple[float, int]], bool]:
     """Routed evaluation computed directly, without dipaco.eval: each test document's tokens after the
     prefix P are cut in chunks [P, P+W), [P+W, P+2W), ...; the router picks a chunk's path from the
-    text of the tokens before it; that path's model scores the chunk (`chunk_nll`, unbatched).
+    text of the P tokens just before it; that path's model scores the chunk (`chunk_nll`, unbatched).
     Returns (total loss, tokens, {path of the first chunk: (loss, tokens)}, whether some document
     changed path between chunks)."""
     config = load_config(run.config)
@@ -68,7 +68,8 @@ def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[
     prefix, last = config.routing.prefix_tokens, factory.store.current_round()
     router, tokenizer = Router.load(run.routing), load_tokenizer(run.tokenizer)
     chunks = [(d, s, min(s + window, len(doc))) for d, doc in enumerate(docs) for s in range(prefix, len(doc), window)]
-    paths = router.route([decode_prefix(tokenizer, docs[d], s) for d, s, _ in chunks]).tolist()  # replicas = 1
+    paths = router.route([decode_prefix(tokenizer, docs[d][s - prefix:s], prefix)  # replicas = 1
+                          for d, s, _ in chunks]).tolist()
     models = {p: factory.load_path(path=p, round=last).eval() for p in set(paths)}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many tiny forward passes: more threads only contend on a shared machine

@@ -9,9 +9,11 @@ the dense baselines.
 
 - `prefix`: the router picks one path from the text of the first P tokens; it scores tokens P.. .
 - `every:W`: tokens P.. are cut in chunks [P, P+W), [P+W, P+2W), ...; chunk k is scored by the path
-  the router picks from the text of the tokens before it (the first P + kW tokens). The chosen path
-  reads the whole text up to the chunk's end (a causal model: running it on the whole document and
-  keeping that chunk's token losses is the same computation). W >= the sequence length is `prefix`.
+  the router picks from the text of the P tokens just before it (tokens [P + kW - P, P + kW)): the
+  paper's frequent routing, where chunk i's text picks the path of chunk i+1, with the context the
+  router was fit on (P tokens; chunk 0's is the prefix itself). The chosen path reads the whole text
+  up to the chunk's end (a causal model: running it on the whole document and keeping that chunk's
+  token losses is the same computation). W >= the sequence length is `prefix`.
 - `oracle`: every path scores every document; each document takes its lowest total loss. An upper
   bound on what any router that picks one path per sequence could do.
 - `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns).
@@ -83,10 +85,12 @@ def route_chunks(route: RouteFn, docs: list[np.ndarray], *,
     """Each document's spans with the path that scores them: `[(start, end, path)]`.
 
     `route(docs, n_tokens)` picks a path per document from the text of its first n tokens; a span
-    starting at token s is routed from the first s tokens."""
+    starting at token s is routed from the `prefix` tokens before it, tokens [s - prefix, s) (the
+    first span's are the routing prefix itself, so one span per document is the `prefix` mode)."""
     spans = [chunk_spans(len(d), prefix=prefix, window=window) for d in docs]
     flat = [(d, s, e) for d, doc_spans in enumerate(spans) for s, e in doc_spans]
-    paths = route([docs[d] for d, _, _ in flat], [s for _, s, _ in flat]) if flat else np.zeros(0, np.int64)
+    contexts = [docs[d][max(0, s - prefix):s] for d, s, _ in flat]
+    paths = route(contexts, [len(c) for c in contexts]) if flat else np.zeros(0, np.int64)
     out: list[list[tuple[int, int, int]]] = [[] for _ in docs]
     for (d, s, e), p in zip(flat, paths, strict=True):
         out[d].append((s, e, int(p)))
