@@ -6,6 +6,8 @@ and (with --compression) bytes per island per round with compressed pseudo-gradi
     python bench/bench_islands.py --markdown-only  # re-render the tables from bench/results/islands.json
     python bench/bench_islands.py --predict        # (re)compute the simulator's column from the JSON
     BENCH_MTBF_TASKS=1 BENCH_STRAGGLER=0 python bench/bench_islands.py   # one failure rate, no straggler runs
+    python bench/bench_islands.py --replicas 2 --inner-steps 25 --rounds 2 --mtbf 0.5 --no-straggler \
+        --name islands-replicas2       # 8 islands (topology.replicas=2: 8 paths), bench/results/islands-replicas2.*
 
 Each run is a real `dipaco train` (coordinator + pull-based island processes over a local store) of the
 demo grid (2x2 paths, the demo's warm start, 25 inner steps of batch 4, fp32, plain-averaging outer
@@ -28,19 +30,24 @@ the last commit), from `train.json`.
 Next to each measured goodput: the simulator's prediction for the same settings
 (bench/islands_prediction.py: `dipaco simulate`'s rounds, driven by the same round policy).
 
-Budget: by default `BENCH_ISLANDS=4` island processes of one thread each, one per path (the
-simulator's mapping needs one learner per path), on whatever cores there are, and `BENCH_ROUNDS=2`;
-the results are written after every run, so a run cut short keeps what was measured.
+Budget: by default 4 island processes of one thread each, one per path (the simulator's mapping needs
+one learner per path; `--replicas R` gives 4 R paths and as many islands), on whatever cores there are,
+and 2 rounds (`--rounds`, or `BENCH_ROUNDS`; `--islands` / `BENCH_ISLANDS`, `--mtbf` / `BENCH_MTBF_TASKS`,
+`--restart` / `BENCH_RESTART_TASKS`, `--checkpoint-steps` / `BENCH_CHECKPOINT_STEPS`); the results are
+written after every run, so a run cut short keeps what was measured (`--predict` adds the simulator's
+column afterwards).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,31 +64,92 @@ CONFIG = ROOT / "configs" / "demo.yaml"
 # dense pretraining takes longer than the runs on a loaded machine); BENCH_WARM_START=1 uses the demo's.
 BASE = [] if os.environ.get("BENCH_WARM_START") == "1" else ["pretrain.steps=0", "routing.featurizer=tfidf"]
 WORK = ROOT / "runs" / "bench-islands"
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
-ISLANDS = int(os.environ.get("BENCH_ISLANDS", "4"))  # one island per path of the demo grid, as the paper's learners
-CHECKPOINT_STEPS = int(os.environ.get("BENCH_CHECKPOINT_STEPS", "1"))  # of the demo's 25 inner steps (paper: ~T/20)
-STRAGGLER = os.environ.get("BENCH_STRAGGLER", "1") != "0"  # the sync / async runs with island-0 3x slower
-COMMON = [*BASE, f"train.rounds={ROUNDS}", "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-          "eval.baselines=false", "eval.modes=[prefix]", f"train.islands={ISLANDS}", "train.threads_per_island=1", "train.keep_rounds=0",
-          "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
-          f"train.checkpoint_steps={CHECKPOINT_STEPS}"]
 ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]
+SLOWDOWN = 3.0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one invocation measures (command-line options; the defaults are the environment's, then the
+    benchmark's historical ones: 4 islands, 2 rounds of 25 steps, MTBF 0.5 T and 1 T, R 0.15 T)."""
+
+    replicas: int = 1  # topology.replicas: islands = 4 x replicas, one per path of the 2x2 grid
+    islands: int = 4
+    rounds: int = 2
+    inner_steps: int = 25
+    checkpoint_steps: int = 1  # of the inner steps (paper: ~T/20)
+    restart_tasks: float = 0.15  # restart time R, in task times T
+    mtbf_tasks: tuple[float, ...] = (0.5, 1.0)  # MTBF per island, in T
+    sync_target: float | None = None  # also the MTBF at which the simulator predicts this sync goodput
+    straggler: bool = True  # the sync / async runs with island-0 3x slower
+    name: str = "islands"  # bench/results/<name>.{json,md}
+
+    @property
+    def common(self) -> list[str]:
+        return [*BASE, f"train.rounds={self.rounds}", "outer.lr=1.0", "outer.momentum=0.0",
+                "outer.rescale_by_paths=false", "eval.baselines=false", "eval.modes=[prefix]",
+                f"train.islands={self.islands}", "train.threads_per_island=1", "train.keep_rounds=0",
+                "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
+                f"train.checkpoint_steps={self.checkpoint_steps}",
+                *([f"topology.replicas={self.replicas}"] if self.replicas > 1 else []),
+                *([f"inner.steps={self.inner_steps}"] if self.inner_steps != 25 else [])]
+
+    @property
+    def base_dir(self) -> Path:
+        """The routed and sharded run the benchmark copies (routing depends on the replicas)."""
+        return WORK / ("base" if self.replicas == 1 else f"base-replicas{self.replicas}")
+
+    @property
+    def work(self) -> Path:
+        return WORK if self.name == "islands" else WORK / self.name
+
+
+def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="topology.replicas (DiLoCo replicas per path): 2 gives 8 paths; islands default to 4 x this")
+    parser.add_argument("--islands", type=int, default=None, help="island processes (default BENCH_ISLANDS, else one per path)")
+    parser.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", "2")), help="train.rounds (results per path)")
+    parser.add_argument("--inner-steps", type=int, default=25, help="inner.steps H per task")
+    parser.add_argument("--checkpoint-steps", type=int, default=int(env("BENCH_CHECKPOINT_STEPS", "1")))
+    parser.add_argument("--restart", type=float, default=float(env("BENCH_RESTART_TASKS", "0.15")),
+                        help="restart time R in task times T")
+    parser.add_argument("--mtbf", default=env("BENCH_MTBF_TASKS", "0.5,1"),
+                        help="comma-separated MTBF per island in task times T, one sync + async pair each ('' for none)")
+    parser.add_argument("--mtbf-for-sync", type=float, default=None, metavar="GOODPUT",
+                        help="after the failure-free runs, also run the MTBF at which the simulator (fitted to them) "
+                             "predicts this sync goodput, e.g. 0.5")
+    parser.add_argument("--no-straggler", action="store_true", help="skip the straggler runs (BENCH_STRAGGLER=0)")
+    parser.add_argument("--name", default="islands", help="results name: bench/results/NAME.{json,md}")
+    parser.add_argument("--compression", action="store_true", help="also the int8 / int4 runs (part a)")
+    parser.add_argument("--markdown-only", action="store_true", help="re-render bench/results/NAME.md from its JSON")
+    parser.add_argument("--predict", action="store_true", help="(re)compute the simulator's column from the JSON")
+    args = parser.parse_args(argv)
+    islands = args.islands or (int(env("BENCH_ISLANDS")) if env("BENCH_ISLANDS") else 4 * args.replicas)
+    if args.replicas < 1 or islands < 1 or args.rounds < 1 or args.inner_steps < 1 or args.checkpoint_steps < 0:
+        parser.error(f"--replicas, --islands, --rounds and --inner-steps must be >= 1 and --checkpoint-steps >= 0, got "
+                     f"{args.replicas}, {islands}, {args.rounds}, {args.inner_steps}, {args.checkpoint_steps}")
+    mtbf = tuple(float(x) for x in args.mtbf.split(",") if x.strip())
+    if any(m <= 0 for m in mtbf) or args.restart < 0:
+        parser.error(f"--mtbf values must be > 0 and --restart >= 0, got {args.mtbf!r}, {args.restart}")
+    if args.mtbf_for_sync is not None and not 0 < args.mtbf_for_sync < 1:
+        parser.error(f"--mtbf-for-sync must be a goodput in (0, 1), got {args.mtbf_for_sync}")
+    straggler = not args.no_straggler and env("BENCH_STRAGGLER", "1") != "0"
+    return Setting(replicas=args.replicas, islands=islands, rounds=args.rounds, inner_steps=args.inner_steps,
+                   checkpoint_steps=args.checkpoint_steps, restart_tasks=args.restart, mtbf_tasks=mtbf,
+                   sync_target=args.mtbf_for_sync, straggler=straggler, name=args.name), args
 
 
 # The failure model, from the paper's setting (docs/islands.md#benchmark): a learner of 150k chips at a
 # per-chip MTBI of one year fails every 210 s, ~1 task time T of 200 s, and is back after a 30 s
 # restart (docs/simulate.md's fit), 0.15 T, resuming from a checkpoint taken every ~T/20.
-RESTART_TASKS = float(os.environ.get("BENCH_RESTART_TASKS", "0.15"))  # restart time R, in task times T
-FAILURE_RATES = [float(x) for x in os.environ.get("BENCH_MTBF_TASKS", "0.5,1").split(",")]  # MTBF per island, in T
-SLOWDOWN = 3.0
-
-
-def failure_overrides(task_seconds: float, mtbf_tasks: float) -> list[str]:
+def failure_overrides(task_seconds: float, mtbf_tasks: float, *, restart_tasks: float) -> list[str]:
     """Restart-style failures scaled to the measured task time T: each island fails on average every
-    mtbf_tasks x T of its up-time, is back after R = RESTART_TASKS x T and resumes from its inner
+    mtbf_tasks x T of its up-time, is back after R = restart_tasks x T and resumes from its inner
     checkpoint; a silent island's task is handed on after T / 2."""
     t = max(task_seconds, 2.0)
-    return [f"train.fail_mtbf={mtbf_tasks * t:.1f}", f"train.return_after={RESTART_TASKS * t:.1f}",
+    return [f"train.fail_mtbf={mtbf_tasks * t:.1f}", f"train.return_after={restart_tasks * t:.1f}",
             "train.fail_mode=die", f"train.heartbeat_timeout={t / 2:.1f}", "train.heartbeat_seconds=0.5"]
 
 
@@ -98,25 +166,26 @@ def dipaco(*args: str) -> None:
         raise RuntimeError(f"dipaco {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
 
 
-def prepare() -> RunDir:
-    base = RunDir(WORK / "base")
+def prepare(setting: Setting) -> RunDir:
+    base = RunDir(setting.base_dir)
     if not (base.shards / "index.json").exists():
         log("warm start, routing and sharding the bundled corpus (demo config)")
-        if load_config(CONFIG, BASE).pretrain.steps:  # the demo's dense warm start; its model also routes (base-model)
-            dipaco("pretrain", "--config", str(CONFIG), "--run", str(base.root), *BASE)
-        dipaco("route", "--config", str(CONFIG), "--run", str(base.root), *BASE)
-        dipaco("shard", "--config", str(CONFIG), "--run", str(base.root), *BASE)
+        options = [*BASE, *([f"topology.replicas={setting.replicas}"] if setting.replicas > 1 else [])]
+        if load_config(CONFIG, options).pretrain.steps:  # the demo's dense warm start; its model also routes (base-model)
+            dipaco("pretrain", "--config", str(CONFIG), "--run", str(base.root), *options)
+        dipaco("route", "--config", str(CONFIG), "--run", str(base.root), *options)
+        dipaco("shard", "--config", str(CONFIG), "--run", str(base.root), *options)
     return base
 
 
-def train_and_eval(base: RunDir, name: str, overrides: list[str]) -> dict:
-    run = RunDir(WORK / name)
+def train_and_eval(setting: Setting, base: RunDir, name: str, overrides: list[str]) -> dict:
+    run = RunDir(setting.work / name)
     if run.root.exists():
         shutil.rmtree(run.root)
     for part in ("tokenizer", "pretrain", "routing", "shards"):
         if (base.root / part).exists():
             shutil.copytree(base.root / part, run.root / part)
-    args = ["--config", str(CONFIG), "--run", str(run.root), *COMMON, *overrides]
+    args = ["--config", str(CONFIG), "--run", str(run.root), *setting.common, *overrides]
     log(f"{name}: training ({' '.join(overrides) or 'defaults'})")
     started = time.perf_counter()
     dipaco("train", *args)
@@ -178,18 +247,18 @@ def _manifests(store: ModuleStore) -> list:
     return [m for m in (read_manifest(store, r) for r in range(1, store.current_round() + 1)) if m is not None]
 
 
-def path_parameters(base: RunDir) -> int:
+def path_parameters(setting: Setting, base: RunDir) -> int:
     from dipaco.model.path_model import count_parameters
     from dipaco.stages.context import PathFactory
 
-    return count_parameters(PathFactory(load_config(CONFIG), base).new_model())
+    return count_parameters(PathFactory(load_config(CONFIG, setting.common), base).new_model())
 
 
-def main() -> None:
+def main(setting: Setting, *, compression: bool) -> None:
     started = time.perf_counter()
-    base = prepare()
-    params = path_parameters(base)
-    rows = {"sync": train_and_eval(base, "sync", [])}
+    base = prepare(setting)
+    params = path_parameters(setting, base)
+    rows = {"sync": train_and_eval(setting, base, "sync", [])}
     task_seconds = rows["sync"]["task_seconds"]
     grace = [f"outer.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
     out = {"budget": {}, "goodput": [], "compression": [], "runs": rows}
@@ -200,29 +269,39 @@ def main() -> None:
         """Add the run's row and write the results so far (a run cut short keeps what was measured)."""
         out["goodput"].append({**_goodput_row(rows, name, mode, fault), "mtbf_tasks": mtbf})
         out["budget"] = {
-            "config": "configs/demo.yaml", "overrides": COMMON, "islands": ISLANDS, "rounds": ROUNDS,
+            "config": "configs/demo.yaml", "overrides": setting.common, "islands": setting.islands,
+            "rounds": setting.rounds, "replicas": setting.replicas, "paths": 4 * setting.replicas,
             "failure_settings": settings, "async_overrides": ASYNC + grace, "task_seconds": task_seconds,
-            "checkpoint_steps": CHECKPOINT_STEPS, "restart_tasks": RESTART_TASKS, "slowdown": SLOWDOWN,
+            "checkpoint_steps": setting.checkpoint_steps, "restart_tasks": setting.restart_tasks, "slowdown": SLOWDOWN,
             "path_parameters": params, "inner_steps_per_task": steps, "seconds": time.perf_counter() - started}
-        write_results("islands", out, markdown(out))
+        write_results(setting.name, out, markdown(out))
 
     record("sync", "sync", "none")
-    rows["async"] = train_and_eval(base, "async", [*ASYNC, *grace])
+    rows["async"] = train_and_eval(setting, base, "async", [*ASYNC, *grace])
     record("async", "async", "none")
-    for mtbf in FAILURE_RATES:
-        failures = failure_overrides(task_seconds, mtbf)
+    rates = list(setting.mtbf_tasks)
+    if setting.sync_target is not None:
+        from bench.islands_prediction import mtbf_for_sync
+
+        mtbf = round(mtbf_for_sync(out, target=setting.sync_target), 2)
+        out["mtbf_for_sync"] = {"target": setting.sync_target, "mtbf_tasks": mtbf}
+        log(f"the simulator, fitted to the failure-free runs, predicts sync goodput {setting.sync_target:.0%} at "
+            f"MTBF {mtbf:g} T")
+        rates.insert(0, mtbf)
+    for mtbf in rates:
+        failures = failure_overrides(task_seconds, mtbf, restart_tasks=setting.restart_tasks)
         settings[f"mtbf {mtbf:g}T"] = failures
         for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])):
             name = f"{mode}-mtbf{mtbf:g}"
-            rows[name] = train_and_eval(base, name, [*extra, *failures])
-            record(name, mode, f"MTBF {mtbf:g}T, restart {RESTART_TASKS:g}T", mtbf)
-    for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])) if STRAGGLER else ():
+            rows[name] = train_and_eval(setting, base, name, [*extra, *failures])
+            record(name, mode, f"MTBF {mtbf:g}T, restart {setting.restart_tasks:g}T", mtbf)
+    for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])) if setting.straggler else ():
         name = f"{mode}-slow"
-        rows[name] = train_and_eval(base, name, [*extra, f"train.slowdown={SLOWDOWN:g}"])
+        rows[name] = train_and_eval(setting, base, name, [*extra, f"train.slowdown={SLOWDOWN:g}"])
         record(name, mode, f"island-0 {SLOWDOWN:g}x slower")
-    if "--compression" in sys.argv:
-        rows["int8"] = train_and_eval(base, "int8", ["outer.compression=int8"])
-        rows["int4"] = train_and_eval(base, "int4", ["outer.compression=int4"])
+    if compression:
+        rows["int8"] = train_and_eval(setting, base, "int8", ["outer.compression=int8"])
+        rows["int4"] = train_and_eval(setting, base, "int4", ["outer.compression=int4"])
         dp_up = steps * params * 4  # per task: one full float32 gradient sent per inner step
         for name, key in (("none", "sync"), ("int8", "int8"), ("int4", "int4")):
             r = rows[key]
@@ -236,7 +315,7 @@ def main() -> None:
                 "perplexity_cost_pct": 100 * (r["perplexity"] / rows["sync"]["perplexity"] - 1),
             })
     add_predictions(out)
-    path = write_results("islands", out, markdown(out))
+    path = write_results(setting.name, out, markdown(out))
     print(path.with_suffix(".md").read_text())
 
 
@@ -262,9 +341,11 @@ def markdown(out: dict) -> str:
         "# Islands: goodput sync vs async under failures and a straggler",
         "",
         f"demo grid 2x2, {b['path_parameters']:,} parameters per path, {b['inner_steps_per_task']} inner steps per "
-        f"task (batch 4, fp32), {b['rounds']} rounds, {b['islands']} island processes of one thread for 4 paths on "
+        f"task (batch 4, fp32), {b['rounds']} rounds, {b['islands']} island processes of one thread for "
+        f"{b.get('paths', 4)} paths{' (topology.replicas=' + str(b['replicas']) + ')' if b.get('replicas', 1) > 1 else ''} on "
         f"this machine, task time T = {b['task_seconds']:.1f}s (failure-free sync run), inner checkpoints every "
-        f"{b['checkpoint_steps']} steps, async {' '.join(b['async_overrides'])}; whole benchmark {b['seconds']:.0f}s. "
+        f"{b['checkpoint_steps']} steps, restart R = {b['restart_tasks']:g} T, async {' '.join(b['async_overrides'])}; "
+        f"whole benchmark {b['seconds']:.0f}s. "
         "Goodput as docs/islands.md#goodput defines it.",
         "",
         "| run | mode | fault | failures | goodput | simulator | perplexity | vs failure-free sync | applied | stale "
@@ -280,6 +361,10 @@ def markdown(out: dict) -> str:
             f"| {g['run']} | {g['mode']} | {g['fault']} | {g['injected_failures']} | {g['goodput']:.1%} | {sim} "
             f"| {g['perplexity']:.2f} | {g['perplexity_vs_failure_free_sync_pct']:+.2f}% | {g['applied']} "
             f"| {g['stale_applied']} | {g['dropped']} | {by_island} | {g['wall_seconds']:.0f}s |")
+    if out.get("mtbf_for_sync"):
+        m = out["mtbf_for_sync"]
+        lines += ["", f"MTBF {m['mtbf_tasks']:g} T is where the simulator, fitted to the failure-free runs, predicted "
+                      f"sync goodput {m['target']:.0%} (`--mtbf-for-sync {m['target']:g}`)."]
     lines += ["", "Failure settings: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in b["failure_settings"].items())]
     if out.get("prediction"):
         lines += ["", "Simulator: " + out["prediction"]["settings"]]
@@ -302,14 +387,16 @@ def markdown(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--markdown-only"]:  # re-render the table from bench/results/islands.json
-        record = json.loads((RESULTS / "islands.json").read_text())
+    SETTING, ARGS = setting_from(sys.argv[1:])
+    RESULT = RESULTS / f"{SETTING.name}.json"
+    if ARGS.markdown_only:  # re-render bench/results/NAME.md from its JSON
+        record = json.loads(RESULT.read_text())
         print(with_source(record, markdown(record)))
-    elif sys.argv[1:] == ["--predict"]:  # add the simulator's column to bench/results/islands.json
-        record = json.loads((RESULTS / "islands.json").read_text())
+    elif ARGS.predict:  # add the simulator's column to bench/results/NAME.json
+        record = json.loads(RESULT.read_text())
         add_predictions(record)
-        (RESULTS / "islands.json").write_text(json.dumps(record, indent=1) + "\n")
-        (RESULTS / "islands.md").write_text(with_source(record, markdown(record)))
+        RESULT.write_text(json.dumps(record, indent=1) + "\n")
+        RESULT.with_suffix(".md").write_text(with_source(record, markdown(record)))
         print(with_source(record, markdown(record)))
     else:
-        main()
+        main(SETTING, compression=ARGS.compression)

@@ -26,7 +26,7 @@ import dataclasses
 import math
 import statistics
 
-from dipaco.config import SimulateConfig, load_config
+from dipaco.config import OuterConfig, SimulateConfig, load_config
 from dipaco.model.topology import Topology
 from dipaco.simulate.failures import FailureModel
 from dipaco.simulate.rounds import RoundsSimulation
@@ -34,37 +34,58 @@ from dipaco.simulate.settings import Settings
 
 SEEDS = 50
 NO_FAILURES_HOURS = 1e12  # a chip MTBI that never fails within a run
+HORIZON_RUNS = 25  # simulated task times per result per path: a run must end before (an error otherwise)
 
 
-def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int) -> float:
-    """Mean goodput over SEEDS failure draws of one run of `rounds` results per path."""
+def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int | None,
+                      seeds: int = SEEDS) -> float:
+    """Mean goodput over `seeds` failure draws of one run of `rounds` results per path (None: no length,
+    training to the horizon, whose whole length is allocated)."""
     values = []
-    for seed in range(SEEDS):
+    for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
         run = RoundsSimulation(Settings(sim=sim, outer=settings.outer),
                                FailureModel(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed),
                                mode=mode, topology=topology, rounds=rounds)
         ledger = run.run()
-        if not run.rounds:
-            raise RuntimeError(f"the simulated {mode} run committed no round within {sim.horizon_hours} h")
+        if rounds is None:
+            values.append(ledger.goodput)
+            continue
+        if not run.syncer.policy.done:
+            raise RuntimeError(f"the simulated {mode} run did not apply its {rounds} results per path within "
+                               f"{sim.horizon_hours:.3g} h")
         values.append(ledger.useful / (sim.learners * run.rounds[-1].time))
     return statistics.mean(values)
+
+
+def island_settings(*, outer: OuterConfig, learners: int, task_seconds: float, inner_steps: int, restart_seconds: float,
+                    checkpoint_steps: int, overhead: float, sigma: float, mtbf_tasks: float | None,
+                    parameters: int, horizon_tasks: float = 1000.0) -> Settings:
+    """One-chip learners (islands) of a real run on the simulator's clock: tasks of `task_seconds` in
+    `inner_steps` steps, a per-task overhead of `overhead` seconds (as the transfer time: a float32
+    pseudo-gradient up and float32 modules down), failures every `mtbf_tasks` task times (None: none),
+    back after `restart_seconds`, resuming from a checkpoint every `checkpoint_steps` steps; simulated for
+    at most `horizon_tasks` task times (a run must end before: fewer make failure-heavy runs faster)."""
+    transfer_bits = parameters * (32 + 32)  # a float32 pseudo-gradient up, float32 modules down
+    sim = SimulateConfig(
+        learners=learners, chips_per_learner=1,
+        chip_mtbi_hours=NO_FAILURES_HOURS if mtbf_tasks is None else mtbf_tasks * task_seconds / 3600,
+        restart_seconds=restart_seconds, learner_failure="restart",
+        checkpoint_steps=max(1, checkpoint_steps), step_seconds=task_seconds / inner_steps, inner_steps=inner_steps,
+        speed_sigma=sigma, model_parameters=parameters, parameter_bytes=4.0,
+        link_gbit_per_s=transfer_bits / (max(overhead, 1e-6) * 1e9), horizon_hours=horizon_tasks * task_seconds / 3600)
+    return Settings(sim=sim, outer=outer)
 
 
 def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None) -> Settings:
     b = out["budget"]
     config = load_config(b["config"], [o for o in b["overrides"] if o.startswith(("outer.", "topology."))]
                          + b["async_overrides"])
-    task, steps, params = b["task_seconds"], b["inner_steps_per_task"], b["path_parameters"]
-    transfer_bits = params * (32 + 32)  # a float32 pseudo-gradient up, float32 modules down
-    sim = SimulateConfig(
-        learners=b["islands"], chips_per_learner=1,
-        chip_mtbi_hours=NO_FAILURES_HOURS if mtbf_tasks is None else mtbf_tasks * task / 3600,
-        restart_seconds=b["restart_tasks"] * task, learner_failure="restart",
-        checkpoint_steps=max(1, b["checkpoint_steps"]), step_seconds=task / steps, inner_steps=steps,
-        speed_sigma=sigma, model_parameters=params, parameter_bytes=4.0,
-        link_gbit_per_s=transfer_bits / (max(overhead, 1e-6) * 1e9), horizon_hours=1000 * task / 3600)
-    return Settings(sim=sim, outer=config.outer)
+    task = b["task_seconds"]
+    return island_settings(outer=config.outer, learners=b["islands"], task_seconds=task,
+                           inner_steps=b["inner_steps_per_task"], restart_seconds=b["restart_tasks"] * task,
+                           checkpoint_steps=b["checkpoint_steps"], overhead=overhead, sigma=sigma,
+                           mtbf_tasks=mtbf_tasks, parameters=b["path_parameters"], horizon_tasks=HORIZON_RUNS * b["rounds"])
 
 
 def _topology(out: dict) -> Topology:
@@ -85,6 +106,23 @@ def fit_overhead(out: dict, *, sigma: float, topology: Topology) -> float:
         else:
             high = mid
     return (low + high) / 2
+
+
+def mtbf_for_sync(out: dict, *, target: float, seeds: int = 20) -> float:
+    """The MTBF (task times) at which the simulator predicts sync goodput `target` for this run's settings,
+    from its failure-free runs (the fitted overhead and the measured speed sigma): bisection on log MTBF."""
+    topology = _topology(out)
+    sigma = speed_sigma(out)
+    overhead = fit_overhead(out, sigma=sigma, topology=topology)
+    low, high = 0.2, 64.0
+    for _ in range(12):
+        middle = math.sqrt(low * high)
+        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=middle)
+        if simulated_goodput(at, mode="sync", topology=topology, rounds=out["budget"]["rounds"], seeds=seeds) > target:
+            high = middle
+        else:
+            low = middle
+    return math.sqrt(low * high)
 
 
 def speed_sigma(out: dict) -> float:

@@ -174,3 +174,65 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
     steps = run.config.inner.steps
     assert writes == list(range(1, steps))  # a checkpoint after every step but the last
     assert out.meta.seconds < 1.0 * len(writes)  # the writes took longer than that alone: they are not in it
+
+
+REPLICAS = ["topology.replicas=2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_replicas(tmp_path_factory):
+    """configs/tiny.yaml with `topology.replicas=2` routed and sharded: the 2x2 grid's 4 routed paths,
+    2 replica paths each (8 paths, every grid module shared by 4), as bench/bench_islands.py --replicas 2."""
+    from cli_helpers import TINY
+
+    from dipaco.config import load_config
+    from dipaco.run_dir import RunDir
+    from dipaco.stages.route import route
+    from dipaco.stages.shard import shard
+
+    run = RunDir(tmp_path_factory.mktemp("tiny-replicas"))
+    config = load_config(TINY, REPLICAS)
+    route(config, run)
+    shard(config, run)
+    return run
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_replica_islands_per_routed_path_train_every_path_and_none_idles(tiny_replicas, tmp_path, mode):
+    """Replicas 2 on the 2x2 grid, 8 unpinned islands (the benchmark's N = 8): the run applies
+    train.rounds results for each of the 8 paths (sync: all 8 in every round), and after every
+    coordinator pass no live island is idle while a task is open (its path, or another, could train)."""
+    from test_coordinator import manifests as read_manifests
+
+    from dipaco.store.records import task_key
+
+    async_ = ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0", "outer.max_staleness=2"]
+    run = make_run(tiny_replicas, tmp_path / "run", [*REPLICAS, "train.heartbeat_timeout=10",
+                                                     *(async_ if mode == "async" else [])])
+    # 8 paths; a grid module is shared by the 4 paths through it, the embeddings by all 8
+    assert run.topology.n_paths == 8
+    assert {len(run.topology.paths_of_module(m)) for m in run.topology.modules} == {4, 8}
+    clock = Clock()
+    coordinator = run.coordinator(clock)
+    islands = [run.island(f"i{n}", clock) for n in range(8)]
+    for _ in range(400):
+        if coordinator.tick():
+            break
+        open_tasks = [t for t in coordinator.tasks.values() if t.status == "open"]
+        assigned = {t.island for t in coordinator.tasks.values() if t.status == "assigned"}
+        idle = [i.name for i in islands if i.status == "idle" and i.down_until is None and i.name not in assigned
+                and i.name in coordinator.seen]
+        assert not (open_tasks and idle), f"{idle} idle while {[t.key for t in open_tasks]} are open"
+        for island in islands:
+            island.poll()
+        clock.t += 0.5
+    else:
+        raise AssertionError(f"the run did not finish (round {coordinator.committed})")
+    rounds = run.config.train.rounds
+    applied = [e for m in read_manifests(run.store, coordinator.committed) for e in m.applied]
+    assert sorted(e.path for e in applied) == sorted(list(range(8)) * rounds)
+    if mode == "sync":
+        assert coordinator.committed == rounds
+        for r, manifest in enumerate(read_manifests(run.store, rounds), start=1):
+            assert sorted(e.key for e in manifest.applied) == [task_key(p, r - 1) for p in range(8)]
+    assert sum(i.tasks_done for i in islands) >= 8 * rounds
