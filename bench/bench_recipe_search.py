@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quality_runs import Runner, mode_perplexity, pretrain_summary, read_json  # noqa: E402
-from bench.recording import write_results  # noqa: E402
+from bench.recording import RESULTS, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 
 log = logging.getLogger("bench_recipe_search")
@@ -76,7 +76,25 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "warm25-private-emb": ("25% warm start, base-model routing, private embeddings",
                            [*WARM25, "topology.private_embeddings=true"]),
     "warm25-top2": ("25% warm start, base-model routing, train_top_k 2", [*WARM25, "routing.train_top_k=2"]),
+    # Round 2: one lever at a time on top of round 1's best, warm25-diloco-outer (WARM25 + DILOCO_OUTER).
+    # inner.lr is also the warm start's lr (dipaco pretrain trains with the inner recipe).
+    "wdo-lr6e-3": ("warm25-diloco-outer with inner lr 6e-3 (warm start's too)", [*WARM25, *DILOCO_OUTER, "inner.lr=0.006"]),
+    "wdo-lr1.5e-3": ("warm25-diloco-outer with inner lr 1.5e-3 (warm start's too)",
+                     [*WARM25, *DILOCO_OUTER, "inner.lr=0.0015"]),
+    "wdo-outer-lr1.0": ("warm25-diloco-outer with outer lr 1.0 (momentum 0.9)", [*WARM25, *DILOCO_OUTER, "outer.lr=1.0"]),
+    "wdo-outer-lr0.5": ("warm25-diloco-outer with outer lr 0.5 (momentum 0.9)", [*WARM25, *DILOCO_OUTER, "outer.lr=0.5"]),
+    "warm50-diloco-outer": ("50% warm start (400 steps, then 4 rounds), base-model routing, DiLoCo's outer step",
+                            ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model", *DILOCO_OUTER]),
+    "wdo-private-emb": ("warm25-diloco-outer with path-private embeddings / head / final norm",
+                        [*WARM25, *DILOCO_OUTER, "topology.private_embeddings=true"]),
+    "wdo-private-last-block": ("warm25-diloco-outer with the last block private to each path",
+                               [*WARM25, *DILOCO_OUTER, "topology.private_blocks=[3]"]),
+    "wdo-H10": ("warm25-diloco-outer with H = 10, 15 rounds", [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15"]),
+    "wdo-top2": ("warm25-diloco-outer with train_top_k 2", [*WARM25, *DILOCO_OUTER, "routing.train_top_k=2"]),
+    "wdo-balance": ("warm25-diloco-outer with balanced routing (largest / smallest path <= 1.1)",
+                    [*WARM25, *DILOCO_OUTER, "routing.balance=1.1"]),
 }
+ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 MODES = ["prefix"]  # every:64 and oracle score every document with every path: 4x the eval time
 
 
@@ -138,11 +156,31 @@ def collect(runs: Path, config_file: Path) -> dict:
             "outer": {k: getattr(config.outer, k) for k in ("lr", "momentum", "rescale_by_paths", "weighting", "normalize")},
             "seconds": float(seconds.read_text()) if seconds.exists() else None,
         })
+    for r in rows:
+        r["round"] = 1 if r["variant"] in ROUND1 else 2
+        r["measured_here"] = True
+    rows += earlier_rows(RESULTS / "recipe-search.json", measured={r["variant"] for r in rows})
+    rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))
     base_ppl = next(r["perplexity"] for r in rows if r["variant"] == "base")
     for r in rows:
-        r["gain_vs_base"] = 1 - r["perplexity"] / base_ppl
+        if r["measured_here"]:  # a kept row keeps its gain over the base measured with it
+            r["gain_vs_base"] = 1 - r["perplexity"] / base_ppl
     return {"reduced": REDUCED, "dense": dense, "scored_tokens": base["scored_tokens"],
             "test_documents": base["test_documents"], "rows": rows}
+
+
+def earlier_rows(path: Path, *, measured: set[str]) -> list[dict]:
+    """The rows of the results file `path` written before (an earlier session's runs, whose run folders
+    are gone) for the variants not in `measured`: kept as they were, `measured_here` false, `source` the
+    file's source line, their ratio against the dense reference of the session that measured them (the
+    `base` of the same REDUCED config)."""
+    earlier = read_json(path)
+    kept = []
+    for r in earlier.get("rows", []):
+        if r["variant"] in VARIANTS and r["variant"] not in measured:
+            kept.append({**r, "round": r.get("round", 1), "measured_here": False,
+                         "source": r.get("source", earlier.get("source"))})
+    return kept
 
 
 def markdown(results: dict) -> str:
@@ -152,17 +190,23 @@ def markdown(results: dict) -> str:
         f"configs/demo.yaml with `{' '.join(results['reduced'])}`; every variant spends 800 path-model steps "
         f"(paths x rounds x H + pretrain steps) and is scored on the same {results['scored_tokens']:,} held-out "
         f"tokens ({results['test_documents']} documents). Dense path-size baselines: equal steps (200) "
-        f"{dense['dense-equal-steps']:.2f}, equal compute (800) {dense['dense-equal-compute']:.2f}.\n",
-        "| variant | what | routed ppl | ÷ base − 1 | ÷ dense equal compute | every:64 | oracle | routed ÷ oracle − 1 "
-        "| params total | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"{dense['dense-equal-steps']:.2f}, equal compute (800) {dense['dense-equal-compute']:.2f}, both trained "
+        "from scratch in the `base` run; every variant's ratio is to that dense-equal-compute model.\n",
     ]
+    earlier = sorted({r["source"] for r in results["rows"] if not r.get("measured_here", True)})
+    if earlier:
+        lines.append("Rows marked * were not re-run here: they are kept from the results file written before "
+                     f"(their source: {'; '.join(earlier)}), with ratios to that session's `base` reference.\n")
+    lines += ["| round | variant | what | routed ppl | ÷ base − 1 | ÷ dense equal compute | every:64 | oracle "
+              "| routed ÷ oracle − 1 | params total | seconds |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
         oracle = f"{r['oracle']:.2f}" if r["oracle"] else "-"
         gap = f"{100 * r['oracle_gap']:+.1f}%" if r["oracle_gap"] is not None else "-"
         every = f"{r['every64']:.2f}" if r["every64"] else "-"
         secs = f"{r['seconds']:.0f}" if r["seconds"] else "-"
-        lines.append(f"| {r['variant']} | {r['what']} | {r['perplexity']:.2f} | {-100 * r['gain_vs_base']:+.1f}% | "
+        mark = "" if r.get("measured_here", True) else "*"
+        lines.append(f"| {r.get('round', 1)} | {r['variant']}{mark} | {r['what']} | {r['perplexity']:.2f} | {-100 * r['gain_vs_base']:+.1f}% | "
                      f"{r['ratio_dense_equal_compute']:.2f} | {every} | {oracle} | {gap} | {r['params_total']:,} | "
                      f"{secs} |")
     lines.append("\nOverrides of each variant: `python bench/bench_recipe_search.py --list`.")

@@ -1,0 +1,45 @@
+"""bench/bench_recipe_search.py: every variant spends the same compute, and rows measured before are kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.bench_recipe_search import REDUCED, ROUND1, VARIANTS, earlier_rows
+from dipaco.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n != "grid-4x4"])  # 4x4 is 768 steps, said in its text
+def test_every_variant_spends_800_path_model_steps(name):
+    config = load_config(DEMO, [*REDUCED, *VARIANTS[name][1]])
+    paths = 1
+    for k in config.topology.levels:
+        paths *= k
+    assert paths * config.train.rounds * config.inner.steps + config.pretrain.steps == 800
+
+
+def test_round_two_variants_build_on_round_ones_best():
+    best = load_config(DEMO, [*REDUCED, *VARIANTS["warm25-diloco-outer"][1]]).to_dict()
+    round2 = [n for n in VARIANTS if n not in ROUND1]
+    assert round2 and "warm25-diloco-outer" in ROUND1
+    lr = load_config(DEMO, [*REDUCED, *VARIANTS["wdo-lr6e-3"][1]])
+    assert lr.inner.lr == 6e-3 and lr.to_dict()["outer"] == best["outer"]
+    assert load_config(DEMO, [*REDUCED, *VARIANTS["wdo-outer-lr0.5"][1]]).outer.lr == 0.5
+    h10 = load_config(DEMO, [*REDUCED, *VARIANTS["wdo-H10"][1]])
+    assert (h10.inner.steps, h10.train.rounds, h10.pretrain.steps) == (10, 15, 200)
+
+
+def test_rows_of_the_earlier_results_are_kept_unless_measured_again(tmp_path):
+    path = tmp_path / "recipe-search.json"
+    rows = [{"variant": "base", "perplexity": 404.95}, {"variant": "warm25", "perplexity": 284.0},
+            {"variant": "gone-variant", "perplexity": 1.0}]
+    path.write_text(json.dumps({"source": "measured by X", "rows": rows}))
+    kept = earlier_rows(path, measured={"base"})
+    assert [r["variant"] for r in kept] == ["warm25"]
+    assert kept[0]["measured_here"] is False and kept[0]["round"] == 1 and kept[0]["source"] == "measured by X"
+    assert earlier_rows(tmp_path / "missing.json", measured=set()) == []
