@@ -43,6 +43,8 @@ REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "train.rounds=8", "in
 PAPER_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=true"]
 DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=false"]
 WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
+WARM50 = ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model"]
+H10_AFTER_WARM50 = ["inner.steps=10", "train.rounds=10"]  # 400 + 4 paths x 10 rounds x 10 steps = 800
 
 # name -> (what it tests, overrides on top of configs/demo.yaml + REDUCED). Each spends 800 path-model steps.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -93,8 +95,21 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "wdo-top2": ("warm25-diloco-outer with train_top_k 2", [*WARM25, *DILOCO_OUTER, "routing.train_top_k=2"]),
     "wdo-balance": ("warm25-diloco-outer with balanced routing (largest / smallest path <= 1.1)",
                     [*WARM25, *DILOCO_OUTER, "routing.balance=1.1"]),
+    # Round 3: round 2's winners (50% warm start, H = 10, outer lr 1.0) combined, and a 75% warm start.
+    "w50-H10": ("50% warm start, DiLoCo's outer step, H = 10 (10 rounds)", [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50]),
+    "w50-olr1.0": ("50% warm start, DiLoCo's outer step with outer lr 1.0", [*WARM50, *DILOCO_OUTER, "outer.lr=1.0"]),
+    "w50-H10-olr1.0": ("50% warm start, H = 10 (10 rounds), outer lr 1.0",
+                       [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "outer.lr=1.0"]),
+    "warm75-diloco-outer": ("75% warm start (600 steps, then 2 rounds), base-model routing, DiLoCo's outer step",
+                            ["pretrain.steps=600", "train.rounds=2", "routing.featurizer=base-model", *DILOCO_OUTER]),
+    "w75-H10": ("75% warm start (600 steps), DiLoCo's outer step, H = 10 (5 rounds)",
+                ["pretrain.steps=600", "train.rounds=5", "routing.featurizer=base-model", *DILOCO_OUTER,
+                 "inner.steps=10"]),
+    "w50-H5": ("50% warm start, DiLoCo's outer step, H = 5 (20 rounds)",
+               [*WARM50, *DILOCO_OUTER, "inner.steps=5", "train.rounds=20"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
+ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):]
 MODES = ["prefix"]  # every:64 and oracle score every document with every path: 4x the eval time
 
 
@@ -157,7 +172,7 @@ def collect(runs: Path, config_file: Path) -> dict:
             "seconds": float(seconds.read_text()) if seconds.exists() else None,
         })
     for r in rows:
-        r["round"] = 1 if r["variant"] in ROUND1 else 2
+        r["round"] = 1 if r["variant"] in ROUND1 else 3 if r["variant"] in ROUND3 else 2
         r["measured_here"] = True
     rows += earlier_rows(RESULTS / "recipe-search.json", measured={r["variant"] for r in rows})
     rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))
