@@ -107,6 +107,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                  "inner.steps=10"]),
     "w50-H5": ("50% warm start, DiLoCo's outer step, H = 5 (20 rounds)",
                [*WARM50, *DILOCO_OUTER, "inner.steps=5", "train.rounds=20"]),
+    # The seed's share of the differences: the control and round 3's best again with another seed.
+    "warm25-diloco-outer-seed1": ("warm25-diloco-outer with train.seed 1 (init and data order)",
+                                  [*WARM25, *DILOCO_OUTER, "train.seed=1"]),
+    "w50-H10-seed1": ("w50-H10 with train.seed 1 (init and data order)",
+                      [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "train.seed=1"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):]
