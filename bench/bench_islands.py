@@ -91,8 +91,12 @@ class Setting:
                 f"train.islands={self.islands}", "train.threads_per_island=1", "train.keep_rounds=0",
                 "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
                 f"train.checkpoint_steps={self.checkpoint_steps}",
-                *([f"topology.replicas={self.replicas}"] if self.replicas > 1 else []),
-                f"inner.steps={self.inner_steps}"]  # always: configs/demo.yaml's own H is not the benchmark's
+                *self.topology, f"inner.steps={self.inner_steps}"]  # always: configs/demo.yaml's own H is not the benchmark's
+
+    @property
+    def topology(self) -> list[str]:
+        """The grid override (routing and sharding depend on it too)."""
+        return [f"topology.replicas={self.replicas}"] if self.replicas > 1 else []
 
     @property
     def base_dir(self) -> Path:
@@ -170,7 +174,7 @@ def prepare(setting: Setting) -> RunDir:
     base = RunDir(setting.base_dir)
     if not (base.shards / "index.json").exists():
         log("warm start, routing and sharding the bundled corpus (demo config)")
-        options = [*BASE, *([f"topology.replicas={setting.replicas}"] if setting.replicas > 1 else [])]
+        options = [*BASE, *setting.topology]
         if load_config(CONFIG, options).pretrain.steps:  # the demo's dense warm start; its model also routes (base-model)
             dipaco("pretrain", "--config", str(CONFIG), "--run", str(base.root), *options)
         dipaco("route", "--config", str(CONFIG), "--run", str(base.root), *options)

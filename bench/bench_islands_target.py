@@ -106,14 +106,8 @@ def sync_at_half(case: Case, *, seeds: int) -> float | None:
     50% without failures."""
     if goodput(case, mode="sync", mtbf_tasks=None, seeds=seeds) <= TARGET_SYNC:
         return None
-    low, high = 0.1, 256.0  # sync at MTBF low is below 50%, at high above
-    for _ in range(14):
-        middle = (low * high) ** 0.5
-        if goodput(case, mode="sync", mtbf_tasks=middle, seeds=seeds) > TARGET_SYNC:
-            high = middle
-        else:
-            low = middle
-    return (low * high) ** 0.5
+    return prediction.mtbf_where(lambda mtbf: goodput(case, mode="sync", mtbf_tasks=mtbf, seeds=seeds), TARGET_SYNC,
+                                 low=0.1, high=256.0, steps=14)  # sync at MTBF low is below 50%, at high above
 
 
 def own_loss(case: Case, mtbf_tasks: float) -> float:

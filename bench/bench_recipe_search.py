@@ -86,7 +86,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "wdo-outer-lr1.0": ("warm25-diloco-outer with outer lr 1.0 (momentum 0.9)", [*WARM25, *DILOCO_OUTER, "outer.lr=1.0"]),
     "wdo-outer-lr0.5": ("warm25-diloco-outer with outer lr 0.5 (momentum 0.9)", [*WARM25, *DILOCO_OUTER, "outer.lr=0.5"]),
     "warm50-diloco-outer": ("50% warm start (400 steps, then 4 rounds), base-model routing, DiLoCo's outer step",
-                            ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model", *DILOCO_OUTER]),
+                            [*WARM50, *DILOCO_OUTER]),
     "wdo-private-emb": ("warm25-diloco-outer with path-private embeddings / head / final norm",
                         [*WARM25, *DILOCO_OUTER, "topology.private_embeddings=true"]),
     "wdo-private-last-block": ("warm25-diloco-outer with the last block private to each path",

@@ -114,11 +114,20 @@ def mtbf_for_sync(out: dict, *, target: float, seeds: int = 20) -> float:
     topology = _topology(out)
     sigma = speed_sigma(out)
     overhead = fit_overhead(out, sigma=sigma, topology=topology)
-    low, high = 0.2, 64.0
-    for _ in range(12):
+
+    def sync_goodput(mtbf: float) -> float:
+        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=mtbf)
+        return simulated_goodput(at, mode="sync", topology=topology, rounds=out["budget"]["rounds"], seeds=seeds)
+
+    return mtbf_where(sync_goodput, target, low=0.2, high=64.0, steps=12)
+
+
+def mtbf_where(goodput_at, target: float, *, low: float, high: float, steps: int) -> float:
+    """The MTBF (task times) in [low, high] at which `goodput_at(mtbf)`, rising with the MTBF, crosses
+    `target`: `steps` bisections on log MTBF."""
+    for _ in range(steps):
         middle = math.sqrt(low * high)
-        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=middle)
-        if simulated_goodput(at, mode="sync", topology=topology, rounds=out["budget"]["rounds"], seeds=seeds) > target:
+        if goodput_at(middle) > target:
             high = middle
         else:
             low = middle
