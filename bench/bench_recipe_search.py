@@ -45,6 +45,7 @@ DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "ou
 WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
 WARM50 = ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model"]
 H10_AFTER_WARM50 = ["inner.steps=10", "train.rounds=10"]  # 400 + 4 paths x 10 rounds x 10 steps = 800
+W50_H10 = [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50]  # round 3's best, the demo's recipe since
 
 # name -> (what it tests, overrides on top of configs/demo.yaml + REDUCED). Each spends 800 path-model steps.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -112,9 +113,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                   [*WARM25, *DILOCO_OUTER, "train.seed=1"]),
     "w50-H10-seed1": ("w50-H10 with train.seed 1 (init and data order)",
                       [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "train.seed=1"]),
+    # Round 4: on top of w50-H10, one warmup-stable-decay schedule across the warm start and what continues
+    # it (no second warmup, one decay at the end), and the path-private modules of the paper's best row.
+    "w50-H10-wsd": ("w50-H10 with inner.schedule wsd (warm start at the constant lr, paths decay over the last 20%)",
+                    [*W50_H10, "inner.schedule=wsd"]),
+    "w50-H10-private-emb": ("w50-H10 with path-private embeddings / head / final norm",
+                            [*W50_H10, "topology.private_embeddings=true"]),
+    "w50-H10-private-last-block": ("w50-H10 with the last block private to each path",
+                                   [*W50_H10, "topology.private_blocks=[3]"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
-ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):]
+ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]
+ROUND4 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd"):]
 MODES = ["prefix"]  # every:64 and oracle score every document with every path: 4x the eval time
 
 
@@ -125,6 +135,8 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "recipe-search"), help="where the runs go")
     parser.add_argument("--fresh", action="store_true", help="delete earlier runs first")
+    parser.add_argument("--skip-base", action="store_true",
+                        help="do not run `base` first (another invocation runs it into the same --runs)")
     args = parser.parse_args()
     if args.list:
         for name, (what, overrides) in VARIANTS.items():
@@ -137,13 +149,17 @@ def main() -> None:
         parser.error(f"unknown variants {unknown}; --list shows them")
     runner = Runner(Path(args.runs), keep=not args.fresh)
     config_file = ROOT / "configs" / "demo.yaml"
-    for name in ["base", *[n for n in only if n != "base"]]:  # base first: its tokenizer and baselines
+    first = [] if args.skip_base else ["base"]
+    for name in [*first, *[n for n in only if n != "base"]]:  # base first: its tokenizer and baselines
         _, overrides = VARIANTS[name]
         started = time.perf_counter()
         run = runner.pipeline(name, config_file, [*REDUCED, *overrides], baselines=name == "base", modes=MODES)
         timing = run / "bench-seconds.txt"
         if not timing.exists():
             timing.write_text(f"{time.perf_counter() - started:.1f}\n")
+    if not (Path(args.runs) / "base" / "eval.json").exists():
+        log.info("base has not finished: run the collecting call once it has")
+        return
     results = collect(Path(args.runs), config_file)
     path = write_results("recipe-search", results, markdown(results))
     print(path.with_suffix(".md").read_text())
@@ -177,7 +193,8 @@ def collect(runs: Path, config_file: Path) -> dict:
             "seconds": float(seconds.read_text()) if seconds.exists() else None,
         })
     for r in rows:
-        r["round"] = 1 if r["variant"] in ROUND1 else 3 if r["variant"] in ROUND3 else 2
+        r["round"] = (1 if r["variant"] in ROUND1 else 3 if r["variant"] in ROUND3 else
+                      4 if r["variant"] in ROUND4 else 2)
         r["measured_here"] = True
     rows += earlier_rows(RESULTS / "recipe-search.json", measured={r["variant"] for r in rows})
     rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))

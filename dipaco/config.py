@@ -32,6 +32,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 WEIGHTINGS = ("shard", "tokens", "uniform")  # outer.weighting (dipaco.optim.weighting)
 NORMALIZATIONS = ("module", "all")  # outer.normalize
+SCHEDULES = ("cosine", "wsd")  # inner.schedule (dipaco.optim.inner.lr_at)
 LAUNCHERS = ("local", "ray")  # train.launcher
 
 BASELINE_INITS = ("warm-start", "scratch")  # eval.baselines_init (dipaco.eval.baselines)
@@ -124,7 +125,9 @@ class InnerConfig:
     batch_size: int = 8  # sequences per inner step
     lr: float = 2e-3  # peak learning rate
     warmup_steps: int = 20  # linear warmup, counted over the whole run
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step of the run
+    min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio at the last step of the run
+    schedule: str = "cosine"  # cosine: warmup, then cosine decay, each phase (the warm start, the paths or a baseline after it) its own | wsd: one warmup-stable-decay schedule a model's whole run long: the warm start is its constant part and the phase continuing it neither warms up again nor restarts (docs/recipe.md#schedule)
+    decay_fraction: float = 0.2  # wsd: the last fraction of a model's run (warm start included) over which the lr decays linearly to lr * min_lr_ratio
     weight_decay: float = 0.1  # AdamW decoupled weight decay
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
@@ -150,6 +153,10 @@ class InnerConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"inner.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"inner.schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"inner.decay_fraction must be in (0, 1], got {self.decay_fraction}")
 
 
 @dataclass(kw_only=True)

@@ -364,3 +364,19 @@ def test_an_async_run_applies_as_many_results_as_sync_and_discards_none_at_its_e
                 for attempt in range(3) if result_exists(store, round=base + 1, path=path, attempt=attempt)}
     assert finished == {(e.base, e.path, e.attempt) for e in applied}
     assert fast.poll() is False and not coordinator.tasks  # nothing left to do: the islands stop
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_an_island_counts_its_schedule_on_from_the_warm_start_under_wsd(tiny, tmp_path, monkeypatch, schedule):
+    """Under `inner.schedule: wsd` an island's inner steps continue the warm start's schedule (steps
+    pretrain.steps + step_offset + i of pretrain.steps + rounds x H); under cosine they are the paths' own."""
+    import dipaco.optim.inner as inner_mod
+
+    run = make_run(tiny, tmp_path / "run", [f"inner.schedule={schedule}", "pretrain.steps=7", "train.rounds=3"])
+    seen = []
+    real = inner_mod.lr_at
+    monkeypatch.setattr(inner_mod, "lr_at", lambda step, **kw: seen.append((step, kw["total_steps"])) or real(step, **kw))
+    H = run.config.inner.steps
+    train_task(run.setup, Task.open(path=1, base=0, step_offset=H, inner_from=None))  # the path's second task
+    after = 7 if schedule == "wsd" else 0
+    assert seen == [(after + H + i, after + 3 * H) for i in range(H)]

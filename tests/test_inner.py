@@ -15,7 +15,9 @@ from dipaco.optim.inner import (
     lr_at,
     make_optimizer,
     optimizer_state,
+    phase_steps,
     train_steps,
+    warm_start_total,
 )
 
 
@@ -26,6 +28,43 @@ def test_schedule_warms_up_then_decays_to_the_floor():
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert lr_at(100, config=cfg, total_steps=100) == pytest.approx(0.1)
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_linearly_over_the_last_fraction():
+    cfg = InnerConfig(lr=2.0, warmup_steps=4, min_lr_ratio=0.1, schedule="wsd", decay_fraction=0.25)
+    lrs = [lr_at(s, config=cfg, total_steps=40) for s in range(40)]
+    assert lrs[:4] == pytest.approx([2.0 * (s + 1) / 4 for s in range(4)])
+    assert lrs[4:30] == pytest.approx([2.0] * 26)  # the decay window is the last 25% = 10 steps
+    floor = 2.0 * 0.1
+    assert lrs[30:] == pytest.approx([2.0 + (floor - 2.0) * (i + 1) / 10 for i in range(10)])
+    assert lrs[-1] == pytest.approx(floor)
+    # a run without an end (the warm start) stays at the peak after its warmup
+    assert [lr_at(s, config=cfg, total_steps=None) for s in (3, 4, 10_000)] == pytest.approx([2.0, 2.0, 2.0])
+    with pytest.raises(ValueError, match="total_steps"):
+        lr_at(5, config=InnerConfig(), total_steps=None)
+
+
+def test_a_phase_continuing_a_wsd_warm_start_follows_one_uninterrupted_schedule():
+    """Under wsd the warm start (no end) then a phase counted on from it (`phase_steps`) give the very
+    learning rates of one schedule over both, when the decay window lies within the phase; under cosine
+    each phase starts its own schedule, warmup included."""
+    wsd = InnerConfig(lr=1.0, warmup_steps=3, schedule="wsd", decay_fraction=0.3)
+    warm, steps = 14, 6  # decay window round(0.3 * 20) = 6 steps: the whole phase
+    assert warm_start_total(wsd, warm) is None
+    first, total = phase_steps(wsd, steps=steps, after=warm)
+    assert (first, total) == (warm, warm + steps)
+    pieces = ([lr_at(s, config=wsd, total_steps=warm_start_total(wsd, warm)) for s in range(warm)]
+              + [lr_at(first + s, config=wsd, total_steps=total) for s in range(steps)])
+    assert pieces == pytest.approx([lr_at(s, config=wsd, total_steps=warm + steps) for s in range(warm + steps)])
+    cosine = InnerConfig(lr=1.0, warmup_steps=3)
+    assert phase_steps(cosine, steps=steps, after=warm) == (0, steps) and warm_start_total(cosine, warm) == warm
+
+
+def test_schedule_settings_are_checked():
+    with pytest.raises(ValueError, match="inner.schedule"):
+        InnerConfig(schedule="linear")
+    with pytest.raises(ValueError, match="inner.decay_fraction"):
+        InnerConfig(schedule="wsd", decay_fraction=0.0)
 
 
 def _batches(seed):
@@ -168,3 +207,27 @@ def test_fused_adamw_state_round_trip_continues_training_exactly():
     train_steps(second, opt2, data, start_step=2, steps=2, **kwargs)
     for name, param in path_parameters(second).items():
         torch.testing.assert_close(param, path_parameters(straight)[name], rtol=0, atol=0)
+
+
+def test_dense_training_with_a_schedule_continues_it_bit_for_bit(tmp_path):
+    """`schedule` = (first step, total): a baseline continuing a wsd warm start trains the steps of a
+    loop written out by hand from that step on, and records the schedule in its summary."""
+    cfg = InnerConfig(batch_size=2, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+    spec = PathSpec(model=ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    cpu = torch.device("cpu")
+    model, summary = train_dense(spec, _batches(3), steps=4, inner=cfg, seed=4, device=cpu, precision="fp32",
+                                 out=tmp_path / "dense", schedule=(6, 10))
+    reference = build_path_model(spec.model, vocab_size=30, seq_len=12, seed=4)
+    optimizer = make_optimizer(reference, cfg)
+    data = _batches(3)
+    for step in range(6, 10):  # by hand: the wsd learning rate of steps 6..9 of a 10-step run, no warmup
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config=cfg, total_steps=10)
+        ids = torch.as_tensor(next(data), dtype=torch.long)
+        reference(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for name, param in path_parameters(model).items():
+        torch.testing.assert_close(param, path_parameters(reference)[name], rtol=0, atol=0)
+    assert summary["schedule"] == {"name": "wsd", "first_step": 6, "total_steps": 10}

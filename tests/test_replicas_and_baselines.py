@@ -124,6 +124,7 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     warm = {name: train_baseline(config, run, name=name) for name in budgets}
     assert {name: (s["init"], s["steps"]) for name, s in warm.items()} == {
         "dense-equal-steps": ("warm-start", 2), "dense-equal-compute": ("warm-start", 8)}
+    assert warm["dense-equal-compute"]["schedule"] == {"name": "cosine", "first_step": 0, "total_steps": 8}
     block = config.inner.batch_size * config.sharding.seq_len
     models = {m["model"]: m for m in evaluate(config, run, modes=[])["models"]}
     ours, steps, compute = models["DiPaCo 2x2 routed"], models["dense-equal-steps"], models["dense-equal-compute"]
@@ -146,6 +147,15 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     assert (cold["init"], cold["pretrain_steps"], cold["steps"]) == ("scratch", 0, 5)
     row = {m["model"]: m for m in evaluate(scratch, run, modes=[])["models"]}["dense-equal-steps"]
     assert (row["pretrain_steps"], row["steps_per_path"], row["steps_total"], row["train_tokens_total"]) == (0, 5, 5, 5 * block)
+
+    # inner.schedule wsd: the warm start never decays and a baseline continues its schedule from step 3
+    wsd = load_config(tiny, [*overrides, "inner.schedule=wsd"])
+    with pytest.raises(ValueError, match="inner.schedule"):
+        train_baseline(wsd, run, name="dense-equal-compute")  # this warm start was trained under cosine
+    shutil.rmtree(run.pretrain)
+    assert pretrain(wsd, run)["schedule"] == {"name": "wsd", "first_step": 0, "total_steps": None}
+    assert train_baseline(wsd, run, name="dense-equal-compute")["schedule"] == {
+        "name": "wsd", "first_step": 3, "total_steps": 11}
 
     # a warm start that is gone: a clear error, not a silent baseline from scratch
     (run.pretrain / "model.safetensors").unlink()

@@ -87,6 +87,15 @@ def test_store_version_zero_is_the_dense_warm_start(routed):
                 torch.testing.assert_close(stored[key], value, rtol=0, atol=0)
 
 
+def test_a_warm_start_is_continued_only_under_the_schedule_it_was_trained_with(routed, tmp_path):
+    """The cosine warm start decayed; a `wsd` run would continue it as if it had not: refused, naming the file."""
+    summary = json.loads((routed.root / "pretrain" / "summary.json").read_text())
+    assert summary["schedule"] == {"name": "cosine", "first_step": 0, "total_steps": 4}
+    config = load_config(routed.config, ["inner.schedule=wsd", f"train.store_url={tmp_path / 'store'}"])
+    with pytest.raises(ValueError, match=r"pretrain/summary.json.*'cosine'.*inner.schedule is 'wsd'"):
+        initialise_store(PathFactory(config, routed))
+
+
 @pytest.mark.slow
 def test_reroute_phase_is_recorded_and_training_continues(routed):
     args = ["--config", str(TINY), "--run", str(routed.root), *OVERRIDES]

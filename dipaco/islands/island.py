@@ -13,7 +13,7 @@ to it (by name and incarnation) that it has not finished yet:
 - pull modules at the task's base version and the inner AdamW state the task names (from memory when
   this island wrote it, from the store otherwise: that is how inner state moves between islands);
 - train `inner.steps` steps on the path's shard, continuing its data order and learning-rate
-  schedule at the task's `step_offset`;
+  schedule at the task's `step_offset` (after the warm start's steps under `inner.schedule: wsd`);
 - upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
   `outer.compression`, then the result JSON (the commit), with the bytes it moved.
 
@@ -55,6 +55,7 @@ from dipaco.optim.inner import (
     load_optimizer_state,
     make_optimizer,
     optimizer_state,
+    phase_steps,
     train_steps,
 )
 from dipaco.optim.prefetch import Prefetcher
@@ -91,6 +92,7 @@ class IslandSetup:
     outer: OuterConfig  # compression of the pseudo-gradients it uploads
     train: TrainConfig  # device, precision, compile / fused AdamW / TF32, rounds (LR schedule), seed, heartbeats
     checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (train.checkpoint_steps)
+    warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
     @cached_property
@@ -189,9 +191,10 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         with _timed(timings, "validation", device):
             val_loss = resume.val_loss_start if resume is not None else setup.validation.loss(model, path=path)
         with _timed(timings, "inner_loop", device):
+            first, total = phase_steps(inner, steps=train.rounds * inner.steps, after=setup.warm_start_steps)
             stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
-                                start_step=task.step_offset + done, steps=inner.steps - done,
-                                total_steps=train.rounds * inner.steps, config=inner, device=device,
+                                start_step=first + task.step_offset + done, steps=inner.steps - done,
+                                total_steps=total, config=inner, device=device,
                                 precision=train.precision,
                                 after_step=after_step if checkpoint is not None or train.slowdown > 1 else None)
     setup.models.release_gradients()

@@ -42,10 +42,11 @@ SUMMARY = "summary.json"
 
 def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, inner: InnerConfig, seed: int,
                 device: torch.device, precision: str, out: Path, info: dict | None = None,
-                init: Path | None = None) -> tuple[LlamaForCausalLM, dict]:
+                init: Path | None = None, schedule: tuple[int, int | None] | None = None) -> tuple[LlamaForCausalLM, dict]:
     """Train a fresh model of shape `spec` (seeded by `seed`; its parameters read from the safetensors file
     `init` when given) for `steps` AdamW steps on `batches` of token blocks `(B, T)`, with a fresh AdamW and
-    the schedule spanning those steps. Writes `out/model.safetensors` and `out/summary.json` (`info` first,
+    the schedule spanning those steps, or `schedule` = (first step, total steps) of `dipaco.optim.inner.lr_at`
+    (`phase_steps`: a baseline continuing the warm start under `inner.schedule: wsd`). Writes `out/model.safetensors` and `out/summary.json` (`info` first,
     then the training record: `seconds` of wall time, `cpu_seconds` of this process); returns the model
     (CPU) and the summary."""
     if steps < 1:
@@ -60,12 +61,13 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
     started, cpu_started = time.perf_counter(), time.process_time()
     losses: list[float] = []
     tokens = 0
+    first, total = schedule if schedule is not None else (0, steps)
     chunk = min(PROGRESS_EVERY, steps)  # the same steps, schedule and batches as one call: progress between chunks
     with Prefetcher(batches, count=steps, device=device) as ahead, \
             tqdm(total=steps, desc=f"dense {Path(out).name}", unit="step", mininterval=5) as bar:
         for start in range(0, steps, chunk):
-            stats = train_steps(model, optimizer, ahead, start_step=start, steps=min(chunk, steps - start),
-                                total_steps=steps, config=inner, device=device, precision=precision)
+            stats = train_steps(model, optimizer, ahead, start_step=first + start, steps=min(chunk, steps - start),
+                                total_steps=total, config=inner, device=device, precision=precision)
             losses += stats["losses"]
             tokens += stats["tokens"]
             bar.update(len(stats["losses"]))
@@ -74,7 +76,8 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     model = model.cpu()
     save_parameters(model, Path(out) / PARAMETERS)
-    summary = {**(info or {}), "steps": steps, "tokens": stats["tokens"], "seconds": seconds,
+    summary = {**(info or {}), "steps": steps, "schedule": {"name": inner.schedule, "first_step": first, "total_steps": total},
+               "tokens": stats["tokens"], "seconds": seconds,
                "cpu_seconds": cpu_seconds, "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
                "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
     write_json(Path(out) / SUMMARY, summary)

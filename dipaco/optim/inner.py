@@ -1,7 +1,18 @@
 """The inner loop: AdamW steps on one path model, shared by islands and dense training (`dipaco.optim.dense`).
 
-The learning rate follows linear warmup then cosine decay over the whole run (every round's inner
-steps count), so an island that trains round t of R uses `start_step = (t - 1) * H`. The AdamW state
+The learning rate follows `inner.schedule` over the whole run (every round's inner steps count), so an
+island that trains round t of R uses `start_step = (t - 1) * H`:
+
+- `cosine`: linear warmup, then cosine decay to lr x min_lr_ratio. Each phase has its own schedule: the
+  dense warm start one over its steps, and the paths (or a baseline) that continue it another, warmup
+  included.
+- `wsd` (warmup-stable-decay, as in MiniCPM and Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+  Training Beyond Fixed Training Durations"): linear warmup, a constant lr, then a linear decay over the
+  last `decay_fraction` of the model's whole run. A warm start is the constant part of every schedule
+  that continues it (it never decays), and a phase continuing it counts its steps on from there
+  (`phase_steps`): no second warmup, one decay at the end of each model's own budget.
+
+The AdamW state
 can be saved to and restored from `{name: tensor}` dicts, so a path's inner state travels through the
 store between rounds (DiLoCo keeps inner states local and unsynchronised).
 """
@@ -22,14 +33,40 @@ from dipaco.device import autocast
 log = logging.getLogger(__name__)
 
 
-def lr_at(step: int, *, config: InnerConfig, total_steps: int) -> float:
-    """Learning rate at global inner step `step` (0-based) of a run of `total_steps`."""
+def lr_at(step: int, *, config: InnerConfig, total_steps: int | None) -> float:
+    """Learning rate at global inner step `step` (0-based) of a run of `total_steps`; None = a run
+    without an end (`wsd` only: a warm start, which stays at the peak after its warmup)."""
+    if total_steps is None and config.schedule != "wsd":
+        raise ValueError(f"the {config.schedule} schedule needs the run's length (total_steps)")
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
+    floor = config.lr * config.min_lr_ratio
+    if config.schedule == "wsd":
+        if total_steps is None:
+            return config.lr
+        window = max(1, round(config.decay_fraction * total_steps))
+        into = step - (total_steps - window)  # steps into the decay; the run's last step is at the floor
+        if into < 0:
+            return config.lr
+        return config.lr + (floor - config.lr) * min(1.0, (into + 1) / window)
     decay_steps = max(1, total_steps - config.warmup_steps)
     progress = min(1.0, (step - config.warmup_steps) / decay_steps)
-    floor = config.lr * config.min_lr_ratio
     return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def phase_steps(config: InnerConfig, *, steps: int, after: int = 0) -> tuple[int, int]:
+    """(first step, total steps) in `lr_at`'s numbering for a phase of `steps` steps that continues
+    `after` steps of earlier training (a dense warm start; 0 = none): `cosine` starts its own schedule
+    (0, steps), `wsd` counts on from the warm start (after, after + steps)."""
+    if config.schedule == "wsd":
+        return after, after + steps
+    return 0, steps
+
+
+def warm_start_total(config: InnerConfig, steps: int) -> int | None:
+    """The `total_steps` the dense warm start of `steps` steps trains with: its own length under
+    `cosine`, none under `wsd` (it is the constant part of the schedules that continue it)."""
+    return None if config.schedule == "wsd" else steps
 
 
 def make_optimizer(model: torch.nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.AdamW:

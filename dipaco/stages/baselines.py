@@ -25,8 +25,9 @@ from dipaco.eval.baselines import baseline_model_config, continues_warm_start, o
 from dipaco.islands.processes import Task, WorkerPool, available_cores, plan_parallelism, run_tasks
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense
+from dipaco.optim.inner import phase_steps
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets
+from dipaco.stages.context import PathFactory, baseline_budgets, check_schedule
 from dipaco.stages.fingerprints import check
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,11 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
     info = {"name": name, "init": "warm-start" if warm else "scratch", "pretrain_steps": start["steps"],
             "pretrain_tokens": start["tokens"], "pretrain_steps_in_budget": config.pretrain.steps}
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
-    _, summary = train_dense(spec, batches, steps=own_steps(steps[name], pretrain_steps=start["steps"], warm_started=warm),
-                             inner=config.inner, seed=config.train.seed, device=resolve_device(config.train.device),
-                             precision=config.train.precision, out=run.baselines / name, info=info,
-                             init=run.pretrain / PARAMETERS if warm else None)
+    own = own_steps(steps[name], pretrain_steps=start["steps"], warm_started=warm)
+    _, summary = train_dense(spec, batches, steps=own, inner=config.inner, seed=config.train.seed,
+                             device=resolve_device(config.train.device), precision=config.train.precision,
+                             out=run.baselines / name, info=info, init=run.pretrain / PARAMETERS if warm else None,
+                             schedule=phase_steps(config.inner, steps=own, after=start["steps"]))
     return summary
 
 
@@ -61,6 +63,7 @@ def warm_start_record(config: Config, run: RunDir) -> dict:
                          f"{parameters} or {record} is missing: run `dipaco pretrain --run {run.root}` first, or set "
                          f"eval.baselines_init=scratch")
     pretrained = json.loads(record.read_text())
+    check_schedule(config, record)
     if int(pretrained["steps"]) != config.pretrain.steps:
         raise ValueError(f"{record} records a warm start of {pretrained['steps']} steps, but pretrain.steps is "
                          f"{config.pretrain.steps}: run `dipaco pretrain` again (or `dipaco run --restart-from pretrain`)")

@@ -12,7 +12,9 @@ build one at their entry point and hand their helpers the pieces they use; `path
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
+from pathlib import Path
 
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -104,3 +106,16 @@ def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
     warm start's `pretrain.steps` included."""
     return baseline_steps(steps_per_path=config.train.rounds * config.inner.steps, n_paths=n_paths,
                           large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain.steps)
+
+
+def check_schedule(config: Config, record: Path) -> None:
+    """Refuse to continue the dense warm start (`dipaco pretrain`) whose `summary.json` is `record` under another `inner.schedule`
+    than it was trained with (a `wsd` warm start never decayed; a `cosine` one did): an error naming the file."""
+    if not record.exists():
+        return
+    trained = json.loads(record.read_text()).get("schedule", {}).get("name", "cosine")  # older summaries: cosine
+    if trained != config.inner.schedule:
+        raise ValueError(f"{record} records a warm start trained with inner.schedule {trained!r}, but inner.schedule "
+                         f"is {config.inner.schedule!r}: set it back, or run `dipaco pretrain` again "
+                         f"(`dipaco run --restart-from pretrain`)")
+

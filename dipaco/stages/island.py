@@ -28,7 +28,8 @@ def island_setup(config: Config, run: RunDir) -> IslandSetup:
     """The pieces of the run an island uses, unpacked from the config once."""
     factory = PathFactory(config, run)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
-                       inner=config.inner, outer=config.outer, train=config.train, checkpoints=run.root / "islands")
+                       inner=config.inner, outer=config.outer, train=config.train, checkpoints=run.root / "islands",
+                       warm_start_steps=config.pretrain.steps if config.pretrain.warm_start else 0)
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,

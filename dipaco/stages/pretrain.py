@@ -6,7 +6,7 @@ Runs before routing, so it makes what it needs itself: the run's tokenizer (trai
 documents, as `dipaco route` would, which then reuses it), and one all-documents shard set in
 `<run>/pretrain/shards` (every training document on a single path). It trains one path-shaped dense
 model for `pretrain.steps` AdamW steps (`dipaco.optim.dense.train_dense`: the inner recipe, schedule
-stretched over those steps) and saves it twice: `pretrain/model.safetensors` (path parameters:
+stretched over those steps; under `inner.schedule: wsd` warmup then the constant lr, no decay) and saves it twice: `pretrain/model.safetensors` (path parameters:
 `dipaco train` initialises every module of the grid from it when `pretrain.warm_start`) and
 `pretrain/hf/` (a `save_pretrained` directory with the tokenizer: the `base-model` routing
 featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens). A
@@ -22,6 +22,7 @@ import numpy as np
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.optim.dense import train_dense
+from dipaco.optim.inner import warm_start_total
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import path_spec
 from dipaco.stages.documents import load_run_corpus, run_splits, run_tokenizer
@@ -54,7 +55,8 @@ def pretrain(config: Config, run: RunDir) -> dict:
     log.info("pretraining the dense warm start for %d steps", config.pretrain.steps)
     model, summary = train_dense(spec, batches, steps=config.pretrain.steps, inner=config.inner,
                                  seed=config.train.seed, device=resolve_device(config.train.device),
-                                 precision=config.train.precision, out=out)
+                                 precision=config.train.precision, out=out,
+                                 schedule=(0, warm_start_total(config.inner, config.pretrain.steps)))
     model.save_pretrained(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))
     return summary

@@ -38,8 +38,9 @@ from dipaco.islands.metrics import RunMetrics
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
+from dipaco.optim.dense import SUMMARY
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
+from dipaco.stages.context import PathFactory, check_schedule
 from dipaco.stages.fingerprints import check, index_digest, record
 from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
@@ -194,6 +195,7 @@ def initialise_store(factory: PathFactory) -> int:
     model = factory.new_model(seed=factory.config.train.seed)
     warm_start = factory.run.pretrain / "model.safetensors"
     if factory.config.pretrain.warm_start and warm_start.exists():
+        check_schedule(factory.config, factory.run.pretrain / SUMMARY)
         load_parameters(model, warm_start)
         log.info("every module starts from the dense warm start %s", warm_start)
     coordinator.initialise_store(factory.store, factory.topology, model)
