@@ -317,6 +317,7 @@ class PretrainConfig:
 
     steps: int = 0  # dense AdamW steps on all training documents (0 = no warm start)
     warm_start: bool = True  # initialise every module of the grid from the pretrained model when it exists
+    continue_optimizer: bool = False  # the paths and the baselines continuing the warm start also start from its AdamW moments and step counts (a resumed run), not a fresh AdamW
 
     def __post_init__(self) -> None:
         check_finite(self, "pretrain")

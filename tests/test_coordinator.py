@@ -380,3 +380,36 @@ def test_an_island_counts_its_schedule_on_from_the_warm_start_under_wsd(tiny, tm
     train_task(run.setup, Task.open(path=1, base=0, step_offset=H, inner_from=None))  # the path's second task
     after = 7 if schedule == "wsd" else 0
     assert seen == [(after + H + i, after + 3 * H) for i in range(H)]
+
+
+def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_starts_adamw(tiny, tmp_path):
+    """`pretrain.continue_optimizer`: version 0 comes with the warm start's AdamW state in the store (one
+    file), every path's first task is handed it, and the island's AdamW goes on from its step counts."""
+    from dipaco.optim.dense import train_dense
+    from dipaco.store.board import read_inner, warm_start_inner_ref
+
+    overrides = ["train.device=cpu", "pretrain.steps=3", "pretrain.continue_optimizer=true"]
+    run = RunDir(tmp_path / "run")
+    for part in ("tokenizer", "routing", "shards"):
+        shutil.copytree(tiny.root / part, run.root / part)
+    config = load_config(TINY, overrides)
+    save_config(config, run.config)
+    factory = PathFactory(config, run)
+    batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=0)
+    train_dense(factory.spec, batches, steps=3, inner=config.inner, seed=0, device=torch.device("cpu"),
+                precision="fp32", out=run.pretrain, save_optimizer=True)
+    initialise_store(factory)
+    setup = island_setup(config, run)
+    saved, meta = read_inner(setup.store, warm_start_inner_ref())
+    assert set(meta["step"].values()) == {3}
+    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
+                              inner_steps=config.inner.steps, sizes=factory.path_sizes, clock=Clock())
+    assert {state.inner for state in coordinator.paths.values()} == {warm_start_inner_ref()}
+    coordinator.tick()
+    task = next(t for t in coordinator.tasks.values() if t.path == 2)
+    assert task.inner_from == warm_start_inner_ref()
+    out = train_task(setup, task)
+    assert set(out.inner[1]["step"].values()) == {3 + config.inner.steps}
+    # without the setting, the paths start a fresh AdamW as before
+    plain = make_run(tiny, tmp_path / "plain", [])
+    assert {s.inner for s in plain.coordinator(Clock()).paths.values()} == {None}

@@ -231,3 +231,43 @@ def test_dense_training_with_a_schedule_continues_it_bit_for_bit(tmp_path):
     for name, param in path_parameters(model).items():
         torch.testing.assert_close(param, path_parameters(reference)[name], rtol=0, atol=0)
     assert summary["schedule"] == {"name": "wsd", "first_step": 6, "total_steps": 10}
+
+
+def test_a_run_continued_from_its_saved_parameters_and_adamw_state_equals_the_uninterrupted_run(tmp_path):
+    """`save_optimizer` then `init` + `init_optimizer` + the schedule counted on (a wsd warm start and a
+    phase continuing it with `pretrain.continue_optimizer`): bit for bit one run of all the steps."""
+    from dipaco.optim.dense import OPTIMIZER, PARAMETERS, read_optimizer
+
+    cfg = InnerConfig(batch_size=2, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+    spec = PathSpec(model=ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    common = dict(inner=cfg, seed=4, device=torch.device("cpu"), precision="fp32")
+    straight, _ = train_dense(spec, _batches(5), steps=8, out=tmp_path / "straight", schedule=(0, 8), **common)
+    data = _batches(5)
+    _, first = train_dense(spec, data, steps=4, out=tmp_path / "warm", schedule=(0, None), save_optimizer=True, **common)
+    tensors, meta = read_optimizer(tmp_path / "warm" / OPTIMIZER)
+    assert set(meta["step"].values()) == {4} and len(tensors) == 2 * len(meta["step"])
+    continued, summary = train_dense(spec, data, steps=4, out=tmp_path / "continued", init=tmp_path / "warm" / PARAMETERS,
+                                     init_optimizer=tmp_path / "warm" / OPTIMIZER, schedule=(4, 8), **common)
+    assert summary["continued_optimizer"] and not first["continued_optimizer"]
+    for name, param in path_parameters(continued).items():
+        torch.testing.assert_close(param, path_parameters(straight)[name], rtol=0, atol=0)
+    # a fresh AdamW at the same point does not give the same model: the state is what made it equal
+    fresh, _ = train_dense(spec, _batches(5), steps=4, out=tmp_path / "fresh", init=tmp_path / "warm" / PARAMETERS,
+                           schedule=(4, 8), **common)
+    assert any(not torch.equal(p, path_parameters(straight)[n]) for n, p in path_parameters(fresh).items())
+
+
+def test_an_adamw_state_of_another_model_or_no_state_at_all_is_refused_by_name(tmp_path):
+    from dipaco.optim.dense import OPTIMIZER, read_optimizer
+
+    cfg = InnerConfig(batch_size=2, warmup_steps=1)
+    common = dict(inner=cfg, seed=4, device=torch.device("cpu"), precision="fp32")
+    small = PathSpec(model=ModelConfig(hidden_size=16, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    wide = PathSpec(model=ModelConfig(hidden_size=32, n_layers=1, n_heads=2), vocab_size=30, seq_len=12)
+    train_dense(small, _batches(1), steps=1, out=tmp_path / "small", save_optimizer=True, **common)
+    with pytest.raises(ValueError, match="no moments of shape"):
+        train_dense(wide, _batches(1), steps=1, out=tmp_path / "wide", init_optimizer=tmp_path / "small" / OPTIMIZER,
+                    **common)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="bad.safetensors is not an AdamW state"):
+        read_optimizer(tmp_path / "bad.safetensors")

@@ -154,8 +154,15 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
         train_baseline(wsd, run, name="dense-equal-compute")  # this warm start was trained under cosine
     shutil.rmtree(run.pretrain)
     assert pretrain(wsd, run)["schedule"] == {"name": "wsd", "first_step": 0, "total_steps": None}
-    assert train_baseline(wsd, run, name="dense-equal-compute")["schedule"] == {
-        "name": "wsd", "first_step": 3, "total_steps": 11}
+    continued = train_baseline(wsd, run, name="dense-equal-compute")
+    assert continued["schedule"] == {"name": "wsd", "first_step": 3, "total_steps": 11}
+    assert not continued["continued_optimizer"]
+    shutil.rmtree(run.baselines)
+    resumed = load_config(tiny, [*overrides, "inner.schedule=wsd", "pretrain.continue_optimizer=true"])
+    assert train_baseline(resumed, run, name="dense-equal-steps")["continued_optimizer"]
+    (run.pretrain / "optimizer.safetensors").unlink()
+    with pytest.raises(ValueError, match="optimizer.safetensors is missing"):
+        train_baseline(resumed, run, name="dense-equal-compute")
 
     # a warm start that is gone: a clear error, not a silent baseline from scratch
     (run.pretrain / "model.safetensors").unlink()

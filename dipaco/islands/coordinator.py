@@ -81,13 +81,16 @@ from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
     HeartbeatCache,
+    inner_exists,
     inner_ref,
     read_board,
     read_heartbeats,
     read_manifest,
     read_result_meta,
     reported_results,
+    warm_start_inner_ref,
     write_board,
+    write_inner,
     write_manifest,
 )
 from dipaco.store.lease import Lease
@@ -120,9 +123,13 @@ def committed_round(store: ModuleStore, topology: Topology) -> int | None:
     return int(state["round"])
 
 
-def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Module) -> None:
+def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Module,
+                     inner: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
     """Write module version 0 from one path-shaped `model` (every path's modules are cut from it) and
-    commit round 0."""
+    commit round 0. `inner`: an AdamW state of that model (the warm start's), which every path's first
+    task then continues (`warm_start_inner_ref`: one file for all paths, written before the commit)."""
+    if inner is not None:
+        write_inner(store, warm_start_inner_ref(), *inner)
     written: set[str] = set()
     for path in range(topology.n_paths):
         for name, tensors in split_into_modules(model, topology, path=path).items():
@@ -131,6 +138,12 @@ def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Mod
                 written.add(name)
     _commit(store, topology, 0)
     log.info("initialised %d modules for %d paths in %s", len(written), topology.n_paths, store.url)
+
+
+def first_inner(store: ModuleStore) -> str | None:
+    """The inner state a path's first task starts from: the warm start's when `initialise_store` wrote one."""
+    ref = warm_start_inner_ref()
+    return ref if inner_exists(store, ref) else None
 
 
 def _commit(store: ModuleStore, topology: Topology, round: int, *, finished: bool = False, **record) -> None:
@@ -187,7 +200,7 @@ class Coordinator:
             board = committed_board  # a crash between the commit and the next board write
         self.tasks: dict[str, Task] = dict(board.tasks) if board else {}
         self.paths: dict[int, PathState] = {
-            p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=None)
+            p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=first_inner(store))
             for p in range(topology.n_paths)}
         self.used: set[str] = set()  # task keys applied or dropped by committed rounds
         applied: list[tuple[int, int]] = []  # (round, path) of the applied results: private modules' versions

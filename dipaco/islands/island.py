@@ -46,7 +46,7 @@ from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
 from dipaco.islands.checkpoint import InnerCheckpoint, task_identity, task_path_of
-from dipaco.islands.coordinator import run_finished
+from dipaco.islands.coordinator import first_inner, run_finished
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.model_slot import ModelSlot
 from dipaco.model.path_model import PathSpec, path_parameters
@@ -261,7 +261,8 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
     if state is None:  # no coordinator has run: the path has trained every committed round
         previous = inner_ref(path=path, round=committed, attempt=0)
         state = PathState(steps_done=committed * setup.inner.steps,
-                          inner=previous if inner_exists(store, previous) else None)
+                          inner=previous if inner_exists(store, previous) else
+                          first_inner(store) if committed == 0 else None)
     task = Task.open(path=path, base=committed, step_offset=state.steps_done, inner_from=state.inner)
     meta, _, _ = push_result(setup, task, train_task(setup, task), island=island)
     return meta

@@ -24,17 +24,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
-from dipaco.atomic import write_json
+from dipaco.atomic import replacing, write_json
 from dipaco.config import InnerConfig, ModelConfig
-from dipaco.model.path_model import PathSpec, count_parameters, load_parameters, save_parameters
-from dipaco.optim.inner import make_optimizer, train_steps
+from dipaco.model.path_model import (
+    PathSpec,
+    count_parameters,
+    load_parameters,
+    path_parameters,
+    save_parameters,
+)
+from dipaco.optim.inner import load_optimizer_state, make_optimizer, optimizer_state, train_steps
 from dipaco.optim.prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
 
+OPTIMIZER = "optimizer.safetensors"  # the AdamW state at the end (`{param}.exp_avg`, `{param}.exp_avg_sq`; step counts in the header)
 PARAMETERS = "model.safetensors"
 PROGRESS_EVERY = 25  # steps between progress-bar updates (each waits for the device once)
 SUMMARY = "summary.json"
@@ -42,11 +51,13 @@ SUMMARY = "summary.json"
 
 def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, inner: InnerConfig, seed: int,
                 device: torch.device, precision: str, out: Path, info: dict | None = None,
-                init: Path | None = None, schedule: tuple[int, int | None] | None = None) -> tuple[LlamaForCausalLM, dict]:
+                init: Path | None = None, schedule: tuple[int, int | None] | None = None,
+                init_optimizer: Path | None = None, save_optimizer: bool = False) -> tuple[LlamaForCausalLM, dict]:
     """Train a fresh model of shape `spec` (seeded by `seed`; its parameters read from the safetensors file
     `init` when given) for `steps` AdamW steps on `batches` of token blocks `(B, T)`, with a fresh AdamW and
     the schedule spanning those steps, or `schedule` = (first step, total steps) of `dipaco.optim.inner.lr_at`
-    (`phase_steps`: a baseline continuing the warm start under `inner.schedule: wsd`). Writes `out/model.safetensors` and `out/summary.json` (`info` first,
+    (`phase_steps`: a baseline continuing the warm start under `inner.schedule: wsd`). `init_optimizer`: an
+    `OPTIMIZER` file of an earlier `save_optimizer` run whose AdamW state the run continues. Writes `out/model.safetensors` and `out/summary.json` (`info` first,
     then the training record: `seconds` of wall time, `cpu_seconds` of this process); returns the model
     (CPU) and the summary."""
     if steps < 1:
@@ -57,6 +68,9 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
         log.info("dense training continues from %s", init)
     model = model.to(device)
     optimizer = make_optimizer(model, inner)
+    if init_optimizer is not None:
+        load_optimizer_state(optimizer, path_parameters(model), *read_optimizer(Path(init_optimizer)), strict=True)
+        log.info("dense training continues the AdamW state of %s", init_optimizer)
     log.info("training a dense model (%d parameters) for %d steps into %s", count_parameters(model), steps, out)
     started, cpu_started = time.perf_counter(), time.process_time()
     losses: list[float] = []
@@ -74,14 +88,35 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
             bar.set_postfix(loss=f"{np.mean(stats['losses']):.3f}")
     stats = {"losses": losses, "tokens": tokens}
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    if save_optimizer:
+        write_optimizer(Path(out) / OPTIMIZER, *optimizer_state(optimizer, {p: n for n, p in path_parameters(model).items()}))
     model = model.cpu()
     save_parameters(model, Path(out) / PARAMETERS)
     summary = {**(info or {}), "steps": steps, "schedule": {"name": inner.schedule, "first_step": first, "total_steps": total},
+               "continued_optimizer": init_optimizer is not None,
                "tokens": stats["tokens"], "seconds": seconds,
                "cpu_seconds": cpu_seconds, "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
                "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
     write_json(Path(out) / SUMMARY, summary)
     return model, summary
+
+
+def write_optimizer(file: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """An AdamW state of `dipaco.optim.inner.optimizer_state` as one safetensors file, its metadata in the
+    header (the store's inner-state format), written atomically."""
+    with replacing(file) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"meta": json.dumps(meta)})
+
+
+def read_optimizer(file: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """What `write_optimizer` wrote; an error naming the file when it is not such a file."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["meta"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (OSError, KeyError, ValueError, SafetensorError) as err:
+        raise ValueError(f"{file} is not an AdamW state written by dipaco: {err}") from None
+    return tensors, meta
 
 
 def is_trained(folder: Path) -> bool:

@@ -149,9 +149,16 @@ def optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Param
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
-                         tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Restore what `optimizer_state` saved (parameters missing from it start fresh)."""
+                         tensors: dict[str, torch.Tensor], meta: dict, *, strict: bool = False) -> None:
+    """Restore what `optimizer_state` saved (parameters missing from it start fresh; with `strict`, every
+    parameter must be in it with its shape: a ValueError names the first that is not)."""
     fused = bool(optimizer.defaults.get("fused"))  # the fused kernel keeps its step counts on the device
+    if strict:
+        for name, param in params.items():
+            saved = tensors.get(f"{name}.exp_avg")
+            if name not in meta.get("step", {}) or saved is None or saved.shape != param.shape:
+                raise ValueError(f"the AdamW state has no moments of shape {tuple(param.shape)} for {name} "
+                                 f"(another model or vocabulary setting?)")
     for name, param in params.items():
         if name not in meta["step"]:
             continue

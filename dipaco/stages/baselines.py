@@ -27,7 +27,7 @@ from dipaco.model.topology import Topology
 from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense
 from dipaco.optim.inner import phase_steps
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets, check_schedule
+from dipaco.stages.context import PathFactory, baseline_budgets, check_schedule, warm_start_optimizer
 from dipaco.stages.fingerprints import check
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
     _, summary = train_dense(spec, batches, steps=own, inner=config.inner, seed=config.train.seed,
                              device=resolve_device(config.train.device), precision=config.train.precision,
                              out=run.baselines / name, info=info, init=run.pretrain / PARAMETERS if warm else None,
-                             schedule=phase_steps(config.inner, steps=own, after=start["steps"]))
+                             schedule=phase_steps(config.inner, steps=own, after=start["steps"]),
+                             init_optimizer=warm_start_optimizer(config, run) if warm else None)
     return summary
 
 

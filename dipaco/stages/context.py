@@ -119,3 +119,15 @@ def check_schedule(config: Config, record: Path) -> None:
                          f"is {config.inner.schedule!r}: set it back, or run `dipaco pretrain` again "
                          f"(`dipaco run --restart-from pretrain`)")
 
+
+def warm_start_optimizer(config: Config, run: RunDir) -> Path | None:
+    """The warm start's AdamW state (`pretrain/optimizer.safetensors`) when `pretrain.continue_optimizer`
+    says to continue it, else None; an error naming the file when it is missing."""
+    if not config.pretrain.continue_optimizer:
+        return None
+    file = run.pretrain / "optimizer.safetensors"
+    if not file.exists():
+        raise ValueError(f"pretrain.continue_optimizer is set but {file} is missing (a warm start pretrained before "
+                         f"dipaco saved its AdamW state): run `dipaco pretrain` again, or set pretrain.continue_optimizer=false")
+    return file
+

@@ -9,8 +9,9 @@ model for `pretrain.steps` AdamW steps (`dipaco.optim.dense.train_dense`: the in
 stretched over those steps; under `inner.schedule: wsd` warmup then the constant lr, no decay) and saves it twice: `pretrain/model.safetensors` (path parameters:
 `dipaco train` initialises every module of the grid from it when `pretrain.warm_start`) and
 `pretrain/hf/` (a `save_pretrained` directory with the tokenizer: the `base-model` routing
-featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens). A
-`summary.json` records steps, tokens, losses and seconds.
+featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens), with its
+AdamW state in `pretrain/optimizer.safetensors` (what the paths and baselines continue with
+`pretrain.continue_optimizer`). A `summary.json` records steps, tokens, losses, seconds and the schedule.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def pretrain(config: Config, run: RunDir) -> dict:
     model, summary = train_dense(spec, batches, steps=config.pretrain.steps, inner=config.inner,
                                  seed=config.train.seed, device=resolve_device(config.train.device),
                                  precision=config.train.precision, out=out,
-                                 schedule=(0, warm_start_total(config.inner, config.pretrain.steps)))
+                                 schedule=(0, warm_start_total(config.inner, config.pretrain.steps)),
+                                 save_optimizer=True)
     model.save_pretrained(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))
     return summary

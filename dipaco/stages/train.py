@@ -38,9 +38,9 @@ from dipaco.islands.metrics import RunMetrics
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
-from dipaco.optim.dense import SUMMARY
+from dipaco.optim.dense import SUMMARY, read_optimizer
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, check_schedule
+from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer
 from dipaco.stages.fingerprints import check, index_digest, record
 from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
@@ -188,17 +188,24 @@ def initialise_store(factory: PathFactory) -> int:
     """Write module version 0 unless the store has a run; returns the last completed round.
 
     Version 0 is one seeded dense init (`train.seed`), or the `dipaco pretrain` dense model when
-    `pretrain.warm_start` is set and it exists; every path's modules are cut from it."""
+    `pretrain.warm_start` is set and it exists; every path's modules are cut from it. With
+    `pretrain.continue_optimizer` the warm start's AdamW state goes to the store too, and every path's
+    first task continues it."""
     done = coordinator.committed_round(factory.store, factory.topology)
     if done is not None:
         return done
     model = factory.new_model(seed=factory.config.train.seed)
     warm_start = factory.run.pretrain / "model.safetensors"
+    inner = None
     if factory.config.pretrain.warm_start and warm_start.exists():
         check_schedule(factory.config, factory.run.pretrain / SUMMARY)
         load_parameters(model, warm_start)
         log.info("every module starts from the dense warm start %s", warm_start)
-    coordinator.initialise_store(factory.store, factory.topology, model)
+        optimizer = warm_start_optimizer(factory.config, factory.run)
+        if optimizer is not None:
+            inner = read_optimizer(optimizer)
+            log.info("every path's inner AdamW starts from the warm start's state %s", optimizer)
+    coordinator.initialise_store(factory.store, factory.topology, model, inner=inner)
     return 0
 
 

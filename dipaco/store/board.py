@@ -230,6 +230,12 @@ def inner_ref(*, path: int, round: int, attempt: int) -> str:
     return f"{_inner_folder(path)}/inner-{round_dir(round)}{_suffix(attempt)}.safetensors"
 
 
+def warm_start_inner_ref() -> str:
+    """The reference of the dense warm start's AdamW state, which every path's first task continues
+    (`pretrain.continue_optimizer`; written once by the coordinator, never pruned)."""
+    return "inner-warm-start.safetensors"
+
+
 def write_inner(store: ModuleStore, ref: str, tensors: dict[str, torch.Tensor], meta: dict) -> int:
     """An inner AdamW state: tensors, with its metadata in the safetensors header; returns the bytes."""
     return store.write_tensors_with_meta(ref, tensors, meta)
