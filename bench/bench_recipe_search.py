@@ -117,6 +117,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # it (no second warmup, one decay at the end), and the path-private modules of the paper's best row.
     "w50-H10-wsd": ("w50-H10 with inner.schedule wsd (warm start at the constant lr, paths decay over the last 20%)",
                     [*W50_H10, "inner.schedule=wsd"]),
+    "w50-H10-wsd-adam": ("w50-H10-wsd, the paths continuing the warm start's AdamW state (pretrain.continue_optimizer)",
+                         [*W50_H10, "inner.schedule=wsd", "pretrain.continue_optimizer=true"]),
     "w50-H10-private-emb": ("w50-H10 with path-private embeddings / head / final norm",
                             [*W50_H10, "topology.private_embeddings=true"]),
     "w50-H10-private-last-block": ("w50-H10 with the last block private to each path",
