@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--large-layers", type=int, default=-1, help="blocks of dense-large (default 3x a path's)")
     parser.add_argument("--no-diloco", action="store_true",
                         help="skip both DiLoCo runs (DiPaCo and its dense baselines only)")
+    parser.add_argument("--diloco-only", action="store_true",
+                        help="train only the DiLoCo runs (another invocation with --no-diloco trains DiPaCo and the "
+                             "dense baselines into the same --runs at the same time; then --collect-only writes the results)")
     parser.add_argument("--no-diloco-dipaco-outer", action="store_true",
                         help="skip DiLoCo with DiPaCo's outer step")
     parser.add_argument("--name", default="", help="results name (default quality, or quality-budget<B>)")
@@ -91,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     name = args.name or ("quality" if args.budget == 1 else f"quality-budget{args.budget:g}")
-    runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{name}"), keep=args.keep or args.collect_only)
+    runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{name}"), keep=args.keep or args.collect_only or args.diloco_only)
     started = time.perf_counter()
 
     config = load_config(args.config, [*args.set, *args.dipaco])
@@ -100,9 +103,14 @@ def main() -> None:
     large_hidden = 2 * config.model.hidden_size if args.large_hidden < 0 else args.large_hidden
     large_layers = 3 * config.model.n_layers if args.large_layers < 0 else args.large_layers
     large = [f"eval.large_hidden_size={large_hidden}", f"eval.large_n_layers={large_layers if large_hidden else 0}"]
+    if args.diloco_only and (args.no_diloco or args.collect_only):
+        parser.error("--diloco-only trains DiLoCo: it cannot go with --no-diloco or --collect-only")
     results = compare(runner, Path(args.config), [*args.set, *args.dipaco, *budget, *large],
                       diloco=not args.no_diloco, diloco_dipaco_outer=not args.no_diloco_dipaco_outer,
-                      collect_only=args.collect_only)
+                      collect_only=args.collect_only, diloco_only=args.diloco_only)
+    if results is None:
+        print(f"DiLoCo trained in {runner.root}; write the results with --collect-only once DiPaCo has finished")
+        return
     results.update(budget=args.budget, seconds=time.perf_counter() - started)
     path = write_results(name, results, markdown(results))
     plot(results, RESULTS / f"{name}.png")
@@ -111,16 +119,20 @@ def main() -> None:
 
 
 def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, diloco: bool = True,
-            diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False) -> dict:
+            diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False,
+            diloco_only: bool = False) -> dict | None:
     """Train (or, with `collect_only`, only read) DiPaCo (`config_file` + `dipaco_overrides`, evaluated in
     `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (and with
-    DiPaCo's, when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict of their perplexities and budgets."""
+    DiPaCo's, when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict of their perplexities and
+    budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's)."""
     config = load_config(config_file, dipaco_overrides)
     pipeline = runner.pipeline
     if collect_only:
         def pipeline(name, *_, **__):
             return runner.root / name
-    dipaco_run = pipeline("dipaco", config_file, dipaco_overrides, baselines=True, modes=modes)
+    dipaco_run = runner.root / "dipaco"
+    if not diloco_only:
+        dipaco_run = pipeline("dipaco", config_file, dipaco_overrides, baselines=True, modes=modes)
 
     diloco_file = ROOT / "configs" / "diloco.yaml"
     own = load_config(diloco_file, diloco_overrides(config, outer=False))
@@ -134,6 +146,8 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
         runs["DiLoCo, DiPaCo's outer step"] = pipeline(
             "diloco-dipaco-outer", diloco_file, diloco_overrides(config, outer=True), baselines=False,
             modes=["prefix"])
+    if diloco_only:
+        return None
     if collect_only:  # a DiLoCo run that never finished has no row (the point is still reported)
         runs = {label: run for label, run in runs.items() if (run / "eval.json").exists()}
     results = collect(config, own, dipaco_run, runs)

@@ -47,3 +47,24 @@ def test_a_run_without_diloco_says_so_and_a_run_with_it_reports_the_gap():
     results["checks"]["dipaco_vs_diloco"] = 0.1
     text = markdown(results)
     assert "not run" not in text and "own outer step: 10.0% lower perplexity (target: at least 5% lower)" in text
+
+
+def test_diloco_only_trains_the_diloco_runs_and_nothing_else(tmp_path):
+    """`--diloco-only` (DiLoCo on one core while another invocation trains DiPaCo): only the DiLoCo
+    pipelines run, and no results are collected from a DiPaCo run that may not have finished."""
+    from bench.bench_quality import compare
+
+    class Recorder:
+        root = tmp_path
+        names: list[str] = []
+
+        def pipeline(self, name, *_, **__):
+            self.names.append(name)
+            return tmp_path / name
+
+    runner = Recorder()
+    assert compare(runner, DEMO, RECIPE, diloco_only=True) is None
+    assert runner.names == ["diloco", "diloco-dipaco-outer"]
+    runner.names.clear()
+    assert compare(runner, DEMO, RECIPE, diloco_only=True, diloco_dipaco_outer=False) is None
+    assert runner.names == ["diloco"]
