@@ -233,7 +233,7 @@ def inner_ref(*, path: int, round: int, attempt: int) -> str:
 def warm_start_inner_ref() -> str:
     """The reference of the dense warm start's AdamW state, which every path's first task continues
     (`pretrain.continue_optimizer`; written once by the coordinator, never pruned)."""
-    return "inner-warm-start.safetensors"
+    return "islands/inner-warm-start.safetensors"
 
 
 def write_inner(store: ModuleStore, ref: str, tensors: dict[str, torch.Tensor], meta: dict) -> int:
