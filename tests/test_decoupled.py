@@ -9,6 +9,7 @@ from test_coordinator import Clock, TinyRun, drive, make_run, manifests
 
 from dipaco.islands.faults import no_faults
 from dipaco.islands.island import IslandWorker
+from dipaco.stages.status import Source, collect, format_status
 from dipaco.store.board import result_exists
 
 
@@ -285,6 +286,7 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
                 break
         seen["stats"] = coordinator.last_stats
         seen["board"] = dict(coordinator.tasks)
+        seen["status"] = collect(Source(store=run.store))  # what `dipaco status` shows now
         clock.t += run.config.train.heartbeat_seconds  # slow's next look at the board is due
 
     slow = run.island("slow", clock, pinned=[0], faults=Meanwhile(at=3, world=world))
@@ -302,6 +304,9 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
     assert board[held.key].status == "cancelled"
     (fresh,) = [t for t in board.values() if t.path == 0 and t.status in ("open", "assigned")]
     assert fresh.base == stats.round and fresh.step_offset == held.step_offset and fresh.inner_from == held.inner_from
+    shown = seen["status"]
+    assert shown["queue"]["cancelled"] == 1 and shown["last_round"]["cancelled"] == 1
+    assert shown["cancelled"]["tasks"] == 1 and "1 cancelled" in format_status(shown)
     assert not result_exists(run.store, round=held.round, path=0, attempt=0)  # nothing uploaded
     assert seen["checkpoint"] and not checkpoint.exists()  # it had one; it can never be resumed
 
