@@ -322,3 +322,52 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
     assert sorted(e.path for e in applied) == sorted(list(range(4)) * rounds)
     assert not any(m.dropped for m in decided)  # cancelled, not trained to be dropped
     assert slow.cancelled == [f"{held.key}#0"]
+
+
+def test_an_island_goes_on_only_while_the_board_could_still_take_its_result():
+    """`result_wanted`: open or assigned (any attempt: a late older attempt is taken too) goes on;
+    cancelled, lost, received from another attempt, or gone from a board newer than the task stops;
+    a board that may predate the task (its round <= the task's base) or none at all says nothing."""
+    from dataclasses import replace
+
+    from dipaco.islands.island import result_wanted
+    from dipaco.store.records import Board, Task
+
+    task = replace(Task.open(path=1, base=3, step_offset=0, inner_from=None), status="assigned", island="a")
+    def board(round, *tasks):
+        return Board(round=round, tasks={t.key: t for t in tasks}, paths={})
+    assert result_wanted(board(3, task), task) and result_wanted(None, task)
+    assert result_wanted(board(4, replace(task, status="open", island=None, attempt=1)), task)
+    assert result_wanted(board(4, replace(task, island="b", attempt=1)), task)
+    for status in ("cancelled", "lost", "received"):
+        assert not result_wanted(board(5, replace(task, status=status)), task)
+    assert result_wanted(board(3), task)  # written at version 3, maybe before the task existed
+    assert not result_wanted(board(4), task)  # a later board without it: nobody will take its result
+
+
+def test_a_cancelled_task_whose_version_is_gone_is_dropped_not_an_error(tiny, tmp_path):
+    """An island that reads its task just before the coordinator cancels it and retention deletes its
+    base version fails to read the modules: the board no longer wants the task, so the island drops it
+    and asks for work; the same error for a task the board still wants is raised."""
+    from dataclasses import replace
+
+    from dipaco.store.board import read_board, write_board
+    from dipaco.store.module_store import StoreError
+
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "train.rounds=1"])
+    coordinator = run.coordinator(clock)
+    island = run.island("a", clock)
+    coordinator.tick()
+    island.heartbeat()
+    coordinator.tick()
+    task = island.next_task()
+    coordinator.lease.release()  # the coordinator stops: the test writes the board as it would
+    run.store.prune_version("modules", task.base)
+    with pytest.raises(StoreError):
+        island.execute(task)  # still wanted: a store that lost a version is an error
+    board = read_board(run.store)
+    write_board(run.store, replace(board, round=task.base + 2,
+                                   tasks={**board.tasks, task.key: replace(task, status="cancelled")}))
+    assert island.execute(task) is None
+    assert island.cancelled == [f"{task.key}#0"] and island.status == "idle"
