@@ -175,7 +175,7 @@ class OuterConfig:
     quorum: float = 0.5  # async: fraction of a module's paths that must report before its round can close
     grace_seconds: float = 2.0  # async: after the quorum, wait at most this long for the other paths
     staleness_power: float = 1.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power
-    max_staleness: int = 2  # async: results more than this many versions stale are dropped
+    max_staleness: int = 2  # async: results more than this many versions stale are dropped; a running task that falls that far behind is cancelled
     max_grad_norm_ratio: float = 50.0  # reject a result whose pseudo-gradient norm exceeds this times the median of its path's accepted norms; 0 = off
     max_rejections: int = 3  # stop the run when one task's results are rejected this many times (dipaco.store.validation)
 

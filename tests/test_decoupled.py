@@ -9,6 +9,8 @@ from test_coordinator import Clock, TinyRun, drive, make_run, manifests
 
 from dipaco.islands.faults import no_faults
 from dipaco.islands.island import IslandWorker
+from dipaco.stages.status import Source, collect, format_status
+from dipaco.store.board import result_exists
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,22 @@ class FailInTask:
     def fail(self) -> float:
         self.failures += 1
         return self.return_after
+
+
+class Meanwhile:
+    """A fault clock that never fails: at the `at`-th check inside a task (before inner step `at` − 1)
+    it runs `world()` once, so the coordinator and other islands go on while this island trains."""
+
+    mode = "die"
+
+    def __init__(self, at: int, world):
+        self.at, self.world, self.checks, self.failures = at, world, 0, 0
+
+    def due(self) -> bool:
+        self.checks += 1
+        if self.checks == self.at:
+            self.world()
+        return False
 
 
 def modules_of(run: TinyRun, round: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -236,3 +254,120 @@ def test_two_replica_islands_per_routed_path_train_every_path_and_none_idles(tin
         for r, manifest in enumerate(read_manifests(run.store, rounds), start=1):
             assert sorted(e.key for e in manifest.applied) == [task_key(p, r - 1) for p in range(8)]
     assert sum(i.tasks_done for i in islands) >= 8 * rounds
+
+
+def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_trains_on(tiny, tmp_path):
+    """Async, max_staleness 1: while the island pinned to path 0 trains its task from version 0, the
+    other paths commit versions 1 and 2. At the commit of version 0 + max_staleness + 1 the task is
+    cancelled: the island stops at its next look at the board (after heartbeat_seconds), uploads
+    nothing, deletes its inner checkpoint, and takes path 0's fresh task from the newest version; no
+    result of the cancelled task is ever applied and the run still applies train.rounds results per path."""
+    max_staleness = 1
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
+                                            f"outer.max_staleness={max_staleness}", "train.checkpoint_steps=1",
+                                            "train.heartbeat_timeout=10", "train.rounds=3"])
+    coordinator = run.coordinator(clock)
+    checkpoint = run.dir.root / "islands" / "slow.safetensors"
+    fast = run.island("fast", clock, pinned=[1, 2, 3])
+    seen = {}
+
+    def world() -> None:  # inside slow's task, after 2 of its inner steps
+        seen["checkpoint"] = checkpoint.exists()
+        doomed_at = held.base + max_staleness + 1
+        for _ in range(100):
+            slow.heartbeat()  # what its heartbeat thread does meanwhile
+            fast.poll()
+            clock.t += 0.5
+            coordinator.tick()
+            if coordinator.committed == max_staleness:  # the last version its result could still go into
+                seen["running_at_the_limit"] = coordinator.tasks[held.key].status
+            if coordinator.committed >= doomed_at:
+                break
+        seen["stats"] = coordinator.last_stats
+        seen["board"] = dict(coordinator.tasks)
+        seen["status"] = collect(Source(store=run.store))  # what `dipaco status` shows now
+        clock.t += run.config.train.heartbeat_seconds  # slow's next look at the board is due
+
+    slow = run.island("slow", clock, pinned=[0], faults=Meanwhile(at=3, world=world))
+    coordinator.tick()
+    slow.heartbeat(), fast.heartbeat()
+    coordinator.tick()
+    held = slow.next_task()
+    assert held.path == 0 and held.base == 0
+    assert slow.execute(held) is None  # stopped, not finished
+    assert slow.cancelled == [f"{held.key}#0"] and slow.status == "idle"
+    assert seen["running_at_the_limit"] == "assigned"  # max_staleness versions behind: still applicable
+    stats = seen["stats"]
+    assert stats.round == held.base + max_staleness + 1 and stats.cancelled == 1
+    board = seen["board"]
+    assert board[held.key].status == "cancelled"
+    (fresh,) = [t for t in board.values() if t.path == 0 and t.status in ("open", "assigned")]
+    assert fresh.base == stats.round and fresh.step_offset == held.step_offset and fresh.inner_from == held.inner_from
+    shown = seen["status"]
+    assert shown["queue"]["cancelled"] == 1 and shown["last_round"]["cancelled"] == 1
+    assert shown["cancelled"]["tasks"] == 1 and "1 cancelled" in format_status(shown)
+    assert not result_exists(run.store, round=held.round, path=0, attempt=0)  # nothing uploaded
+    assert seen["checkpoint"] and not checkpoint.exists()  # it had one; it can never be resumed
+
+    clock.t += 0.5
+    coordinator.tick()  # slow is idle: it gets path 0's task from the newest version
+    again = slow.next_task()
+    assert again is not None and again.path == 0 and again.base == coordinator.committed
+    drive(coordinator, [slow, fast], clock)
+    rounds = run.config.train.rounds
+    decided = manifests(run.store, coordinator.committed)
+    assert all(held.key not in m.keys for m in decided)
+    applied = [e for m in decided for e in m.applied]
+    assert sorted(e.path for e in applied) == sorted(list(range(4)) * rounds)
+    assert not any(m.dropped for m in decided)  # cancelled, not trained to be dropped
+    assert slow.cancelled == [f"{held.key}#0"]
+
+
+def test_an_island_goes_on_only_while_the_board_could_still_take_its_result():
+    """`result_wanted`: open or assigned (any attempt: a late older attempt is taken too) goes on;
+    cancelled, lost, received from another attempt, or gone from a board newer than the task stops;
+    a board that may predate the task (its round <= the task's base) or none at all says nothing."""
+    from dataclasses import replace
+
+    from dipaco.islands.island import result_wanted
+    from dipaco.store.records import Board, Task
+
+    task = replace(Task.open(path=1, base=3, step_offset=0, inner_from=None), status="assigned", island="a")
+    def board(round, *tasks):
+        return Board(round=round, tasks={t.key: t for t in tasks}, paths={})
+    assert result_wanted(board(3, task), task) and result_wanted(None, task)
+    assert result_wanted(board(4, replace(task, status="open", island=None, attempt=1)), task)
+    assert result_wanted(board(4, replace(task, island="b", attempt=1)), task)
+    for status in ("cancelled", "lost", "received"):
+        assert not result_wanted(board(5, replace(task, status=status)), task)
+    assert result_wanted(board(3), task)  # written at version 3, maybe before the task existed
+    assert not result_wanted(board(4), task)  # a later board without it: nobody will take its result
+
+
+def test_a_cancelled_task_whose_version_is_gone_is_dropped_not_an_error(tiny, tmp_path):
+    """An island that reads its task just before the coordinator cancels it and retention deletes its
+    base version fails to read the modules: the board no longer wants the task, so the island drops it
+    and asks for work; the same error for a task the board still wants is raised."""
+    from dataclasses import replace
+
+    from dipaco.store.board import read_board, write_board
+    from dipaco.store.module_store import StoreError
+
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "train.rounds=1"])
+    coordinator = run.coordinator(clock)
+    island = run.island("a", clock)
+    coordinator.tick()
+    island.heartbeat()
+    coordinator.tick()
+    task = island.next_task()
+    coordinator.lease.release()  # the coordinator stops: the test writes the board as it would
+    run.store.prune_version("modules", task.base)
+    with pytest.raises(StoreError):
+        island.execute(task)  # still wanted: a store that lost a version is an error
+    board = read_board(run.store)
+    write_board(run.store, replace(board, round=task.base + 2,
+                                   tasks={**board.tasks, task.key: replace(task, status="cancelled")}))
+    assert island.execute(task) is None
+    assert island.cancelled == [f"{task.key}#0"] and island.status == "idle"

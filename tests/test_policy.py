@@ -105,7 +105,9 @@ def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_asy
     assert policy.on_lost(1) == "replace" and policy.on_lost(2) == "retry"
     assert policy.on_lost(1, resumable=True) == "retry"  # back with the task's checkpoint: still its own
     assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=2).on_lost(1) == "retry"
-    assert policy.keep_from(keep_rounds=1, bases=[]) == -1  # async keeps max_staleness + 2 versions
+    # async keeps the versions a result may still be applied from: committed - max_staleness ... committed
+    assert policy.keep_from(keep_rounds=1, bases=[]) == policy.committed - ASYNC.max_staleness
+    assert policy.keep_from(keep_rounds=1, bases=[-1]) == -1  # and the base of every task open or running
     assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5).keep_from(keep_rounds=1, bases=[3]) == 3
     assert policy.keep_from(keep_rounds=0, bases=[0]) is None
 
@@ -196,3 +198,39 @@ def test_a_resumable_task_whose_result_would_be_dropped_is_replaced():
     assert policy.on_lost(2, resumable=True) == "retry"  # staleness 1 at the next round: applied, weighted
     assert policy.on_lost(1, resumable=True) == "replace"  # staleness >= 2 > max_staleness: would be dropped
     assert staleness_weight(policy.committed - 1, config=config) is None
+
+
+def test_async_cancels_exactly_the_running_tasks_whose_result_could_no_longer_be_applied():
+    """After each commit a running task based on b is cancelled once committed - b >= max_staleness + 1:
+    the result it would deliver into the next round is one `plan` drops (checked against `plan` itself)."""
+    limit = ASYNC.max_staleness
+    policy = RoundPolicy(grid(), ASYNC)
+    running = [Running(key=f"p{p}-b0", path=p, base=0, started=0.0) for p in (0, 1)]
+    cancelled_at = None
+    for _ in range(limit + 1):
+        policy.received(result(2, policy.committed))
+        policy.received(result(3, policy.committed))
+        policy.commit(policy.plan())
+        verdicts = []
+        for task in running:  # what the next round would do with each running task's result, were it in now
+            probe = RoundPolicy(grid(), ASYNC, committed=policy.committed)
+            probe.received(Result(key=task.key, path=task.path, base=task.base, tokens=1, arrived=0.0))
+            verdicts.append(probe.plan().verdicts[0].factor)
+        cancelled = policy.cancel(running)
+        assert cancelled == [t.key for t, factor in zip(running, verdicts) if factor is None]
+        if cancelled and cancelled_at is None:
+            cancelled_at = policy.committed
+    assert cancelled_at == limit + 1  # kept through committed - b = max_staleness, cancelled at max_staleness + 1
+    boundary = RoundPolicy(grid(), ASYNC, committed=10)
+    tasks = [Running(key=f"b{b}", path=0, base=b, started=None) for b in range(10 - limit - 2, 11)]
+    cancelled = boundary.cancel(tasks)
+    assert cancelled == [t.key for t in tasks if 10 - t.base >= limit + 1]
+    assert [10 - t.base for t in tasks if t.key in cancelled] == [limit + 2, limit + 1]  # max_staleness itself stays
+    assert boundary.cancel([]) == []
+
+
+def test_sync_never_cancels():
+    policy = RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5)
+    assert policy.cancel([Running(key=f"b{b}", path=0, base=b, started=0.0) for b in range(6)]) == []
+    zero = RoundPolicy(grid(), OuterConfig(mode="async", max_staleness=0), committed=5)
+    assert zero.cancel([Running("old", 0, 4, 0.0), Running("new", 1, 5, 0.0)]) == ["old"]

@@ -1,5 +1,6 @@
 """The protocol records: JSON round trips, and validation on read that names the file and the field."""
 
+import dataclasses
 import json
 import math
 
@@ -89,3 +90,20 @@ def test_numbers_accept_ints_and_nan_and_tasks_derive_their_key():
     assert back.seconds == 2.0 and isinstance(back.seconds, float) and math.isnan(back.val_loss_start)
     task = examples()[0]
     assert task.key == "path-0003-round-000002" and task.round == 2 and task.status == "open"
+
+
+def test_a_round_stats_row_written_before_cancellation_existed_still_loads():
+    """RoundStats.cancelled was added within schema 1 (`ADDED`): an old train.json row or state.json
+    "stats" without it reads as 0 cancelled; a field that is not `ADDED` is still refused when missing."""
+    manifest = examples()[4]
+    stats = RoundStats.of(manifest, in_flight=2, cancelled=3)
+    obj = through_json(stats.to_json())
+    assert obj["cancelled"] == 3 and RoundStats.from_json(obj, file=FILE) == stats
+    old = {k: v for k, v in obj.items() if k != "cancelled"}
+    assert RoundStats.from_json(old, file=FILE) == RoundStats.of(manifest, in_flight=2)
+    with pytest.raises(StoreError, match="missing field 'in_flight'"):
+        RoundStats.from_json({k: v for k, v in old.items() if k != "in_flight"}, file=FILE)
+    cancelled = dataclasses.replace(Task.open(path=0, base=0, step_offset=0, inner_from=None), status="cancelled",
+                                    island="a", incarnation="x")
+    board = Board(round=3, tasks={cancelled.key: cancelled}, paths={})
+    assert Board.from_json(through_json(board.to_json()), file=FILE) == board

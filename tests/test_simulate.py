@@ -17,7 +17,7 @@ from dipaco.simulate.scenario import STRATEGIES, run_strategy
 from dipaco.simulate.settings import Settings
 from dipaco.store.board import read_manifest, write_heartbeat, write_result
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import Heartbeat, ResultMeta
+from dipaco.store.records import Heartbeat, ResultMeta, Task
 
 INSTANT = 1e30  # Gbit/s: transfers take ~1e-29 s, which vanishes next to any time here
 
@@ -104,9 +104,10 @@ class Clock:
         return self.t
 
 
-def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000) -> tuple[list, list]:
-    """Feed the simulation's event trace (results arriving, coordinator instants) to the real
-    `Coordinator` over a real store; returns its (task hand-outs, round plans) in the simulator's terms."""
+def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000) -> tuple[list, list, list]:
+    """Feed the simulation's event trace (results arriving, coordinator instants, learners stopping a
+    cancelled task) to the real `Coordinator` over a real store; returns its (task hand-outs, round
+    plans, cancellations) in the simulator's terms."""
     learners = len(sim.learners)
     topology = replica_topology(learners)
     store = ModuleStore(str(tmp_path / "store"))
@@ -129,20 +130,9 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000
 
     for i in range(learners):
         beat(i)  # every island is up and idle at 0
-    handed, closes, assigned = [], [], set()
-    for event in sim.trace:
-        clock.t = event[1]
-        if event[0] == "result":
-            _, _, sim_task, tokens = event
-            (task,) = [t for t in coordinator.tasks.values() if t.status == "assigned" and t.path == sim_task.path]
-            meta = ResultMeta(path=task.path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
-                              train_loss=1.0, losses=(1.0,), val_loss_start=1.0, seconds=1.0, bytes_down_modules=0,
-                              bytes_down_inner=0, inner_state_local=True, data_parallel_ranks=1)
-            write_result(store, task, {f"{m}/w": torch.zeros(2) for m in topology.modules}, meta,
-                         compression="none", level=1)
-            status[task.path] = ("idle", None)
-            beat(task.path)
-            continue
+    handed, closes, cancelled, assigned, stopped = [], [], [], set(), set()
+
+    def ticks() -> None:
         for _ in range(6):  # the simulator's coordinator runs until nothing changes at one instant
             before = coordinator.committed
             coordinator.tick()
@@ -152,13 +142,34 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000
                     handed.append((clock.t, task.path, task.base, task.island))
                     status[task.path] = ("training", key)
                     beat(task.path)
+                if task.status == "cancelled" and key not in stopped:  # on the board until the next commit
+                    stopped.add(key)
+                    cancelled.append((clock.t, task.path, task.base, task.island))
             if coordinator.committed > before:
                 manifest = read_manifest(store, coordinator.committed)
                 decided = sorted([(e.path, e.base, e.factor) for e in manifest.applied]
                                  + [(e.path, e.base, None) for e in manifest.dropped], key=repr)
                 closes.append((clock.t, coordinator.committed, decided))
+
+    for event in sim.trace:
+        clock.t = event[1]
+        if event[0] == "result":  # an island uploads (also the result of a task cancelled meanwhile)
+            _, _, sim_task, tokens = event
+            task = Task.open(path=sim_task.path, base=sim_task.base, step_offset=0, inner_from=None)  # attempt 0
+            meta = ResultMeta(path=task.path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
+                              train_loss=1.0, losses=(1.0,), val_loss_start=1.0, seconds=1.0, bytes_down_modules=0,
+                              bytes_down_inner=0, inner_state_local=True, data_parallel_ranks=1)
+            write_result(store, task, {f"{m}/w": torch.zeros(2) for m in topology.modules}, meta,
+                         compression="none", level=1)
+            status[task.path] = ("idle", None)
+            beat(task.path)
+            continue
+        if event[0] == "stopped":  # the island saw its task cancelled: it stops, heart-beats idle, asks again
+            status[event[2].path] = ("idle", None)
+            beat(event[2].path)
+        ticks()
     assert coordinator.done == (rounds < 100_000)
-    return handed, closes
+    return handed, closes, cancelled
 
 
 def straggler_trace_simulation(mode: str, rounds: int | None = None) -> RoundsSimulation:
@@ -184,14 +195,16 @@ def test_a_run_of_n_rounds_applies_n_results_per_path_and_discards_nothing_at_it
     applied = [v for log in sim.rounds for v in log.plan.applied]
     assert sorted(v.path for v in applied) == sorted(list(range(4)) * 4)
     assert sim.syncer.policy.done and not sim.chip_seconds  # every result that arrived was decided
-    assert sum(len(log.plan.verdicts) for log in sim.rounds) == len(sim.handed)  # every task handed out arrived
+    # every task handed out arrived and was decided, or was cancelled (async only)
+    assert sum(len(log.plan.verdicts) for log in sim.rounds) + len(sim.cancelled) == len(sim.handed)
     if mode == "sync":
-        assert len(sim.rounds) == 4
+        assert len(sim.rounds) == 4 and not sim.cancelled
     sim_closes = [(log.time, log.plan.round, sorted([(v.path, v.base, v.factor) for v in log.plan.verdicts], key=repr))
                   for log in sim.rounds]
-    handed, closes = coordinator_replay(sim, tmp_path, rounds=4)
+    handed, closes, cancelled = coordinator_replay(sim, tmp_path, rounds=4)
     assert sorted(handed) == sorted((t, task.path, task.base, island) for t, task, island in sim.handed)
     assert [(r, d) for _, r, d in closes] == [(r, d) for _, r, d in sim_closes]
+    assert sorted(cancelled) == sorted((t, task.path, task.base, island) for t, task, island in sim.cancelled)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -210,16 +223,54 @@ def test_the_simulator_and_the_real_coordinator_decide_the_same_on_the_same_trac
     sim_handed = [(t, task.path, task.base, island) for t, task, island in sim.handed]
     sim_closes = [(log.time, log.plan.round, sorted([(v.path, v.base, v.factor) for v in log.plan.verdicts], key=repr))
                   for log in sim.rounds]
-    handed, closes = coordinator_replay(sim, tmp_path)
+    sim_cancelled = [(t, task.path, task.base, island) for t, task, island in sim.cancelled]
+    handed, closes, cancelled = coordinator_replay(sim, tmp_path)
     assert len(sim_closes) >= 8
     if mode == "async":
         stale = [d for _, _, decided in sim_closes for d in decided if d[2] is None or d[2] < 1]
         assert stale, "the trace should exercise staleness weighting or dropping"
+        assert sim_cancelled, "the trace should cancel a running task whose result could no longer be applied"
+        stopped = [e for e in sim.trace if e[0] == "stopped"]
+        assert stopped and all(any(h[0] == e[1] and h[1] == e[2].path for h in sim_handed) for e in stopped)
+    else:
+        assert not sim_cancelled
+    assert sorted(cancelled) == sorted(sim_cancelled)  # the same cancellations at the same instants
     assert sorted(handed) == sorted(sim_handed)  # the same hand-outs at the same instants (order within one is free)
     assert len(closes) == len(sim_closes)
     for (t, r, decided), (st, sr, sdecided) in zip(closes, sim_closes):
         assert (r, decided) == (sr, sdecided)
         assert math.isclose(t, st)
+
+
+def test_a_task_cancelled_while_uploading_is_ignored_and_the_coordinator_agrees(tmp_path):
+    """Two learners, max_staleness 0, quorum 1 of 2, no grace: learner 1 loses time to a chip failure, so
+    learner 0's result closes round 1 while learner 1 is uploading its result from version 0. That task
+    is cancelled (it could only be dropped): the upload finishes, its result is ignored (in no plan), and
+    learner 1 then takes path 1's fresh task from version 1 — the same decisions as the real coordinator
+    on the same trace."""
+    settings = hand_settings(learners=2, inner_steps=10, link_gbit_per_s=1.0, model_parameters=625_000_000,
+                             learner_failure="elastic", horizon_hours=60 / 3600)
+    settings = Settings(sim=settings.sim, outer=OuterConfig(mode="async", quorum=0.5, grace_seconds=0.0,
+                                                            max_staleness=0, compression="int8"))
+    download, upload = (settings.transfer_seconds(b) for b in (settings.download_bytes, settings.upload_bytes))
+    first_result = download + settings.task_seconds + upload
+    failure = download + 3.0  # inside learner 1's second step: it loses a second and pauses to re-shard
+    sim = RoundsSimulation(settings, FailureModel(chip_mtbi_hours=1.0, speed_sigma=0.0, seed=0, trace={1: [failure]}),
+                           mode="async")
+    sim.run()
+    when, task, _ = next(c for c in sim.cancelled if c[2] == island_name(1))
+    assert (when, task.path, task.base) == (pytest.approx(first_result), 1, 0)
+    assert not [e for e in sim.trace if e[0] == "stopped"]  # it had finished training: nothing to stop
+    (arrived,) = [e[1] for e in sim.trace if e[0] == "result" and e[2] == task]
+    assert arrived > when  # its upload went on after the cancellation ...
+    assert all(v.key != task.key for log in sim.rounds for v in log.plan.verdicts)  # ... and was ignored
+    fresh = [(t, h.base) for t, h, i in sim.handed if i == island_name(1) and h.base > 0]
+    assert fresh[0] == (arrived, 1)  # the fresh task, from version 1, as soon as the learner is free
+    handed, closes, cancelled = coordinator_replay(sim, tmp_path)
+    assert sorted(handed) == sorted((t, h.path, h.base, i) for t, h, i in sim.handed)
+    assert [(r, d) for _, r, d in closes] == [
+        (log.plan.round, sorted([(v.path, v.base, v.factor) for v in log.plan.verdicts], key=repr)) for log in sim.rounds]
+    assert sorted(cancelled) == sorted((t, c.path, c.base, i) for t, c, i in sim.cancelled)
 
 
 # --- the command ---------------------------------------------------------------------------------------

@@ -17,10 +17,24 @@
    module version t, the round manifest `rounds/round-t.json` (which results were applied), then
    `state.json`, the commit point, which also holds the board after the round (every task and path
    state) and the round's `RoundStats` (train.json's row); tasks still open move to version t,
-   reported paths get new ones;
+   running tasks whose results could no longer be applied are cancelled (async, below), reported
+   paths get new ones;
 6. assigns open tasks to idle islands (after any commit, so always from the newest version): an
    island pinned with `--path` only takes its paths, and an island prefers the path it trained last
    (its inner optimiser state is then already local).
+
+**Cancellation** (async; the rule is `RoundPolicy.cancel`'s). When a commit leaves a running task
+more than `outer.max_staleness` versions behind, its result could only be dropped, so in the same
+settling of the board the task gets status `cancelled` and its path an open task from the newest
+version (continuing the path's steps and inner state, as any new task). Why this way: the board is
+the one channel the coordinator has to an island, so the cancellation is written there, inside the
+commit's board (a restart sees it); the island, which reads the board every
+`train.heartbeat_seconds` while it trains in async mode, stops at its next look, heart-beats idle and
+asks for work. The fresh task is left open rather than handed to that island directly, so `assign`
+decides as for any task: an idle island takes it at once, paths further behind go first, and the
+island that stopped is preferred for it when it trained that path last (its inner state is local).
+A cancelled task's result is never received (only open and assigned tasks are), its base is no
+longer kept by retention, and it leaves the board at the next commit, as lost tasks do.
 
 The run ends when the policy says every path has had `train.rounds` results applied (`done`; in sync
 mode after round `train.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
@@ -345,6 +359,24 @@ class Coordinator:
             self.tasks[task.key] = task
             log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
 
+    def _cancel_doomed(self) -> int:
+        """Cancel the running tasks whose results could no longer be applied (`RoundPolicy.cancel`, after
+        a commit): each gets status `cancelled` (its island stops it when it next reads the board) and its
+        path an open task from the newest version. Returns how many."""
+        running = [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key))
+                   for t in self.tasks.values() if t.status == "assigned"]
+        doomed = self.policy.cancel(running)
+        for key in doomed:
+            task = self.tasks[key]
+            self.tasks[key] = replace(task, status="cancelled")
+            self.started.pop(key, None)
+            fresh = self._new_task(task.path)
+            self.tasks[fresh.key] = fresh
+            log.warning("%s: cancelled on island %s (%d versions behind version %d, outer.max_staleness %d); "
+                        "path %d trains on as %s", key, task.island, self.committed - task.base, self.committed,
+                        self.outer.max_staleness, task.path, fresh.key)
+        return len(doomed)
+
     def _reassign_lost(self, now: float) -> None:
         for key, task in list(self.tasks.items()):
             if task.status != "assigned":
@@ -407,25 +439,27 @@ class Coordinator:
         self.committed = round
         self.policy.commit(plan)
         self.used |= manifest.keys
-        for key in [k for k, t in self.tasks.items() if k in self.used or t.status == "lost"]:
+        for key in [k for k, t in self.tasks.items() if k in self.used or t.status in ("lost", "cancelled")]:
             del self.tasks[key]  # finished business: the manifests keep the record
             self.started.pop(key, None)
             self.metas.pop(key, None)
         self._rebase_open()
+        cancelled = self._cancel_doomed()
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
         now = self.clock()
-        stats = replace(RoundStats.of(manifest, in_flight=in_flight), seconds=now - self.round_started)
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled), seconds=now - self.round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
         _commit(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())
         self.last_stats, self.round_started = stats, now
         self._retain(round, manifest.applied)
-        log.info("round %d committed: %d results applied (%d stale), %d dropped", round, len(manifest.applied),
-                 self.last_stats.stale, len(manifest.dropped))
+        log.info("round %d committed: %d results applied (%d stale), %d dropped, %d running tasks cancelled", round,
+                 len(manifest.applied), self.last_stats.stale, len(manifest.dropped), cancelled)
 
     def _retain(self, round: int, applied: tuple[ManifestEntry, ...]) -> None:
         """Record each applied result's validation loss for the version it started from, then apply
         retention: versions older than the policy's oldest kept one (`train.keep_rounds`, in async mode
-        the versions a stale result may still start from, and every open or running task's base) except
+        the versions a stale result may still start from, and every open or running task's base; not a
+        cancelled task's: its island read its modules when it started, and its result is never read) except
         the modules some path's best version needs, and the inner states no task or path state names."""
         losses: dict[int, dict[int, float]] = {}
         for entry in applied:

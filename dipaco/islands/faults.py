@@ -9,7 +9,9 @@ fails on the same schedule in every run. What a failure does (`train.fail_mode`)
   `train.return_after` seconds comes back as a new incarnation that asks for work again with nothing
   cached (its old task has by then been handed to another island, or is re-offered to it);
 - `stall`: the island stops heart-beating for `train.return_after` seconds, then finishes its task
-  late (its result may arrive after the task was handed to another island: only one is applied).
+  late (its result may arrive after the task was handed to another island: only one is applied; in
+  async mode, when the task was replaced meanwhile, it stops at its next look at the board instead:
+  `dipaco.islands.island.result_wanted`).
 """
 
 from __future__ import annotations

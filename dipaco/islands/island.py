@@ -17,6 +17,15 @@ to it (by name and incarnation) that it has not finished yet:
 - upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
   `outer.compression`, then the result JSON (the commit), with the bytes it moved.
 
+While it trains in async mode it looks at the board at most every `train.heartbeat_seconds` (between
+inner steps, in the training thread; `result_wanted`): when the board no longer holds its task open or
+assigned — the coordinator cancelled it because its result could no longer be applied
+(`RoundPolicy.cancel`), or it was lost and replaced, or another attempt's result was taken — it stops
+at once without uploading, deletes its inner checkpoint (the task can never be resumed), heart-beats
+idle and asks for work. Sync mode never cancels and never looks (a DDP island does not look either:
+its other ranks would wait in the step's all-reduce; it trains a cancelled task to the end, and the
+coordinator ignores the result).
+
 It stops when the store has committed the run's last round. In Python (the `dipaco island` stage
 builds the `IslandSetup` from the config):
 
@@ -70,8 +79,8 @@ from dipaco.store.board import (
     write_inner,
     write_result,
 )
-from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import Heartbeat, PathState, ResultMeta, Task
+from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.store.records import Board, Heartbeat, PathState, ResultMeta, Task
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
@@ -100,6 +109,23 @@ class IslandSetup:
         """Each path's validation batches (read once per island)."""
         return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
                               max_batches=self.inner.val_batches, precision=self.train.precision)
+
+
+class TaskCancelled(RuntimeError):
+    """Raised inside an island's inner loop when the board no longer wants its task's result."""
+
+
+def result_wanted(board: Board | None, task: Task) -> bool:
+    """Could the coordinator still take `task`'s result? Only while its board holds the task open or
+    assigned (any attempt: a late result of an older attempt is taken too); not when it is cancelled,
+    lost or received from another attempt, nor when it has left a board newer than the task (one
+    written at version `task.base` may predate it). No board: yes (nothing to go by)."""
+    if board is None:
+        return True
+    held = board.tasks.get(task.key)
+    if held is None:
+        return board.round <= task.base
+    return held.status in ("open", "assigned")
 
 
 @dataclass(frozen=True)
@@ -347,6 +373,7 @@ class IslandWorker:
         self.checkpoint = (setup.checkpoints / f"{name}.safetensors"
                            if setup.checkpoints is not None and setup.train.checkpoint_steps else None)
         self.resumed: list[tuple[str, int]] = []  # (task key, steps) of the tasks resumed from the checkpoint
+        self.cancelled: list[str] = []  # "key#attempt" of the tasks it stopped because the board no longer wanted them
         self._ask_for_checkpointed_path()
         self._lock = threading.Lock()
 
@@ -373,7 +400,8 @@ class IslandWorker:
         return None
 
     def execute(self, task: Task) -> ResultMeta | None:
-        """Train `task` and push its result; None when an injected failure killed it."""
+        """Train `task` and push its result; None when an injected failure killed it or the board stopped
+        wanting its result (`result_wanted`)."""
         self.status, self.current = "training", task.key
         self.heartbeat()
         if self.ctx is not None:
@@ -381,11 +409,25 @@ class IslandWorker:
         saved = InnerCheckpoint.load(self.checkpoint) if self.checkpoint is not None else None
         if saved is not None and saved.matches(task):
             self.resumed.append((task.key, saved.steps))
+        watch = self._watch(task)
+
+        def check() -> None:
+            self._check_faults()
+            watch()
+
         try:
-            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=self._check_faults,
+            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=check,
                              checkpoint=self.checkpoint)
         except IslandFailure:
             self._go_down()
+            return None
+        except TaskCancelled as why:
+            self._drop(task, str(why))
+            return None
+        except StoreError as err:  # e.g. its base version pruned: moot when the task was cancelled meanwhile
+            if self._wanted(task):
+                raise
+            self._drop(task, f"{err}; the board no longer wants it")
             return None
         meta, stats, ref = push_result(self.setup, task, out, island=self.name)
         if self.checkpoint is not None:
@@ -417,6 +459,42 @@ class IslandWorker:
         if task is None:
             return False
         return self.execute(task) is not None
+
+    def _wanted(self, task: Task) -> bool:
+        try:
+            return result_wanted(read_board(self.store), task)
+        except StoreError as err:  # a transient read error must not stop training
+            log.warning("island %s: cannot read the board (%s); %s goes on", self.name, err, task.key)
+            return True
+
+    def _watch(self, task: Task) -> Callable[[], None]:
+        """The check, before each inner step, that the board still wants `task`'s result: it reads the
+        board at most every `train.heartbeat_seconds` (island clock), in async mode only (sync never
+        cancels), not in a DDP island (its ranks would part ways); raises `TaskCancelled`."""
+        if self.setup.outer.mode != "async" or self.ctx is not None:
+            return lambda: None
+        every, last = self.setup.train.heartbeat_seconds, self.clock()
+
+        def watch() -> None:
+            nonlocal last
+            now = self.clock()
+            if now - last < every:
+                return
+            last = now
+            if not self._wanted(task):
+                raise TaskCancelled(f"{task.key} attempt {task.attempt}: the board no longer wants its result")
+
+        return watch
+
+    def _drop(self, task: Task, why: str) -> None:
+        """Stop `task` without a result: its inner checkpoint goes (it can never be resumed), then idle."""
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)
+        self.setup.models.release_gradients()
+        self.cancelled.append(f"{task.key}#{task.attempt}")
+        self.status, self.current = "idle", None
+        self.heartbeat()
+        log.warning("island %s: stopped %s (%s); asking for work", self.name, task.key, why)
 
     def _check_faults(self) -> None:
         if not self.faults.due():

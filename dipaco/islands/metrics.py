@@ -14,7 +14,7 @@ scalar is the module version (round) it belongs to. Tags:
 | `val/loss/path-P` | path P's validation loss of module version t (the islands score the version they start from) |
 | `outer/grad_norm/<module>`, `outer/update_norm/<module>` | the module's outer gradient ‖g‖ and parameter change ‖θ_t − θ_{t−1}‖ |
 | `bytes/up_pseudo_gradients`, `bytes/up_inner`, `bytes/down_modules`, `bytes/down_inner` | bytes the applied results moved |
-| `round/seconds`, `round/tokens`, `round/applied`, `round/stale`, `round/dropped`, `round/in_flight` | the round's `RoundStats` |
+| `round/seconds`, `round/tokens`, `round/applied`, `round/stale`, `round/dropped`, `round/in_flight`, `round/cancelled` | the round's `RoundStats` |
 | `goodput` | applied island-seconds so far / (islands × seconds since the first heartbeat) (docs/islands.md#goodput) |
 
 Event files are written with `torch.utils.tensorboard.SummaryWriter` (the `tensorboard` package) and
@@ -82,7 +82,7 @@ class RunMetrics:
         add("bytes/up_inner", moved["bytes_up_inner"], t)
         add("bytes/down_modules", moved["bytes_down_modules"], t)
         add("bytes/down_inner", moved["bytes_down_inner"], t)
-        for key in ("seconds", "tokens", "applied", "stale", "dropped", "in_flight"):
+        for key in ("seconds", "tokens", "applied", "stale", "dropped", "in_flight", "cancelled"):
             add(f"round/{key}", getattr(stats, key), t)
         if goodput is not None and math.isfinite(goodput):
             add("goodput", goodput, t)

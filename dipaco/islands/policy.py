@@ -11,6 +11,7 @@ as plain dataclasses:
     policy.commit(plan)                                          # it was written: version committed+1
     policy.paths_to_open(busy={0, 3})                            # paths that need a task from the newest version
     policy.rebase(open_tasks)                                    # open tasks to move to the newest version
+    policy.cancel(running=[Running(...)])                        # running tasks whose result can no longer be applied
     policy.on_lost(task_base)                                    # "retry" (same task, next attempt) | "replace"
     policy.assign(open_tasks, idle_islands)                      # [(task key, island)]
     policy.keep_from(keep_rounds=2, bases=[...])                 # oldest version retention may not delete
@@ -21,8 +22,9 @@ Driving it (the coordinator's `tick`, which a simulator repeats to make the same
 2. a task for each of `paths_to_open(busy=paths with a task open or running)`;
 3. lost tasks: `on_lost(base, resumable=island back with its checkpoint)`: retry or replace;
 4. `close_due(now, running, idle=the idle islands a dry `assign` would leave without work, open)`;
-   when due: `plan()`, write it, `commit(plan)`, move `rebase(open)` to the newest version, then step 2
-   again;
+   when due: `plan()`, write it, `commit(plan)`, move `rebase(open)` to the newest version, replace
+   each of `cancel(running)` by an open task from the newest version (its island stops it and asks
+   for work again), then step 2 again;
 5. `assign(open, idle)`: the hand-outs, after any commit.
 
 The rules (`outer.mode`):
@@ -47,6 +49,15 @@ The rules (`outer.mode`):
   results of its path were applied in rounds b+1 … t−1 (normally 0). Weight (`dipaco.optim.weighting`:
   shard size, tokens or 1) × (1 + s) ^ −outer.staleness_power; a result whose shared staleness exceeds outer.max_staleness is dropped whole.
   Sync: weight 1 for s = 0, nothing else exists.
+- **Cancellation** (async). A running task based on version b can report at the earliest into the
+  round after the newest one, committed + 1, where its staleness is committed − b, and staleness only
+  grows. So once committed − b ≥ outer.max_staleness + 1 its result can never be applied: `cancel`
+  names it right after the commit that makes it so (the commit of version b + max_staleness + 1), and
+  it is replaced by an open task for its path from the newest version (continuing the path's steps
+  and inner state); its island stops it and takes new work. With it no result is ever dropped in a
+  run (every result that arrives was running, not cancelled, at the last commit, so committed − b ≤
+  max_staleness); `plan` still drops one that would be (e.g. a board written before cancellation
+  existed). The same test as `on_lost`'s. Sync never cancels (a sync round waits for every path).
 - **√ rescale** (`outer.rescale_by_paths`): by √|P(m)|, the number of paths through the module, not the
   number of results applied (a path with a stale and a fresh result counts once; a private module ×1).
 - **The run's length** (`rounds`, = `train.rounds`; None = no end): applied work, not versions. The
@@ -58,7 +69,8 @@ The rules (`outer.mode`):
   round waits for all of them — past the grace window — so the last commit cuts off no finished task.
 - **Tasks.** A path gets a new task as soon as it has none in flight, has not yet reported from the
   newest version and owes a result; every open task (no island has it) is moved to the newest version at each commit, so
-  an island only ever receives a task based on the newest committed versions. A lost task in async
+  an island only ever receives a task based on the newest committed versions, and a running one that
+  can no longer be applied is cancelled (above). A lost task in async
   mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
   its island is back with the task's inner checkpoint and its result could still be applied (at most
   outer.max_staleness versions behind): then it is retried, and resumed there.
@@ -385,6 +397,14 @@ class RoundPolicy:
         """The open tasks to move to the newest version (nobody has started them)."""
         return [t for t in open if t.base < self.committed]
 
+    def cancel(self, running: Iterable[Running]) -> list[str]:
+        """The keys of the running tasks to cancel now (after a commit): async, those whose result could
+        no longer be applied when it arrives, committed − base > outer.max_staleness (module docstring,
+        Cancellation); sync never cancels."""
+        if self.config.mode != "async":
+            return []
+        return [t.key for t in running if staleness_weight(self.committed - t.base, config=self.config) is None]
+
     def on_lost(self, base: int, *, resumable: bool = False) -> str:
         """A task's island was lost: "retry" it (next attempt, same base) or "replace" it by a task from
         the newest version. `resumable`: the island is back and holds the task's inner checkpoint, so the
@@ -414,9 +434,16 @@ class RoundPolicy:
     def keep_from(self, *, keep_rounds: int, bases: Iterable[int] = ()) -> int | None:
         """The oldest version retention must keep after a commit (None: keep everything): the last
         `keep_rounds`, in async mode every version a result may still be applied from, and every base
-        of a task open or running (`bases`)."""
+        of a task open or running (`bases`; not of a cancelled one, whose island has its modules already
+        and whose result nobody reads).
+
+        Async: a result that may still be applied is based on b ≥ committed − max_staleness (older
+        running tasks were cancelled by this commit), so the last max_staleness + 1 versions stay, and
+        the results folders from round committed − max_staleness on (a result based on b is in round
+        b + 1's). Before cancellation one version more was kept, for tasks that ran on past that point
+        only to have their results dropped."""
         if not keep_rounds:
             return None
-        at_least = self.config.max_staleness + 2 if self.config.mode == "async" else 0
+        at_least = self.config.max_staleness + 1 if self.config.mode == "async" else 0
         keep = self.committed - max(keep_rounds, at_least) + 1
         return min([keep, *bases])

@@ -92,6 +92,14 @@ class Learner:
         self.work = work
         self._predict()
 
+    def cancel(self) -> Work | None:
+        """Stop the work now (the strategy no longer wants it): book the training up to now and hand it
+        back (None when idle); its finish never comes."""
+        self._advance(self.queue.now)
+        work, self.work = self.work, None
+        self._predict()  # a new generation: the scheduled finish is void
+        return work
+
     def finish_horizon(self) -> Work | None:
         """Book the training up to now and hand back the unfinished work (None when idle)."""
         self._advance(self.queue.now)

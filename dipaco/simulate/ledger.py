@@ -1,8 +1,8 @@
 """Goodput accounting (docs/islands.md#goodput): useful chip-seconds / allocated chip-seconds.
 
 Every chip is allocated for the whole horizon. A strategy books chip-seconds of computed steps as
-useful (they survive into the model) or lost (rolled back, dropped as stale, a task lost or still
-running at the end); whatever is neither was spent restarting, re-configuring, waiting or
+useful (they survive into the model) or lost (rolled back, dropped as stale, cancelled, a task lost or
+still running at the end); whatever is neither was spent restarting, re-configuring, waiting or
 communicating ("idle").
 """
 

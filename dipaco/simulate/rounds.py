@@ -7,10 +7,13 @@ Each learner is an island pinned to its path. It downloads the version its task 
 pseudo-gradient (`upload seconds`), and is then idle until the policy gives it its next task: in sync
 mode after the round closes (stragglers and transfers block everyone); in async mode when the policy
 says (its quorum, adaptive grace window and idle-island rule), and stale results are weighted or
-dropped by the policy.
+dropped by the policy. When a commit leaves a running task's result unappliable the policy cancels it
+(async): the learner stops at once (a real island notices within `train.heartbeat_seconds`) and is
+handed its path's fresh task from the newest version; one already uploading finishes the upload, and
+its result is ignored.
 A failure rolls the learner's task back to its last inner checkpoint (`restart`) or costs it a step and
 a pause (`elastic`); the task stays its own. Results applied by a committed round are useful; dropped
-ones, and tasks unfinished or unapplied at the horizon, are lost.
+ones, cancelled tasks, and tasks unfinished or unapplied at the horizon, are lost.
 """
 
 from __future__ import annotations
@@ -65,8 +68,10 @@ class RoundsSimulation:
         self.on_round = on_round
         self.rounds: list[RoundLog] = []
         self.handed: list[tuple[float, SimTask, str]] = []  # every task handed out: (time, task, island)
+        self.cancelled: list[tuple[float, SimTask, str]] = []  # every running task cancelled: (time, task, island)
         # the event trace, in order: ("result", time, task, tokens) when a result arrives, ("tick", time)
-        # when the coordinator runs (tests replay it through the real coordinator)
+        # when the coordinator runs, ("stopped", time, task) when a learner stops a cancelled task it was
+        # training (tests replay it through the real coordinator)
         self.trace: list[tuple] = []
         self.bytes_moved = 0.0
         sim = settings.sim
@@ -116,11 +121,26 @@ class RoundsSimulation:
     def _receive(self, learner: Learner, work: Work) -> None:
         self.uploading.discard(learner.ident)
         task: SimTask = work.tag
-        self.chip_seconds[task.key] = work.chip_seconds
         tokens = max(1, round(work.chip_seconds))  # a shrunk (elastic) learner trains a smaller batch
         self.trace.append(("result", self.queue.now, task, tokens))
-        self.syncer.received(task.key, tokens=tokens, now=self.queue.now)
+        if self.syncer.received(task.key, tokens=tokens, now=self.queue.now):
+            self.chip_seconds[task.key] = work.chip_seconds
+        else:  # cancelled while it was uploading: ignored
+            self.ledger.lost += work.chip_seconds
         self._tick()
+
+    def _stop(self, task: SimTask, island: str) -> None:
+        """A running task was cancelled: its learner stops it now (one uploading it finishes the upload)."""
+        now = self.queue.now
+        self.cancelled.append((now, task, island))
+        learner = self.learners[task.path]
+        if learner.work is None or learner.work.tag is not task:
+            return  # trained already, uploading: `_receive` books it
+        work = learner.cancel()
+        self.ledger.lost += work.chip_seconds
+        self.trace.append(("stopped", now, task))
+        if now < learner.blocked_until and learner.response == "restart":
+            self.queue.at(learner.blocked_until, self._tick)  # it asks for work when it is back
 
     # --- the coordinator ----------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -128,12 +148,14 @@ class RoundsSimulation:
         now = self.queue.now
         self.trace.append(("tick", now))
         while True:
-            handed, plan = self.syncer.tick(now, self._idle())
-            for task, island in handed:
+            decided = self.syncer.tick(now, self._idle())
+            if decided.plan is not None:
+                self._account(decided.plan, now)
+            for task, island in decided.cancelled:
+                self._stop(task, island)
+            for task, island in decided.handed:
                 self._start(task, island, now)
-            if plan is not None:
-                self._account(plan, now)
-            if not handed and plan is None:
+            if not decided.handed and decided.plan is None:
                 break
         deadline = self.syncer.grace_deadline()
         if deadline is not None and deadline > now and deadline not in self.wake_scheduled:

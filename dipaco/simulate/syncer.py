@@ -1,7 +1,8 @@
 """The coordinator's bookkeeping around the real round policy (`dipaco.islands.policy.RoundPolicy`), on
 the simulator's clock: the tasks (open, running, received) and one `tick` in the coordinator's order
 (`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close
-plan, commit, move open tasks to the newest version and open tasks for the paths that reported; then
+plan, commit, move open tasks to the newest version, cancel the running tasks the policy names (each
+replaced by an open task from the newest version) and open tasks for the paths that reported; then
 hand open tasks to idle learners. Every decision is the policy's; this file only keeps the state the
 coordinator keeps in its task board.
 """
@@ -24,6 +25,15 @@ class SimTask:
     steps_done: int  # inner steps its path had trained when it was opened (the coordinator's step_offset)
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What one coordinator pass decided."""
+
+    handed: list[tuple[SimTask, str]]  # (task, island) handed out
+    plan: RoundPlan | None  # the round it closed, if any
+    cancelled: list[tuple[SimTask, str]]  # (task, island) of the running tasks it cancelled (their islands stop them)
+
+
 class Syncer:
     def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int, rounds: int | None = None) -> None:
         """`rounds`: the run's length in results applied per path, as `train.rounds` (None: to the horizon)."""
@@ -43,25 +53,28 @@ class Syncer:
         return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
                        steps_done=self.steps_done[path])
 
-    def received(self, key: str, *, tokens: int, now: float) -> None:
-        """The result of running task `key` arrived."""
+    def received(self, key: str, *, tokens: int, now: float) -> bool:
+        """The result of running task `key` arrived; False (ignored, as the coordinator ignores it) when the
+        task was cancelled meanwhile."""
+        if key not in self.running:
+            return False
         task, _, started = self.running.pop(key)
         self.steps_done[task.path] = task.steps_done + self.inner_steps
         self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
                                     started=started))
+        return True
 
-    def tick(self, now: float, idle: list[IdleIsland]) -> tuple[list[tuple[SimTask, str]], RoundPlan | None]:
+    def tick(self, now: float, idle: list[IdleIsland]) -> Pass:
         """One coordinator pass, in its order: open the tasks the policy names; close the round if the
-        policy says so (told which idle islands would stay idle), then open tasks from the new version;
-        hand open tasks to idle islands. Returns (the tasks handed out, the closed round's plan or None).
-        Once the run's length is applied (`policy.done`) it decides nothing, as the coordinator."""
+        policy says so (told which idle islands would stay idle), then cancel the running tasks the policy
+        names and open tasks from the new version; hand open tasks to idle islands. Once the run's length
+        is applied (`policy.done`) it decides nothing, as the coordinator."""
         if self.policy.done:
-            return [], None
+            return Pass(handed=[], plan=None, cancelled=[])
         self._open_tasks()
-        plan = None
+        plan, cancelled = None, []
         taken = {island for _, island in self.policy.assign(self._open_view(), idle)}
-        running = [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
-        if self.policy.close_due(now, running=running, idle=[i for i in idle if i.name not in taken],
+        if self.policy.close_due(now, running=self._running_view(), idle=[i for i in idle if i.name not in taken],
                                  open=self._open_view()):
             plan = self.policy.plan()
             self.policy.commit(plan)
@@ -69,13 +82,18 @@ class Syncer:
                 del self.open[stale.key]
                 task = self._new_task(stale.path)
                 self.open[task.key] = task
+            for key in self.policy.cancel(self._running_view()):
+                task, island, _ = self.running.pop(key)
+                fresh = self._new_task(task.path)
+                self.open[fresh.key] = fresh
+                cancelled.append((task, island))
             self._open_tasks()  # the paths that reported train on from the new version
         handed = []
         for key, island in self.policy.assign(self._open_view(), idle):
             task = self.open.pop(key)
             self.running[key] = (task, island, now)
             handed.append((task, island))
-        return handed, plan
+        return Pass(handed=handed, plan=plan, cancelled=cancelled)
 
     def _open_tasks(self) -> None:
         busy = {t.path for t in self.open.values()} | {t.path for t, _, _ in self.running.values()}
@@ -87,6 +105,9 @@ class Syncer:
         """When a running grace window ends (the round may close then with no other event)."""
         starts = self.policy.quorum_since.values()
         return max(starts) + self.policy.config.grace_seconds if starts else None
+
+    def _running_view(self) -> list[Running]:
+        return [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
 
     def _open_view(self) -> list[OpenTask]:
         return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.steps_done) for t in self.open.values()]

@@ -11,7 +11,9 @@ kept, every island's last heartbeat (alive when younger than `train.heartbeat_ti
 island's wall clock against this machine's) and the task the board assigned it, the queue of tasks
 (`tasks.json`, or the board of the last commit when that is newer), and from the round manifests
 the results applied, the island-seconds they took (goodput's useful time), the pseudo-gradient bytes
-applied and every path's latest training loss; validation losses come from `best.json`. Goodput is
+applied and every path's latest training loss; validation losses come from `best.json`; the running
+tasks cancelled because their results could no longer be applied (async) from train.json's rows (the
+last commit's `RoundStats` without the run directory). Goodput is
 train.json's at the end of a run; while it runs, an estimate: applied island-seconds / (islands seen
 × the coordinator's time: train.json's round seconds, or since the lease holder started).
 """
@@ -32,6 +34,7 @@ from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
 from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.store.records import TASK_STATUSES, RoundStats
 from dipaco.tables import format_table
 
 
@@ -123,7 +126,8 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         unknown = "recorded in the run's train.json (pass --run)" if state.get("finished") else "not known yet"
         goodput = {"value": value, "how": f"estimate: applied island-seconds / ({islands_seen} islands x {how})"
                    if value is not None else unknown}
-    counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in ("open", "assigned", "received", "lost")}
+    counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in TASK_STATUSES}
+    cancelled = _cancelled(summary, last_stats)
     target = train.rounds * n_paths if src.config else None
     return {
         "store": store.url,
@@ -137,17 +141,29 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "results_target": target,
         "stale": int(stale),
         "dropped": dropped,
+        "cancelled": cancelled,
         "useful_island_seconds": useful,
         "bytes_up": bytes_up,
         "goodput": goodput,
         "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
-                                                        "applied": last_stats.applied, "in_flight": last_stats.in_flight},
+                                                        "applied": last_stats.applied, "in_flight": last_stats.in_flight,
+                                                        "cancelled": last_stats.cancelled},
         "islands": islands,
         "queue": counts,
         "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
                   for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
         "paths": paths,
     }
+
+
+def _cancelled(summary: dict[str, Any], last: RoundStats | None) -> dict[str, Any] | None:
+    """Running tasks cancelled so far: train.json's rows (a row written before cancellation existed has
+    none), else only what the last commit's stats say."""
+    if summary.get("rounds"):
+        return {"tasks": sum(r.get("cancelled", 0) for r in summary["rounds"]), "how": "train.json"}
+    if last is not None:
+        return {"tasks": last.cancelled, "how": f"in round {last.round}, the last commit"}
+    return None
 
 
 def _train_summary(run: RunDir | None) -> dict[str, Any]:
@@ -177,8 +193,10 @@ def format_status(status: dict[str, Any]) -> str:
     versions = status["module_versions"]
     lines.append(f"module versions kept: {', '.join(map(str, versions)) or '-'}")
     target = f" of {status['results_target']}" if status["results_target"] else ""
+    cancelled = status["cancelled"]
+    cut = f", {cancelled['tasks']} running tasks cancelled ({cancelled['how']})" if cancelled else ""
     lines.append(f"results applied: {status['results_applied']}{target} ({status['stale']} stale, "
-                 f"{status['dropped']} dropped); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
+                 f"{status['dropped']} dropped{cut}); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
                  f"applied island time {status['useful_island_seconds']:.1f}s")
     goodput = status["goodput"]
     lines.append(f"goodput: {100 * goodput['value']:.1f}% ({goodput['how']})"
@@ -186,7 +204,7 @@ def format_status(status: dict[str, Any]) -> str:
     last = status["last_round"]
     if last:
         lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
-                     f"{last['in_flight']} tasks in flight when it closed")
+                     f"{last['in_flight']} tasks in flight when it closed, {last['cancelled']} cancelled")
     lines.append(f"\nislands ({len(status['islands'])})")
     if status["islands"]:
         lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],
@@ -194,7 +212,8 @@ def format_status(status: dict[str, Any]) -> str:
                                       "yes" if i["alive"] else "no", i["failures"]] for i in status["islands"]]))
     queue = status["queue"]
     lines.append(f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
-                 f"(waiting for their round), {queue['lost']} lost")
+                 f"(waiting for their round), {queue['lost']} lost, {queue['cancelled']} cancelled "
+                 f"(their islands stop them)")
     if status["tasks"]:
         lines.append(format_table(["task", "status", "island", "attempt", "base version"],
                                     [[t["task"], t["status"], t["island"] or "-", t["attempt"], t["base"]]

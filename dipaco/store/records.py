@@ -15,7 +15,10 @@
 
 Each is a frozen dataclass; a new state is a new record (`dataclasses.replace`). `to_json()` writes the
 class's `SCHEMA` as "schema"; `from_json(obj, *, file)` refuses another schema version, a missing or
-unexpected field, or a value of the wrong type. Only `dipaco.store.board` (and the train stage, for
+unexpected field, or a value of the wrong type. A field added to a record after its schema version was
+fixed is listed in the class's `ADDED` and has a default: a record written before it existed lacks it
+and is read with that default (an old train.json or state.json still loads), any other missing field
+is refused. Only `dipaco.store.board` (and the train stage, for
 train.json) turns them into files; everything else uses their attributes.
 """
 
@@ -38,6 +41,7 @@ class Record:
 
     SCHEMA: ClassVar[int | None] = None  # None: a part of another record, with no version of its own
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # str fields that take one of a few values
+    ADDED: ClassVar[tuple[str, ...]] = ()  # fields added within this schema version: missing = their default
 
     def to_json(self) -> dict[str, Any]:
         out = {} if self.SCHEMA is None else {"schema": self.SCHEMA}
@@ -65,6 +69,9 @@ class Record:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in obj:
+                if f.name in cls.ADDED:  # written before the field existed
+                    values[f.name] = f.default
+                    continue
                 raise StoreError(f"{what}: missing field {f.name!r}")
             field_where = f"{where}.{f.name}" if where else f.name
             values[f.name] = _from_json(obj[f.name], hints[f.name], file=file, where=field_where)
@@ -137,7 +144,7 @@ def _from_json(value: Any, hint: Any, *, file: str, where: str) -> Any:
 
 
 # --- the task board (tasks.json) -------------------------------------------------------------------
-TASK_STATUSES = ("open", "assigned", "received", "lost")
+TASK_STATUSES = ("open", "assigned", "received", "lost", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,9 @@ class Task(Record):
 
     open → assigned (to an island incarnation) → received (some attempt's result is in the store);
     a task whose island is lost is open again as the next attempt, or in async mode `lost` and
-    replaced by a task from the newest version."""
+    replaced by a task from the newest version; in async mode a running task whose result could no
+    longer be applied is `cancelled` at a commit and replaced by a task from the newest version (its
+    island stops it). Lost and cancelled tasks leave the board at the next commit."""
 
     SCHEMA: ClassVar[int] = 1
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"status": TASK_STATUSES}
@@ -304,15 +313,19 @@ class RoundStats(Record):
     stale: int  # applied results from an older version
     in_flight: int  # tasks assigned when the round closed
     seconds: float = 0.0  # time of the round on the coordinator's clock (since the previous commit or its start)
+    cancelled: int = 0  # running tasks this commit cancelled (async: their results could no longer be applied)
+
+    ADDED: ClassVar[tuple[str, ...]] = ("cancelled",)
 
     @classmethod
-    def of(cls, manifest: RoundManifest, *, in_flight: int) -> RoundStats:
+    def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0) -> RoundStats:
         applied = manifest.applied
         return cls(round=manifest.round, tokens=sum(e.tokens for e in applied), bytes_up=sum(e.bytes for e in applied),
                    train_loss={e.path: e.train_loss for e in applied},
                    val_loss_start={e.path: e.val_loss_start for e in applied},
                    island_seconds={e.path: e.seconds for e in applied}, applied=len(applied),
-                   dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight)
+                   dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
+                   cancelled=cancelled)
 
     @property
     def mean_train_loss(self) -> float:
