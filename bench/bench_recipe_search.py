@@ -39,13 +39,14 @@ log = logging.getLogger("bench_recipe_search")
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "train.rounds=8", "inner.steps=25",
            "train.precision=fp32", "eval.precision=fp32", "pretrain.steps=0", "routing.featurizer=tfidf",
            "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-           "topology.private_embeddings=false"]
+           "topology.private_embeddings=false", "inner.schedule=cosine", "pretrain.continue_optimizer=false"]
 PAPER_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=true"]
 DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=false"]
 WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
 WARM50 = ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model"]
 H10_AFTER_WARM50 = ["inner.steps=10", "train.rounds=10"]  # 400 + 4 paths x 10 rounds x 10 steps = 800
 W50_H10 = [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50]  # round 3's best, the demo's recipe since
+WSD_ADAM = ["inner.schedule=wsd", "pretrain.continue_optimizer=true"]  # round 4's schedule
 
 # name -> (what it tests, overrides on top of configs/demo.yaml + REDUCED). Each spends 800 path-model steps.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -118,7 +119,13 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "w50-H10-wsd": ("w50-H10 with inner.schedule wsd (warm start at the constant lr, paths decay over the last 20%)",
                     [*W50_H10, "inner.schedule=wsd"]),
     "w50-H10-wsd-adam": ("w50-H10-wsd, the paths continuing the warm start's AdamW state (pretrain.continue_optimizer)",
-                         [*W50_H10, "inner.schedule=wsd", "pretrain.continue_optimizer=true"]),
+                         [*W50_H10, *WSD_ADAM]),
+    "w25-H10-wsd-adam": ("w50-H10-wsd-adam with a 25% warm start (200 steps, then 15 rounds of H = 10)",
+                         [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM]),
+    "w50-H25-wsd-adam": ("w50-H10-wsd-adam with H = 25 (4 rounds: 2.5x fewer outer steps)",
+                         [*WARM50, *DILOCO_OUTER, *WSD_ADAM]),
+    "w50-H10-wsd-adam-private-emb": ("w50-H10-wsd-adam with path-private embeddings / head / final norm",
+                                     [*W50_H10, *WSD_ADAM, "topology.private_embeddings=true"]),
     "w50-H10-private-emb": ("w50-H10 with path-private embeddings / head / final norm",
                             [*W50_H10, "topology.private_embeddings=true"]),
     "w50-H10-private-last-block": ("w50-H10 with the last block private to each path",

@@ -43,3 +43,15 @@ def test_rows_of_the_earlier_results_are_kept_unless_measured_again(tmp_path):
     assert [r["variant"] for r in kept] == ["warm25"]
     assert kept[0]["measured_here"] is False and kept[0]["round"] == 1 and kept[0]["source"] == "measured by X"
     assert earlier_rows(tmp_path / "missing.json", measured=set()) == []
+
+
+def test_the_search_pins_the_schedule_it_measured_with():
+    """configs/demo.yaml took round 4's schedule (wsd, the warm start's AdamW continued); the variants of
+    rounds 1-3 were measured under cosine with a fresh AdamW and must still resolve to it."""
+    demo = load_config(DEMO, [])
+    assert demo.inner.schedule == "wsd" and demo.pretrain.continue_optimizer
+    for name in ("base", "warm25-diloco-outer", "w50-H10", "w50-H10-private-emb"):
+        config = load_config(DEMO, [*REDUCED, *VARIANTS[name][1]])
+        assert (config.inner.schedule, config.pretrain.continue_optimizer) == ("cosine", False), name
+    adam = load_config(DEMO, [*REDUCED, *VARIANTS["w50-H10-wsd-adam"][1]])
+    assert (adam.inner.schedule, adam.pretrain.continue_optimizer) == ("wsd", True)
