@@ -213,9 +213,10 @@ class Coordinator:
         if committed_board is not None and (board is None or board.round < committed_board.round):
             board = committed_board  # a crash between the commit and the next board write
         self.tasks: dict[str, Task] = dict(board.tasks) if board else {}
-        self.paths: dict[int, PathState] = {
-            p: (board.paths.get(p) if board else None) or PathState(steps_done=0, inner=first_inner(store))
-            for p in range(topology.n_paths)}
+        known = board.paths if board else {}
+        first = first_inner(store) if len(known) < topology.n_paths else None  # one look, not one per path
+        self.paths: dict[int, PathState] = {p: known.get(p) or PathState(steps_done=0, inner=first)
+                                            for p in range(topology.n_paths)}
         self.used: set[str] = set()  # task keys applied or dropped by committed rounds
         applied: list[tuple[int, int]] = []  # (round, path) of the applied results: private modules' versions
         for r in range(1, self.committed + 1):
