@@ -57,9 +57,9 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
     `init` when given) for `steps` AdamW steps on `batches` of token blocks `(B, T)`, with a fresh AdamW and
     the schedule spanning those steps, or `schedule` = (first step, total steps) of `dipaco.optim.inner.lr_at`
     (`phase_steps`: a baseline continuing the warm start under `inner.schedule: wsd`). `init_optimizer`: an
-    `OPTIMIZER` file of an earlier `save_optimizer` run whose AdamW state the run continues. Writes `out/model.safetensors` and `out/summary.json` (`info` first,
-    then the training record: `seconds` of wall time, `cpu_seconds` of this process); returns the model
-    (CPU) and the summary."""
+    `OPTIMIZER` file of an earlier `save_optimizer` run whose AdamW state the run continues. Writes
+    `out/model.safetensors` and `out/summary.json` (`info` first, then the training record: `seconds` of
+    wall time, `cpu_seconds` of this process, the schedule); returns the model (CPU) and the summary."""
     if steps < 1:
         raise ValueError(f"dense training needs steps >= 1, got {steps}")
     model = spec.new_model(seed=seed)
@@ -102,8 +102,9 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
 
 
 def write_optimizer(file: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """An AdamW state of `dipaco.optim.inner.optimizer_state` as one safetensors file, its metadata in the
-    header (the store's inner-state format), written atomically."""
+    """An AdamW state of `dipaco.optim.inner.optimizer_state` as one local safetensors file, its metadata in
+    the header: the format of the store's inner states (`ModuleStore.write_tensors_with_meta`, which writes
+    through fsspec to a store URL; this is a run folder's file), written atomically."""
     with replacing(file) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"meta": json.dumps(meta)})
 
