@@ -4,6 +4,7 @@
     python bench/bench_quality.py --budget 4         # 4x the rounds (and warm-start steps)
     python bench/bench_quality.py --set sharding.seq_len=128 --set model.hidden_size=64 --name quality-small
     python bench/bench_quality.py --dipaco outer.lr=0.7 --dipaco outer.momentum=0.9   # another DiPaCo recipe
+    python bench/bench_quality.py --set corpus.router_fraction=0.05 --reroute-after 5,10   # discriminative routing
 
 Trains, on the bundled corpus (or whatever `--config` / `--set corpus.path=...` names), side by side:
 - DiPaCo: `--config` (default configs/demo.yaml) with `--set` (every model) and `--dipaco` (DiPaCo only)
@@ -14,6 +15,10 @@ Trains, on the bundled corpus (or whatever `--config` / `--set corpus.path=...` 
 - dense path-size models for as many steps as one path (equal steps) and as all paths together
   (equal compute), and dense-large (`--large-hidden` x `--large-layers`, about 8x a path) for as many
   steps as one path (`dipaco baselines`).
+With `--reroute-after`, DiPaCo re-routes by `dipaco reroute` after those module versions (the last round
+only re-fits the router it is evaluated by; the row "by the router before the last re-routing" is the
+same models routed by the previous router). `corpus.router_fraction` holds out the documents the phases
+score from every model's training, DiLoCo's and the dense baselines' included.
 Every model gets the same dense warm start (`pretrain.steps`, counted in its budget: DiLoCo starts
 from the same pretrained model) and scores the same held-out tokens. Compute is reported as total
 training tokens per model (warm start included) and FLOPs = 6 x parameters a token passes through x
@@ -86,6 +91,9 @@ def main() -> None:
                              "dense baselines into the same --runs at the same time; then --collect-only writes the results)")
     parser.add_argument("--no-diloco-dipaco-outer", action="store_true",
                         help="skip DiLoCo with DiPaCo's outer step")
+    parser.add_argument("--reroute-after", default="", metavar="R1,R2",
+                        help="DiPaCo's discriminative phases (`dipaco reroute`, needs corpus.router_fraction > 0): "
+                             "after these module versions; the last round only re-fits the evaluation's router")
     parser.add_argument("--name", default="", help="results name (default quality, or quality-budget<B>)")
     parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
     parser.add_argument("--keep", action="store_true", help="reuse finished stages of an earlier run of the same name")
@@ -107,7 +115,8 @@ def main() -> None:
         parser.error("--diloco-only trains DiLoCo: it cannot go with --no-diloco or --collect-only")
     results = compare(runner, Path(args.config), [*args.set, *args.dipaco, *budget, *large],
                       diloco=not args.no_diloco, diloco_dipaco_outer=not args.no_diloco_dipaco_outer,
-                      collect_only=args.collect_only, diloco_only=args.diloco_only)
+                      collect_only=args.collect_only, diloco_only=args.diloco_only,
+                      reroute_after=tuple(int(r) for r in args.reroute_after.split(",") if r))
     if results is None:
         print(f"DiLoCo trained in {runner.root}; write the results with --collect-only once DiPaCo has finished")
         return
@@ -120,11 +129,12 @@ def main() -> None:
 
 def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, diloco: bool = True,
             diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False,
-            diloco_only: bool = False) -> dict | None:
+            diloco_only: bool = False, reroute_after: tuple[int, ...] = ()) -> dict | None:
     """Train (or, with `collect_only`, only read) DiPaCo (`config_file` + `dipaco_overrides`, evaluated in
     `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (and with
     DiPaCo's, when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict of their perplexities and
-    budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's)."""
+    budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's).
+    `reroute_after`: DiPaCo's discriminative re-routing phases (`Runner.pipeline`)."""
     config = load_config(config_file, dipaco_overrides)
     pipeline = runner.pipeline
     if collect_only:
@@ -132,7 +142,8 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
             return runner.root / name
     dipaco_run = runner.root / "dipaco"
     if not diloco_only:
-        dipaco_run = pipeline("dipaco", config_file, dipaco_overrides, baselines=True, modes=modes)
+        dipaco_run = pipeline("dipaco", config_file, dipaco_overrides, baselines=True, modes=modes,
+                              reroute_after=reroute_after)
 
     diloco_file = ROOT / "configs" / "diloco.yaml"
     own = load_config(diloco_file, diloco_overrides(config, outer=False))
@@ -182,6 +193,11 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
         perplexity = mode_perplexity(ours, mode) or (routed["perplexity"] if mode == "prefix" else None)
         if perplexity is not None:  # a mode the run did not evaluate has no row
             add(label, routed, perplexity=perplexity, kind=f"dipaco-{mode}", warm=True)
+    before = read_json(dipaco_run / "eval-before-reroute.json")  # the last round re-fitted the router
+    if before:
+        add(f"DiPaCo {grid}, prefix routing by the router before the last re-routing", before["models"][0],
+            perplexity=mode_perplexity(before, "prefix") or before["models"][0]["perplexity"],
+            kind="dipaco-prefix-before-reroute", warm=True)
     for label, run in diloco_runs.items():
         ev = read_json(run / "eval.json")
         if ev["scored_tokens"] != ours["scored_tokens"]:
@@ -201,6 +217,8 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
         "dipaco_vs_dense_equal_steps": (1 - by["dipaco-prefix"] / by["dense-equal-steps"])
         if "dense-equal-steps" in by else None,
         "routed_over_oracle": by["dipaco-prefix"] / by["dipaco-oracle"] - 1 if "dipaco-oracle" in by else None,
+        "routed_before_reroute_over_oracle": by["dipaco-prefix-before-reroute"] / by["dipaco-oracle"] - 1
+        if "dipaco-prefix-before-reroute" in by and "dipaco-oracle" in by else None,
         "dipaco_over_dense_large": by["dipaco-prefix"] / by["dense-large"] if "dense-large" in by else None,
     }
     return {"rows": rows, "checks": checks, "scored_tokens": ours["scored_tokens"],
@@ -210,7 +228,12 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
             "pretrain": {"steps": pre_steps, "tokens": pre_tokens},
             "dipaco_outer": config.to_dict()["outer"], "diloco_outer": diloco_config.to_dict()["outer"],
             "recipe": {s: config.to_dict()[s] for s in ("routing", "topology", "inner", "outer", "pretrain", "model")},
-            "rounds": config.train.rounds}
+            "rounds": config.train.rounds,
+            "reroute_phases": [{k: phase[k] for k in ("phase", "after_round", "router_documents", "label_sizes",
+                                                      "label_agrees_with_previous_router", "mean_nll_best",
+                                                      "mean_nll_previous_route")}
+                               | {"accuracy": phase["fit"]["accuracy"], "changed": phase["report"]["changed"]}
+                               for phase in read_json(dipaco_run / "routing" / "phases.json") or []]}
 
 
 def markdown(results: dict) -> str:
@@ -237,6 +260,9 @@ def markdown(results: dict) -> str:
     ]
     if c["routed_over_oracle"] is not None:
         check_lines.append(f"- routed ÷ oracle − 1: {100 * c['routed_over_oracle']:+.1f}% (target: within 2%)")
+    if c.get("routed_before_reroute_over_oracle") is not None:
+        check_lines.append(f"- routed by the router before the last re-routing ÷ oracle − 1: "
+                           f"{100 * c['routed_before_reroute_over_oracle']:+.1f}%")
     if c["dipaco_over_dense_large"] is not None:
         check_lines.append(f"- DiPaCo ÷ dense large: {c['dipaco_over_dense_large']:.2f}")
     o, d = results["dipaco_outer"], results["diloco_outer"]

@@ -86,8 +86,14 @@ class Runner:
             self.donors[(what, key)] = run
 
     def pipeline(self, name: str, config_file: Path, overrides: list[str], *, baselines: bool,
-                 modes: list[str]) -> Path:
-        """Run every stage of one pipeline into `<root>/<name>` (finished stages are not redone)."""
+                 modes: list[str], reroute_after: tuple[int, ...] = ()) -> Path:
+        """Run every stage of one pipeline into `<root>/<name>` (finished stages are not redone).
+
+        `reroute_after`: module versions after which `dipaco reroute` runs one discriminative phase
+        (needs `corpus.router_fraction` > 0). A version before the last round re-shards and training
+        goes on (DiPaCo §2.4.2's hard EM); the last round (`train.rounds`) only re-fits the router
+        that evaluation routes by, and the evaluation by the router before it is kept as
+        `eval-before-reroute.json`. The dense baselines train before any phase, on the first shards."""
         overrides = [*overrides, f"eval.baselines={str(baselines).lower()}", f"eval.modes=[{','.join(modes)}]"]
         config = load_config(config_file, overrides)
         run = self.root / name
@@ -105,14 +111,41 @@ class Runner:
             dipaco("route", *args, log_file=log_file)
         if not (run / "shards" / "index.json").exists():
             dipaco("shard", *args, log_file=log_file)
-        if not (run / "train.json").exists():
-            dipaco("train", *args, log_file=log_file)
-        if baselines:
+        rounds = config.train.rounds
+        if any(not 0 < r <= rounds for r in reroute_after):
+            raise ValueError(f"reroute_after {reroute_after} must be module versions in [1, {rounds}]")
+        if reroute_after and config.corpus.router_fraction <= 0:
+            raise ValueError("reroute_after needs corpus.router_fraction > 0 (the documents the phases score)")
+        if baselines:  # before any phase, so that they train on the same shards as a run without one
             dipaco("baselines", *args, log_file=log_file)
+        for r in sorted(r for r in reroute_after if r < rounds):
+            if r not in rerouted_after(run):
+                if trained_rounds(run) < r:
+                    dipaco("train", *args, f"train.stop_after_round={r}", log_file=log_file)
+                dipaco("reroute", *args, log_file=log_file)
+        if trained_rounds(run) < rounds:
+            dipaco("train", *args, log_file=log_file)
+        if rounds in reroute_after and rounds not in rerouted_after(run):
+            if not (run / "eval-before-reroute.json").exists():
+                if not (run / "eval.json").exists():
+                    dipaco("eval", *args, log_file=log_file)
+                (run / "eval.json").rename(run / "eval-before-reroute.json")
+            dipaco("reroute", *args, log_file=log_file)
         if not (run / "eval.json").exists():
             dipaco("eval", *args, log_file=log_file)
         log.info("%s: %.0fs", name, time.perf_counter() - started)
         return run
+
+
+def trained_rounds(run: Path) -> int:
+    """Rounds `dipaco train` has committed in `run` (0 before it started)."""
+    return len(read_json(run / "train.json").get("rounds", []))
+
+
+def rerouted_after(run: Path) -> set[int]:
+    """The module versions after which `dipaco reroute` phases ran in `run`."""
+    path = run / "routing" / "phases.json"
+    return {p["after_round"] for p in json.loads(path.read_text())} if path.exists() else set()
 
 
 def read_json(path: Path) -> dict:
