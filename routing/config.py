@@ -61,7 +61,7 @@ class RoutingConfig:
     train_top_k: int = 1  # each training document goes to its k best paths (the paper's 16x16 run: 2); eval docs to 1
     reroute_candidates: int = 0  # `dipaco reroute` scores each router doc with its top-C paths by router cost; 0 = all
     reroute_c: float = 1.0  # inverse L2 strength of the discriminative router's logistic regression
-    reroute_target: str = "current"  # path-size distribution the router's bias matches: "current" (train sizes) or "uniform"
+    reroute_target: str = "current"  # path-size distribution the router's bias matches: "current" (train sizes), "uniform", or "labels" (no matching: the scored documents' own best paths)
 
     def __post_init__(self) -> None:
         _check_finite(self, "routing")
@@ -73,8 +73,9 @@ class RoutingConfig:
             raise ValueError(f"routing.method must be one of {METHODS}, got {self.method!r}")
         if self.balance != 0 and self.balance < 1:
             raise ValueError(f"routing.balance must be 0 (off) or a ratio >= 1, got {self.balance}")
-        if self.reroute_target not in ("current", "uniform"):
-            raise ValueError(f"routing.reroute_target must be 'current' or 'uniform', got {self.reroute_target!r}")
+        if self.reroute_target not in ("current", "uniform", "labels"):
+            raise ValueError(f"routing.reroute_target must be 'current', 'uniform' or 'labels', "
+                             f"got {self.reroute_target!r}")
         if self.fit_sample < 0:
             raise ValueError(f"routing.fit_sample must be >= 0 (0 = all), got {self.fit_sample}")
         if self.reroute_candidates < 0 or self.reroute_c <= 0:

@@ -68,3 +68,67 @@ def test_diloco_only_trains_the_diloco_runs_and_nothing_else(tmp_path):
     runner.names.clear()
     assert compare(runner, DEMO, RECIPE, diloco_only=True, diloco_dipaco_outer=False) is None
     assert runner.names == ["diloco"]
+
+
+def fake_stages(monkeypatch, calls: list[str], rounds: int):
+    """`bench.quality_runs.dipaco` replaced by a recorder that writes what each stage would."""
+    import bench.quality_runs as quality_runs
+
+    def stage(*args, log_file=None):
+        command, run = args[0], Path(args[args.index("--run") + 1])
+        stop = next((int(a.split("=")[1]) for a in args if a.startswith("train.stop_after_round=")), rounds)
+        calls.append(command if command != "train" or stop == rounds else f"train to {stop}")
+        if command == "pretrain":
+            (run / "pretrain").mkdir(parents=True, exist_ok=True)
+            (run / "pretrain" / "summary.json").write_text("{}")
+        elif command == "route":
+            (run / "routing").mkdir(parents=True, exist_ok=True)
+            (run / "routing" / "assignments.json").write_text("{}")
+        elif command == "shard":
+            (run / "shards").mkdir(parents=True, exist_ok=True)
+            (run / "shards" / "index.json").write_text("{}")
+        elif command == "train":
+            (run / "train.json").write_text(json.dumps({"rounds": [{}] * stop}))
+        elif command == "reroute":
+            phases = run / "routing" / "phases.json"
+            done = json.loads(phases.read_text()) if phases.exists() else []
+            after = len(json.loads((run / "train.json").read_text())["rounds"])
+            phases.write_text(json.dumps([*done, {"after_round": after}]))
+        elif command == "eval":
+            (run / "eval.json").write_text(json.dumps({"router_phases": len(quality_runs.rerouted_after(run))}))
+
+    monkeypatch.setattr(quality_runs, "dipaco", stage)
+
+
+def test_reroute_phases_run_midway_and_before_evaluation_in_order(tmp_path, monkeypatch):
+    """`--reroute-after 5,10` of a 10-round run: the baselines train on the first shards, training stops
+    after version 5 for a phase and goes on; the last phase re-fits the router after evaluation by the
+    previous one (kept as eval-before-reroute.json), and evaluation runs again by the new router."""
+    from bench.quality_runs import Runner
+
+    calls: list[str] = []
+    fake_stages(monkeypatch, calls, rounds=10)
+    overrides = ["corpus.router_fraction=0.05", "train.rounds=10", "pretrain.steps=4"]
+    run = Runner(tmp_path).pipeline("dipaco", DEMO, overrides, baselines=True, modes=["prefix"], reroute_after=(5, 10))
+    assert calls == ["pretrain", "route", "shard", "baselines", "train to 5", "reroute", "train", "eval", "reroute",
+                     "eval"]
+    assert json.loads((run / "eval-before-reroute.json").read_text()) == {"router_phases": 1}
+    assert json.loads((run / "eval.json").read_text()) == {"router_phases": 2}
+    calls.clear()  # a second invocation (--keep) redoes nothing but the baselines' own check
+    Runner(tmp_path, keep=True).pipeline("dipaco", DEMO, overrides, baselines=True, modes=["prefix"],
+                                         reroute_after=(5, 10))
+    assert calls == ["baselines"]
+
+
+def test_reroute_phases_need_a_router_split_and_versions_of_the_run(tmp_path, monkeypatch):
+    import pytest
+
+    from bench.quality_runs import Runner
+
+    fake_stages(monkeypatch, [], rounds=10)
+    runner = Runner(tmp_path)
+    with pytest.raises(ValueError, match="router_fraction"):
+        runner.pipeline("a", DEMO, ["train.rounds=10"], baselines=False, modes=["prefix"], reroute_after=(5,))
+    with pytest.raises(ValueError, match=r"\(11,\).*\[1, 10\]"):
+        runner.pipeline("b", DEMO, ["train.rounds=10", "corpus.router_fraction=0.05"], baselines=False,
+                        modes=["prefix"], reroute_after=(11,))

@@ -56,3 +56,9 @@ def test_the_sweep_sees_every_section():
     keys = float_keys()
     assert {"outer.lr", "inner.beta1", "model.init_std", "train.heartbeat_seconds", "corpus.test_fraction",
             "routing.balance", "sharding.val_fraction"} <= set(keys)
+
+
+def test_reroute_target_names_its_choices():
+    assert load_config(None, ["routing.reroute_target=labels"]).routing.reroute_target == "labels"
+    with pytest.raises(ValueError, match=r"routing\.reroute_target.*'labels'.*'size'"):
+        load_config(None, ["routing.reroute_target=size"])

@@ -11,7 +11,8 @@ on) is scored by the current modules with each candidate path — all paths, or 
 time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
 lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
 label (`routing.discriminative`), with a bias that matches the current training path sizes
-(`routing.reroute_target`); (4) every document is routed again by it; the `dipaco reroute` command
+(`routing.reroute_target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
+the router evaluation routes by: matching sizes keeps small paths from emptying out while they train); (4) every document is routed again by it; the `dipaco reroute` command
 then rewrites the train / val shards (`dipaco shard`), and training continues from the current
 modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
 table (`dipaco.eval.modes.LossTable`).
@@ -102,7 +103,8 @@ def reroute(config: Config, run: RunDir) -> dict:
     nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=skip)
     labels = np.argmin(nll, axis=1)
     sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
-    target = np.full(n_paths, 1.0 / n_paths) if config.routing.reroute_target == "uniform" else np.maximum(sizes, 1)
+    target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
+              "labels": None}[config.routing.reroute_target]
     (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.routing.reroute_c,
                                            seed=config.routing.seed)
     new_router = Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
