@@ -2,6 +2,7 @@
 checkpoints, tasks always from the newest versions, no island idle while a commit would give it work."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -371,3 +372,41 @@ def test_a_cancelled_task_whose_version_is_gone_is_dropped_not_an_error(tiny, tm
                                    tasks={**board.tasks, task.key: replace(task, status="cancelled")}))
     assert island.execute(task) is None
     assert island.cancelled == [f"{task.key}#0"] and island.status == "idle"
+
+
+def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_version(tiny, tmp_path):
+    """Async: while the island pinned to path 1 trains from version 0, the other paths commit version 1.
+    Its result is then rejected (a NaN in it): the path's next task starts from version 1, not as another
+    attempt from version 0, which would train a result already a version stale."""
+    import math
+
+    from safetensors.torch import load_file, save_file
+
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
+                                            "outer.max_staleness=2", "train.heartbeat_timeout=100",
+                                            "train.rounds=3"])
+    coordinator = run.coordinator(clock)
+    fast = run.island("fast", clock, pinned=[0, 2, 3])
+    slow = run.island("slow", clock, pinned=[1])
+    coordinator.tick()
+    slow.heartbeat(), fast.heartbeat()
+    coordinator.tick()
+    held = slow.next_task()
+    assert held.path == 1 and held.base == 0
+    drive(coordinator, [fast], clock, until_round=1)
+    assert slow.execute(held) is not None
+    result = next((Path(run.store.root) / "results" / "round-000001").glob("path-0001*.safetensors"))
+    tensors = load_file(result)
+    name = sorted(tensors)[0]
+    tensors[name] = torch.full_like(tensors[name], math.nan)
+    save_file(tensors, result)
+    coordinator.tick()
+    assert "NaN" in coordinator.validator.verdicts[(held.key, 0)]
+    (again,) = [t for t in coordinator.tasks.values() if t.path == 1 and t.status in ("open", "assigned")]
+    assert again.base == coordinator.committed >= 1 and again.key != held.key
+    assert again.step_offset == held.step_offset and again.inner_from == held.inner_from
+    assert len(coordinator.validator.rejections[again.key]) == 1  # outer.max_rejections counts on
+    drive(coordinator, [slow, fast], clock)
+    applied = [e for m in manifests(run.store, coordinator.committed) for e in m.applied]
+    assert held.key not in {e.key for e in applied}

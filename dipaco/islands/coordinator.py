@@ -304,12 +304,14 @@ class Coordinator:
             if task.round not in reported:
                 reported[task.round] = reported_results(self.store, task.round)
             attempts = reported[task.round].get(task.path, set())
+            requeued = False
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if attempt in attempts:
                     reason = self.validator.check(task, attempt)
                     if reason is not None:  # rejected: never applied; the current attempt is handed out again
                         if attempt == task.attempt:
                             self.tasks[key] = task = self.validator.requeue(task, reason)
+                            requeued = True
                         continue
                     self.tasks[key] = replace(task, status="received", result_attempt=attempt)
                     meta = self.validator.accepted_meta(task, attempt)
@@ -319,7 +321,14 @@ class Coordinator:
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
                                                       inner=inner_ref(path=task.path, round=task.round, attempt=attempt))
                     log.info("received %s (attempt %d)", key, attempt)
+                    requeued = False
                     break
+            if requeued and self.policy.rebase(_open({key: task})):  # versions were committed since its base
+                del self.tasks[key]
+                fresh = self._new_task(task.path)
+                self.tasks[fresh.key] = fresh
+                self.validator.moved(task, fresh)
+                log.info("%s moved to version %d as %s after its rejection", key, self.committed, fresh.key)
 
     def _result_meta(self, task: Task) -> ResultMeta:
         """A received task's result metadata: as the validator read it, else read (once) from the store."""

@@ -3,6 +3,7 @@
     validator = ResultValidator(store, topology, outer=cfg.outer, tokens_per_task=steps * batch * seq_len)
     reason = validator.check(task, attempt)          # None: apply it; else why it is rejected
     task = validator.requeue(task, reason)           # the task as the next attempt (logged)
+    validator.moved(task, fresh)                     # ... replaced by one from a newer version (async)
 
 A result (its `ResultMeta` JSON and its pseudo-gradient file) is accepted only when
 - its JSON parses into a `ResultMeta` (types, schema) that names this task: path, round, base, attempt;
@@ -87,6 +88,11 @@ class ResultValidator:
                                + "; ".join(reasons))
         log.warning("%s is open again as attempt %d", task.key, task.attempt + 1)
         return dataclasses.replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
+
+    def moved(self, task: Task, to: Task) -> None:
+        """`task`, open again after a rejection, was replaced by `to` from a newer version: its rejections
+        count on (`outer.max_rejections` is per path's piece of work, not per version it starts from)."""
+        self.rejections[to.key] = self.rejections.pop(task.key, []) + self.rejections.get(to.key, [])
 
     # --- the checks ----------------------------------------------------------------------------------
     def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta]:
