@@ -3,6 +3,7 @@
     python bench/bench_capacity.py                                  # the sweep (~45 min on 2 cores of its own)
     python bench/bench_capacity.py --points 2x100,4x125 --jobs 1    # some points: ROUNDSxH
     python bench/bench_capacity.py --collect-only                   # rewrite the results from finished runs
+    python bench/bench_capacity.py --set ... --set corpus.router_fraction=0.05 --reroute-final   # discriminative router
 
 At the demo's size every model sees under 2 training tokens per parameter and extra steps beat
 everything: the dense path-size model given all the compute wins. Here the path model is tiny (by
@@ -138,6 +139,7 @@ def summarise(point: Point, result: dict, *, embedding: int, corpus_tokens: int)
         "pretrain_steps": point.pretrain_steps, "total_steps": point.total_steps,
         "dense_tokens_per_param": dense["tokens_per_param"], "epochs": dense["epochs"],
         "dipaco": ours, "oracle": by.get("dipaco-oracle", {}).get("perplexity"),
+        "dipaco_first_router": by.get("dipaco-prefix-before-reroute", {}).get("perplexity"),
         "dense_equal_compute": dense["perplexity"], "dense_equal_steps": by.get("dense-equal-steps", {}).get("perplexity"),
         "diloco": by.get("diloco", {}).get("perplexity"),
         "ratio": ours / dense["perplexity"],
@@ -157,6 +159,9 @@ def main() -> None:
     parser.add_argument("--points", default=DEFAULT_POINTS, help=f"budgets as ROUNDSxH,... (default {DEFAULT_POINTS})")
     parser.add_argument("--warm-fraction", type=float, default=0.25,
                         help="share of each point's compute spent on the dense warm start (default 0.25)")
+    parser.add_argument("--reroute-final", action="store_true",
+                        help="after each point's last round, re-fit DiPaCo's router discriminatively (`dipaco reroute`; "
+                             "needs --set corpus.router_fraction=...); the first router's perplexity is kept too")
     parser.add_argument("--no-diloco", action="store_true", help="skip DiLoCo (a third of the sweep's compute)")
     parser.add_argument("--jobs", type=int, default=2, help="points trained at once (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training process (default 1)")
@@ -184,7 +189,8 @@ def main() -> None:
         runner = Runner(root / point.name, keep=args.keep or args.collect_only)
         try:
             result = compare(runner, config_file, [*base, *dipaco, *point.overrides()], diloco=not args.no_diloco,
-                             diloco_dipaco_outer=False, modes=MODES, collect_only=args.collect_only)
+                             diloco_dipaco_outer=False, modes=MODES, collect_only=args.collect_only,
+                             reroute_after=(point.rounds,) if args.reroute_final else ())
         except (FileNotFoundError, KeyError, RuntimeError) as err:
             if not args.collect_only:
                 raise
@@ -209,6 +215,9 @@ def markdown(results: dict) -> str:
     headers = ["point (rounds x H)", "warm-start steps", "path-model steps in all", "dense tokens / param", "epochs",
                "DiPaCo (prefix)", "oracle", "dense equal compute", "dense equal steps", "DiLoCo",
                "DiPaCo ÷ dense equal compute", "DiPaCo vs DiLoCo"]
+    rerouted = any(p.get("dipaco_first_router") for p in results["points"])
+    if rerouted:  # --reroute-final: DiPaCo (prefix) is routed by the discriminative router
+        headers.insert(5, "DiPaCo, k-means router")
     table = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
 
     def num(x, fmt=".2f"):
@@ -218,7 +227,8 @@ def markdown(results: dict) -> str:
         vs = "-" if p["vs_diloco"] is None else f"{abs(100 * p['vs_diloco']):.1f}% " + (
             "lower" if p["vs_diloco"] >= 0 else "higher")
         table.append(f"| {p['point']} | {p['pretrain_steps']} | {p['total_steps']:,} | {p['dense_tokens_per_param']:.1f} | "
-                     f"{num(p['epochs'])} | {p['dipaco']:.2f} | {num(p['oracle'])} | {p['dense_equal_compute']:.2f} | "
+                     f"{num(p['epochs'])} | " + (f"{num(p.get('dipaco_first_router'))} | " if rerouted else "")
+                     + f"{p['dipaco']:.2f} | {num(p['oracle'])} | {p['dense_equal_compute']:.2f} | "
                      f"{num(p['dense_equal_steps'])} | {num(p['diloco'])} | **{p['ratio']:.3f}** | {vs} |")
     models = []
     if results["points"]:
@@ -234,6 +244,9 @@ def markdown(results: dict) -> str:
         f"({', '.join(str(p['scored_tokens']) for p in results['points'])} scored tokens). Tokens per parameter: "
         "the dense-equal-compute model's training tokens over its parameters; epochs: those tokens over the "
         "corpus's training tokens. DiLoCo: P = paths replicas of the path model, its own outer step (DiPaCo's too).\n\n"
+        + ("DiPaCo (prefix) is routed by the discriminative router re-fitted after the last round (`dipaco "
+           "reroute` on the router split); the k-means column is the same models routed by the first router.\n\n"
+           if rerouted else "")
         + "\n".join(table) + "\n\nParameters (the embedding is tied with the head, "
         f"{results['embedding_params']:,} a table):\n\n| model | per path / model | without the embedding | in all |\n"
         "|---|---|---|---|\n" + "\n".join(models)
