@@ -136,3 +136,19 @@ def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_pa
     assert "val_fraction: 0.2" in run.config.read_text()
     assert done == ["train", "baselines", "eval", "report"]
     assert list((run.root / "superseded").glob("*/shards/index.json"))
+
+
+def test_a_corpus_moved_with_the_same_content_is_not_a_change(tmp_path):
+    """The bundled corpus of a checkout moved elsewhere (or a data folder renamed) is the same corpus; a
+    file with other content under the new path is still named, and so is the one it replaced."""
+    (tmp_path / "a").mkdir()
+    corpus = tmp_path / "a" / "c.jsonl"
+    corpus.write_text('{"text": "one"}\n')
+    saved = corpus_digest(CorpusConfig(path=str(corpus)))
+    moved = tmp_path / "b" / "c.jsonl"
+    moved.parent.mkdir()
+    corpus.rename(moved)
+    assert corpus_changes(saved, CorpusConfig(path=str(moved))) == []
+    moved.write_text('{"text": "two"}\n')
+    assert corpus_changes(saved, CorpusConfig(path=str(moved))) == [f"corpus file {corpus}: gone",
+                                                                     f"corpus file {moved}: new"]

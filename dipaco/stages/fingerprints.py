@@ -106,13 +106,22 @@ def corpus_digest(corpus: CorpusConfig) -> dict[str, dict]:
 
 
 def corpus_changes(recorded: dict[str, dict], corpus: CorpusConfig) -> list[str]:
-    """How the corpus files differ from `recorded`: hashes only the files whose size or mtime moved."""
+    """How the corpus files differ from `recorded`: hashes only the files whose size or mtime moved, and
+    the files under new paths. A file found under another path with the recorded size and sha256 (the
+    bundled corpus of a checkout or install elsewhere, a data folder moved) has not changed."""
     changes = []
     current = {str(p): p for p in corpus_files(corpus)}
-    for name in sorted(set(recorded) - set(current)):
-        changes.append(f"corpus file {name}: gone")
+    gone = {name: recorded[name] for name in sorted(set(recorded) - set(current))}
     for name in sorted(set(current) - set(recorded)):
-        changes.append(f"corpus file {name}: new")
+        size = current[name].stat().st_size
+        same = next((old for old, rec in gone.items() if rec["size"] == size
+                     and rec["sha256"] == file_digest(current[name])), None)
+        if same is None:
+            changes.append(f"corpus file {name}: new")
+        else:
+            log.info("corpus file %s is %s moved, the same content", name, same)
+            del gone[same]
+    changes[:0] = [f"corpus file {name}: gone" for name in gone]
     for name in sorted(set(current) & set(recorded)):
         old, stat = recorded[name], current[name].stat()
         if (stat.st_size, stat.st_mtime_ns) == (old["size"], old["mtime_ns"]):
