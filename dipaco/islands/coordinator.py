@@ -321,14 +321,9 @@ class Coordinator:
                     self.paths[task.path] = PathState(steps_done=task.step_offset + self.inner_steps,
                                                       inner=inner_ref(path=task.path, round=task.round, attempt=attempt))
                     log.info("received %s (attempt %d)", key, attempt)
-                    requeued = False
                     break
-            if requeued and self.policy.rebase(_open({key: task})):  # versions were committed since its base
-                del self.tasks[key]
-                fresh = self._new_task(task.path)
-                self.tasks[fresh.key] = fresh
-                self.validator.moved(task, fresh)
-                log.info("%s moved to version %d as %s after its rejection", key, self.committed, fresh.key)
+            if requeued and self.tasks[key].status == "open" and self.policy.rebase(_open({key: task})):
+                self.validator.moved(task, self._move_to_newest(task))  # versions were committed since its base
 
     def _result_meta(self, task: Task) -> ResultMeta:
         """A received task's result metadata: as the validator read it, else read (once) from the store."""
@@ -364,10 +359,15 @@ class Coordinator:
     def _rebase_open(self) -> None:
         """Open tasks nobody has taken move to the newest version (a returning island never gets an old one)."""
         for stale in self.policy.rebase(_open(self.tasks)):
-            del self.tasks[stale.key]
-            task = self._new_task(stale.path)
-            self.tasks[task.key] = task
-            log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
+            self._move_to_newest(self.tasks[stale.key])
+
+    def _move_to_newest(self, stale: Task) -> Task:
+        """Replace the open task `stale` on the board by its path's task from the newest version; returns it."""
+        del self.tasks[stale.key]
+        task = self._new_task(stale.path)
+        self.tasks[task.key] = task
+        log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
+        return task
 
     def _cancel_doomed(self) -> int:
         """Cancel the running tasks whose results could no longer be applied (`RoundPolicy.cancel`, after

@@ -114,8 +114,9 @@ def corpus_changes(recorded: dict[str, dict], corpus: CorpusConfig) -> list[str]
     gone = {name: recorded[name] for name in sorted(set(recorded) - set(current))}
     for name in sorted(set(current) - set(recorded)):
         size = current[name].stat().st_size
-        same = next((old for old, rec in gone.items() if rec["size"] == size
-                     and rec["sha256"] == file_digest(current[name])), None)
+        sized = [old for old, rec in gone.items() if rec["size"] == size]
+        digest = file_digest(current[name]) if sized else None  # hashed once, and only if a size matches
+        same = next((old for old in sized if gone[old]["sha256"] == digest), None)
         if same is None:
             changes.append(f"corpus file {name}: new")
         else:

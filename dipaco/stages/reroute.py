@@ -12,8 +12,8 @@ time, on the tokens after the routing prefix (as in evaluation); (2) its label i
 lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
 label (`routing.discriminative`), with a bias that matches the current training path sizes
 (`routing.reroute_target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
-the router evaluation routes by: matching sizes keeps small paths from emptying out while they train); (4) every document is routed again by it; the `dipaco reroute` command
-then rewrites the train / val shards (`dipaco shard`), and training continues from the current
+the router evaluation routes by: matching sizes keeps small paths from emptying out while they train);
+(4) every document is routed again by it; the `dipaco reroute` command then rewrites the train / val shards (`dipaco shard`), and training continues from the current
 modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
 table (`dipaco.eval.modes.LossTable`).
 The replaced router and assignments are kept in `routing/phase-<n>/`; each phase appends a record
