@@ -32,6 +32,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 WEIGHTINGS = ("shard", "tokens", "uniform")  # outer.weighting (dipaco.optim.weighting)
 NORMALIZATIONS = ("module", "all")  # outer.normalize
+OUTER_DECAYS = ("keep", "average")  # outer.decay: the outer step in the inner lr's decay
 SCHEDULES = ("cosine", "wsd")  # inner.schedule (dipaco.optim.inner.lr_at)
 LAUNCHERS = ("local", "ray")  # train.launcher
 
@@ -169,6 +170,7 @@ class OuterConfig:
     weighting: str = "shard"  # weight each path's pseudo-gradient by the tokens of its training shard ("shard", the paper's shard size; x the share of the task trained), the "tokens" the task trained, or "uniform"
     normalize: str = "module"  # divide the weights by their sum over the module's reporting paths ("module": the paper's weighted average; routed ppl 767.9 vs 789.4 with the paper's step, 519.7 vs 536.2 with plain averaging, bench/results/outer-weighting.md) or over all paths ("all")
     rescale_by_paths: bool = True  # multiply a shared module's average by sqrt(paths through it) (DiPaCo)
+    decay: str = "keep"  # the outer step of the rounds whose inner steps reach the inner lr's decay (inner.schedule wsd): keep this one, or "average": plain averaging (lr 1, momentum 0, no rescale, the momentum dropped), so outer momentum does not carry the stable phase's steps into the cooldown (docs/recipe.md#the-outer-step-in-the-decay)
     compression: str = "none"  # pseudo-gradients sent as none (float32) | int8 | int4 (per-row scales, then zstd)
     zstd_level: int = 1  # zstd level for compressed pseudo-gradients
     mode: str = "sync"  # sync: a round waits for every path | async: quorum + grace window, stale results down-weighted
@@ -191,6 +193,8 @@ class OuterConfig:
             raise ValueError(f"outer.compression must be none, int8 or int4, got {self.compression!r}")
         if not 1 <= self.zstd_level <= 22:
             raise ValueError(f"outer.zstd_level must be in 1..22, got {self.zstd_level}")
+        if self.decay not in OUTER_DECAYS:
+            raise ValueError(f"outer.decay must be one of {list(OUTER_DECAYS)}, got {self.decay!r}")
         if self.mode not in ("sync", "async"):
             raise ValueError(f"outer.mode must be 'sync' or 'async', got {self.mode!r}")
         if not 0 < self.quorum <= 1:
@@ -406,6 +410,9 @@ class Config:
         if self.eval.large_hidden_size % head:
             raise ValueError(f"eval.large_hidden_size {self.eval.large_hidden_size} is not a multiple of a path's "
                              f"head size {head} (model.hidden_size / model.n_heads)")
+        if self.outer.decay != "keep" and self.inner.schedule != "wsd":
+            raise ValueError(f"outer.decay {self.outer.decay!r} acts in the decay of inner.schedule wsd; "
+                             f"inner.schedule is {self.inner.schedule!r}")
         if self.routing.prefix_tokens >= self.sharding.seq_len:
             raise ValueError(
                 f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "

@@ -62,3 +62,13 @@ def test_reroute_target_names_its_choices():
     assert load_config(None, ["routing.reroute_target=labels"]).routing.reroute_target == "labels"
     with pytest.raises(ValueError, match=r"routing\.reroute_target.*'labels'.*'size'"):
         load_config(None, ["routing.reroute_target=size"])
+
+
+def test_outer_decay_is_checked_and_needs_the_wsd_schedule():
+    from dipaco.config import OuterConfig
+
+    with pytest.raises(ValueError, match="outer.decay must be one of.*'sometimes'"):
+        OuterConfig(decay="sometimes")
+    with pytest.raises(ValueError, match="outer.decay 'average'.*inner.schedule is 'cosine'"):
+        load_config(None, ["outer.decay=average", "inner.schedule=cosine"])
+    assert load_config(None, ["outer.decay=average", "inner.schedule=wsd"]).outer.decay == "average"

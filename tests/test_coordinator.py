@@ -417,3 +417,35 @@ def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_start
     # without the setting, the paths start a fresh AdamW as before
     plain = make_run(tiny, tmp_path / "plain", [])
     assert {s.inner for s in plain.coordinator(Clock()).paths.values()} == {None}
+
+
+def test_outer_decay_average_makes_the_rounds_in_the_inner_decay_plain_averages(tiny, tmp_path):
+    """`outer.decay: average`: round 1 (path steps 0-3, before decay_from = 4) takes Nesterov and keeps its
+    momentum; round 2 (steps 4-7, in the decay) is the shard-weighted average of its results, written out
+    here in numpy from the shard sizes and the uploaded pseudo-gradients, with no momentum written."""
+    import numpy as np
+
+    from dipaco.store.board import read_result
+
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["inner.schedule=wsd", "outer.lr=0.7", "outer.momentum=0.9",
+                                            "outer.rescale_by_paths=false", "outer.decay=average", "train.keep_rounds=0"])
+    H = run.config.inner.steps
+    coordinator = Coordinator(run.store, run.topology, train=run.config.train, outer=run.config.outer, inner_steps=H,
+                              sizes=PathFactory(run.config, run.dir).path_sizes, clock=clock, decay_from=H)
+    drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
+    store, topology = run.store, run.topology
+    shard = PathFactory(run.config, run.dir).path_sizes.shard_tokens
+    for name in topology.modules:
+        assert store.read_outer_state(1, name)  # Nesterov's momentum after round 1 ...
+        assert store.read_outer_state(2, name) is None  # ... none after the averaged round 2
+        before, after = store.read_module(1, name), store.read_module(2, name)
+        paths = topology.paths_of_module(name)
+        total = sum(shard[p] for p in paths)
+        for key, theta in before.items():
+            expected = theta.double().numpy().copy()
+            for entry in read_manifest(store, 2).applied:
+                if entry.path in paths:
+                    delta, _ = read_result(store, round=2, path=entry.path, attempt=entry.attempt)
+                    expected -= shard[entry.path] / total * delta[f"{name}/{key}"].double().numpy()
+            np.testing.assert_allclose(after[key].double().numpy(), expected, rtol=0, atol=1e-6)

@@ -61,3 +61,32 @@ def test_bad_inputs():
         combine_pseudo_gradients([({"w": torch.ones(1)}, 0.0)], rescale_by_paths=False)
     with pytest.raises(ValueError, match="must be >= 0"):
         combine_streamed(iter([{"w": torch.ones(1)}]), [-1.0], total=1.0, rescale_by_paths=False)
+
+
+def test_round_outer_step_averages_only_rounds_that_reach_the_decay():
+    from dipaco.optim.outer import averaging, round_outer_step
+
+    nesterov = OuterConfig(lr=0.7, momentum=0.9, rescale_by_paths=True, decay="average")
+    plain = averaging(nesterov)
+    assert (plain.lr, plain.momentum, plain.nesterov, plain.rescale_by_paths) == (1.0, 0.0, False, False)
+    assert plain.weighting == nesterov.weighting and plain.normalize == nesterov.normalize
+    assert round_outer_step(nesterov, step_ends=[10, 20], decay_from=20) is nesterov  # last step 19 < 20
+    assert round_outer_step(nesterov, step_ends=[10, 21], decay_from=20) == plain  # one result reached it
+    assert round_outer_step(nesterov, step_ends=[10], decay_from=0) == plain  # the whole path phase decays
+    assert round_outer_step(nesterov, step_ends=[10], decay_from=None) is nesterov  # cosine: no decay phase
+    keep = OuterConfig(lr=0.7, momentum=0.9, decay="keep")
+    assert round_outer_step(keep, step_ends=[10_000], decay_from=0) is keep
+
+
+def test_path_decay_from_counts_from_the_paths_first_step():
+    from dipaco.config import InnerConfig
+    from dipaco.optim.inner import lr_at
+    from dipaco.optim.outer import path_decay_from
+
+    wsd = InnerConfig(steps=10, schedule="wsd", decay_fraction=0.2, warmup_steps=20, lr=1e-3)
+    # 200 warm-start steps + 15 rounds x 10 = 350; the last 70 decay, from step 280 = path step 80
+    assert path_decay_from(wsd, rounds=15, warm_start_steps=200) == 80
+    assert lr_at(200 + 79, config=wsd, total_steps=350) == wsd.lr > lr_at(200 + 80, config=wsd, total_steps=350)
+    assert path_decay_from(wsd, rounds=10, warm_start_steps=400) == 0  # the demo: every path step decays
+    assert path_decay_from(wsd, rounds=10, warm_start_steps=0) == 80
+    assert path_decay_from(InnerConfig(steps=10, schedule="cosine"), rounds=10, warm_start_steps=0) is None

@@ -92,6 +92,7 @@ from dipaco.islands.rounds import apply_round
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
+from dipaco.optim.outer import round_outer_step
 from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
     HeartbeatCache,
@@ -193,19 +194,21 @@ class Seen:
 class Coordinator:
     def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
                  inner_steps: int, sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic,
-                 validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False):
+                 validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False,
+                 decay_from: int | None = None):
         """Resume from the store's committed round (`initialise_store` must have run), holding the
         store's lease (`lease`, else taken here: `LeaseHeld` when another coordinator holds it, unless
         `force`). `sizes` (each path's training-shard tokens, `PathFactory.path_sizes`) is needed by
         `outer.weighting: shard`. Results are checked by `validator` (`dipaco.islands.validation`)
-        before they are received."""
+        before they are received. `decay_from`: the path step where the inner lr starts to decay
+        (`dipaco.optim.outer.path_decay_from`), for `outer.decay`; None = it never does."""
         if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
             raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
                              f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
         self.lease = lease or Lease.acquire(store, timeout=train.lease_timeout, force=force)
         self.store, self.topology, self.sizes = store, topology, sizes
         self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
-        self.train, self.outer, self.inner_steps = train, outer, inner_steps
+        self.train, self.outer, self.inner_steps, self.decay_from = train, outer, inner_steps, decay_from
         self.clock = clock
         self.committed = store.current_round()
         board = on_disk = read_board(store)
@@ -442,7 +445,12 @@ class Coordinator:
         self.lease.check()
         self.last_norms = {}  # module -> (outer gradient norm, update norm), for the metrics (dipaco.islands.metrics)
         self.last_metas = {t.key: self._result_meta(t) for t in pending}  # read once: the outer step, the metrics
-        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=self.outer, plan=plan,
+        outer = round_outer_step(self.outer, step_ends=[t.step_offset + self.inner_steps for t in pending],
+                                 decay_from=self.decay_from)
+        if outer is not self.outer:
+            log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
+                     self.outer.decay)
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
                                sizes=self.sizes, norms=self.last_norms, metas=self.last_metas)
         write_manifest(self.store, manifest)
         finished = self.policy.finishes(plan)

@@ -42,16 +42,22 @@ def lr_at(step: int, *, config: InnerConfig, total_steps: int | None) -> float:
         return config.lr * (step + 1) / config.warmup_steps
     floor = config.lr * config.min_lr_ratio
     if config.schedule == "wsd":
-        if total_steps is None:
+        start = decay_start(config, total_steps=total_steps)
+        if start is None or step < start:
             return config.lr
-        window = max(1, round(config.decay_fraction * total_steps))
-        into = step - (total_steps - window)  # steps into the decay; the run's last step is at the floor
-        if into < 0:
-            return config.lr
-        return config.lr + (floor - config.lr) * min(1.0, (into + 1) / window)
+        window = total_steps - start
+        return config.lr + (floor - config.lr) * min(1.0, (step - start + 1) / window)  # the last step at the floor
     decay_steps = max(1, total_steps - config.warmup_steps)
     progress = min(1.0, (step - config.warmup_steps) / decay_steps)
     return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def decay_start(config: InnerConfig, *, total_steps: int | None) -> int | None:
+    """`wsd`: the first step (in `lr_at`'s numbering) of the decay over the last `decay_fraction` of a
+    run of `total_steps`; None for a run without an end or another schedule (cosine decays throughout)."""
+    if config.schedule != "wsd" or total_steps is None:
+        return None
+    return total_steps - max(1, round(config.decay_fraction * total_steps))
 
 
 def phase_steps(config: InnerConfig, *, steps: int, after: int = 0) -> tuple[int, int]:

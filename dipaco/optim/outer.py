@@ -12,16 +12,23 @@ For a module m shared by the paths P(m) that reported this round:
 With lr 1 and momentum 0 (and no rescale, Z per module) this is plain averaging: θ_m ← Σ_p α_p θ_p.
 Path-private modules get the same step with one contribution. The coordinator calls
 `outer_update` explicitly from its round loop; nothing hides in optimizer hooks.
+
+`outer.decay: average` (`round_outer_step`): a round with a result whose inner steps reached the inner
+lr's decay (`inner.schedule: wsd`) takes plain averaging instead, and drops the momentum: the
+momentum of the stable phase's rounds would otherwise keep moving the modules by several rounds'
+worth of old steps while the inner lr anneals (docs/recipe.md#the-outer-step-in-the-decay).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
-from dipaco.config import OuterConfig
+from dipaco.config import InnerConfig, OuterConfig
+from dipaco.optim.inner import decay_start, phase_steps
 
 Tensors = dict[str, torch.Tensor]
 
@@ -85,3 +92,26 @@ def outer_update(params: Tensors, momentum: Tensors | None, outer_grad: Tensors,
     if use_momentum:
         new_momentum = {name: optimizer.state[leaf]["momentum_buffer"] for name, leaf in leaves.items()}
     return {name: leaf.detach() for name, leaf in leaves.items()}, new_momentum
+
+
+def averaging(config: OuterConfig) -> OuterConfig:
+    """`config` made plain averaging: lr 1, momentum 0, no √ rescale, its weighting kept (θ_m ← Σ_p α_p θ_p)."""
+    return replace(config, lr=1.0, momentum=0.0, nesterov=False, rescale_by_paths=False)
+
+
+def round_outer_step(config: OuterConfig, *, step_ends: Iterable[int], decay_from: int | None) -> OuterConfig:
+    """The outer step of a round whose results trained up to path steps `step_ends` (each task's
+    step_offset + H): `config`'s, or plain averaging (`averaging`) when `outer.decay` is "average" and
+    one of them reached `decay_from`, the path step where the inner lr starts to decay (None: never)."""
+    if config.decay == "average" and decay_from is not None and any(end > decay_from for end in step_ends):
+        return averaging(config)
+    return config
+
+
+def path_decay_from(inner: InnerConfig, *, rounds: int, warm_start_steps: int) -> int | None:
+    """The path step (0 = a path's first inner step after the warm start) where the inner lr starts to
+    decay in a run of `rounds` tasks of `inner.steps`; <= 0 when the whole path phase decays, None when
+    the schedule has no separate decay (cosine)."""
+    first, total = phase_steps(inner, steps=rounds * inner.steps, after=warm_start_steps)
+    start = decay_start(inner, total_steps=total)
+    return None if start is None else start - first

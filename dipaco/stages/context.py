@@ -108,6 +108,11 @@ def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
                           large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain.steps)
 
 
+def warm_start_steps(config: Config) -> int:
+    """The dense warm start's steps the paths continue (`inner.schedule: wsd` counts on from them); 0 without one."""
+    return config.pretrain.steps if config.pretrain.warm_start else 0
+
+
 def check_schedule(config: Config, record: Path) -> None:
     """Refuse to continue the dense warm start (`dipaco pretrain`) whose `summary.json` is `record` under another `inner.schedule`
     than it was trained with (a `wsd` warm start never decayed; a `cosine` one did): an error naming the file."""

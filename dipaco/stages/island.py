@@ -21,7 +21,7 @@ from dipaco.islands import ddp
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
+from dipaco.stages.context import PathFactory, warm_start_steps
 
 
 def island_setup(config: Config, run: RunDir) -> IslandSetup:
@@ -29,7 +29,7 @@ def island_setup(config: Config, run: RunDir) -> IslandSetup:
     factory = PathFactory(config, run)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
                        inner=config.inner, outer=config.outer, train=config.train, checkpoints=run.root / "islands",
-                       warm_start_steps=config.pretrain.steps if config.pretrain.warm_start else 0)
+                       warm_start_steps=warm_start_steps(config))
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,

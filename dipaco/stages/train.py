@@ -39,8 +39,9 @@ from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.optim.dense import SUMMARY, read_optimizer
+from dipaco.optim.outer import path_decay_from
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer
+from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer, warm_start_steps
 from dipaco.stages.fingerprints import check, index_digest, record
 from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
@@ -93,8 +94,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     started = time.perf_counter()
     validator = ResultValidator(store, topology, outer=config.outer,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
+    decay_from = path_decay_from(config.inner, rounds=config.train.rounds, warm_start_steps=warm_start_steps(config))
     service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
-                          sizes=factory.path_sizes, validator=validator, lease=lease)
+                          sizes=factory.path_sizes, validator=validator, lease=lease, decay_from=decay_from)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
     def more() -> bool:  # the run's length is the policy's (train.rounds results per path); stop_after_round a version
