@@ -39,7 +39,7 @@ log = logging.getLogger("bench_recipe_search")
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "train.rounds=8", "inner.steps=25",
            "train.precision=fp32", "eval.precision=fp32", "pretrain.steps=0", "routing.featurizer=tfidf",
            "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-           "topology.private_embeddings=false", "inner.schedule=cosine", "pretrain.continue_optimizer=false"]
+           "topology.private_embeddings=false", "inner.schedule=cosine", "pretrain.continue_optimizer=false", "outer.decay=keep"]
 PAPER_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=true"]
 DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=false"]
 WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
@@ -130,6 +130,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                             [*W50_H10, "topology.private_embeddings=true"]),
     "w50-H10-private-last-block": ("w50-H10 with the last block private to each path",
                                    [*W50_H10, "topology.private_blocks=[3]"]),
+    # Round 5: the outer step under the wsd schedule. Nesterov's momentum (0.9: about ten rounds of memory)
+    # keeps moving the modules by the stable phase's steps while the inner lr anneals; plain averaging
+    # throughout, and Nesterov until the decay then plain averaging (outer.decay: average).
+    "w50-H10-wsd-adam-avg": ("w50-H10-wsd-adam with plain averaging (outer lr 1, momentum 0)",
+                             [*W50_H10, *WSD_ADAM, "outer.lr=1.0", "outer.momentum=0.0"]),
+    "w25-H10-wsd-adam-avg": ("w25-H10-wsd-adam with plain averaging (outer lr 1, momentum 0)",
+                             [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                              "outer.lr=1.0", "outer.momentum=0.0"]),
+    "w25-H10-wsd-adam-decay-avg": ("w25-H10-wsd-adam, plain averaging from the round that reaches the inner decay "
+                                   "(outer.decay: average; Nesterov before)",
+                                   [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                                    "outer.decay=average"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]

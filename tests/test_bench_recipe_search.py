@@ -55,3 +55,7 @@ def test_the_search_pins_the_schedule_it_measured_with():
         assert (config.inner.schedule, config.pretrain.continue_optimizer) == ("cosine", False), name
     adam = load_config(DEMO, [*REDUCED, *VARIANTS["w50-H10-wsd-adam"][1]])
     assert (adam.inner.schedule, adam.pretrain.continue_optimizer) == ("wsd", True)
+    # the demo then took outer.decay: average (round 5); the earlier variants keep their outer step throughout
+    assert demo.outer.decay == "average"
+    configs = {name: load_config(DEMO, [*REDUCED, *overrides]) for name, (_, overrides) in VARIANTS.items()}
+    assert {name for name, c in configs.items() if c.outer.decay != "keep"} == {"w25-H10-wsd-adam-decay-avg"}
