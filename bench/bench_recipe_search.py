@@ -145,7 +145,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]
-ROUND4 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd"):]
+ROUND4 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd"):list(VARIANTS).index("w50-H10-wsd-adam-avg")]
+ROUND5 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd-adam-avg"):]
 MODES = ["prefix"]  # every:64 and oracle score every document with every path: 4x the eval time
 
 
@@ -210,12 +211,13 @@ def collect(runs: Path, config_file: Path) -> dict:
             "oracle_gap": prefix / oracle - 1 if oracle else None,
             "ratio_dense_equal_compute": prefix / reference,
             "gain_vs_base": None, "routing_agreement": ev.get("routing_agrees_with_shards"),
-            "outer": {k: getattr(config.outer, k) for k in ("lr", "momentum", "rescale_by_paths", "weighting", "normalize")},
+            "outer": {k: getattr(config.outer, k)
+                      for k in ("lr", "momentum", "rescale_by_paths", "weighting", "normalize", "decay")},
             "seconds": float(seconds.read_text()) if seconds.exists() else None,
         })
     for r in rows:
         r["round"] = (1 if r["variant"] in ROUND1 else 3 if r["variant"] in ROUND3 else
-                      4 if r["variant"] in ROUND4 else 2)
+                      4 if r["variant"] in ROUND4 else 5 if r["variant"] in ROUND5 else 2)
         r["measured_here"] = True
     rows += earlier_rows(RESULTS / "recipe-search.json", measured={r["variant"] for r in rows})
     rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))
