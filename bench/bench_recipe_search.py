@@ -142,6 +142,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                    "(outer.decay: average; Nesterov before)",
                                    [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
                                     "outer.decay=average"]),
+    "w50-H25-wsd-adam-decay-avg": ("w50-H25-wsd-adam with outer.decay: average (every round in the decay: averaging)",
+                                   [*WARM50, *DILOCO_OUTER, *WSD_ADAM, "outer.decay=average"]),
+    "w50-H10-wsd-adam-decay-avg-private-emb": ("the demo's recipe (w50-H10-wsd-adam, outer.decay: average) with "
+                                               "path-private embeddings / head / final norm",
+                                               [*W50_H10, *WSD_ADAM, "outer.decay=average",
+                                                "topology.private_embeddings=true"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]
