@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--diloco-only", action="store_true",
                         help="train only the DiLoCo runs (another invocation with --no-diloco trains DiPaCo and the "
                              "dense baselines into the same --runs at the same time; then --collect-only writes the results)")
+    parser.add_argument("--no-diloco-own", action="store_true",
+                        help="skip DiLoCo with its own outer step (e.g. another process trains it into the same --runs)")
     parser.add_argument("--no-diloco-dipaco-outer", action="store_true",
                         help="skip DiLoCo with DiPaCo's outer step")
     parser.add_argument("--reroute-after", default="", metavar="R1,R2",
@@ -114,7 +116,8 @@ def main() -> None:
     if args.diloco_only and (args.no_diloco or args.collect_only):
         parser.error("--diloco-only trains DiLoCo: it cannot go with --no-diloco or --collect-only")
     results = compare(runner, Path(args.config), [*args.set, *args.dipaco, *budget, *large],
-                      diloco=not args.no_diloco, diloco_dipaco_outer=not args.no_diloco_dipaco_outer,
+                      diloco=not args.no_diloco, diloco_own=not args.no_diloco_own,
+                      diloco_dipaco_outer=not args.no_diloco_dipaco_outer,
                       collect_only=args.collect_only, diloco_only=args.diloco_only,
                       reroute_after=tuple(int(r) for r in args.reroute_after.split(",") if r))
     if results is None:
@@ -128,12 +131,12 @@ def main() -> None:
 
 
 def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, diloco: bool = True,
-            diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False,
+            diloco_own: bool = True, diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False,
             diloco_only: bool = False, reroute_after: tuple[int, ...] = ()) -> dict | None:
     """Train (or, with `collect_only`, only read) DiPaCo (`config_file` + `dipaco_overrides`, evaluated in
-    `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (and with
-    DiPaCo's, when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict of their perplexities and
-    budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's).
+    `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (unless not
+    `diloco_own`) and with DiPaCo's (when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict
+    of their perplexities and budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's).
     `reroute_after`: DiPaCo's discriminative re-routing phases (`Runner.pipeline`)."""
     config = load_config(config_file, dipaco_overrides)
     pipeline = runner.pipeline
@@ -150,7 +153,7 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
     if own.outer.rescale_by_paths:
         raise ValueError(f"{diloco_file} must hold DiLoCo's own outer step (no sqrt(paths) rescale)")
     runs = {}
-    if diloco:
+    if diloco and diloco_own:
         runs["DiLoCo, its own outer step"] = pipeline(
             "diloco", diloco_file, diloco_overrides(config, outer=False), baselines=False, modes=["prefix"])
     if diloco and diloco_dipaco_outer:
