@@ -131,12 +131,13 @@ def main() -> None:
 
 
 def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, diloco: bool = True,
-            diloco_own: bool = True, diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES, collect_only: bool = False,
-            diloco_only: bool = False, reroute_after: tuple[int, ...] = ()) -> dict | None:
+            diloco_own: bool = True, diloco_dipaco_outer: bool = True, modes: list[str] = DIPACO_MODES,
+            collect_only: bool = False, diloco_only: bool = False, reroute_after: tuple[int, ...] = ()) -> dict | None:
     """Train (or, with `collect_only`, only read) DiPaCo (`config_file` + `dipaco_overrides`, evaluated in
     `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (unless not
     `diloco_own`) and with DiPaCo's (when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict
-    of their perplexities and budgets. `diloco_only`: train the DiLoCo runs alone and return None (DiPaCo is another invocation's).
+    of their perplexities and budgets. `diloco_only`: train the DiLoCo runs alone and return None
+    (DiPaCo is another invocation's).
     `reroute_after`: DiPaCo's discriminative re-routing phases (`Runner.pipeline`)."""
     config = load_config(config_file, dipaco_overrides)
     pipeline = runner.pipeline

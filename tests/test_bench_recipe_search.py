@@ -58,5 +58,6 @@ def test_the_search_pins_the_schedule_it_measured_with():
     # the demo then took outer.decay: average (round 5); the earlier variants keep their outer step throughout
     assert demo.outer.decay == "average"
     configs = {name: load_config(DEMO, [*REDUCED, *overrides]) for name, (_, overrides) in VARIANTS.items()}
-    assert {name for name, c in configs.items() if c.outer.decay != "keep"} == {"w25-H10-wsd-adam-decay-avg", "w50-H25-wsd-adam-decay-avg",
-                                                                              "w50-H10-wsd-adam-decay-avg-private-emb"}
+    decaying = {name for name, c in configs.items() if c.outer.decay != "keep"}
+    assert decaying == {"w25-H10-wsd-adam-decay-avg", "w50-H25-wsd-adam-decay-avg",
+                        "w50-H10-wsd-adam-decay-avg-private-emb"}

@@ -61,7 +61,9 @@ and applies retention (`dipaco.store.retention`); `finish_run` does the same for
 
     store = ModuleStore("runs/tiny/store")
     coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps,
-                              sizes=factory.path_sizes)   # shard sizes for outer.weighting: shard
+                              sizes=factory.path_sizes,   # shard sizes for outer.weighting: shard
+                              decay_from=path_decay_from(cfg.inner, rounds=cfg.train.rounds,
+                                                         warm_start_steps=cfg.pretrain.steps))  # outer.decay
     while not coordinator.tick(): time.sleep(0.1)
 """
 
@@ -205,6 +207,9 @@ class Coordinator:
         if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
             raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
                              f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
+        if outer.decay != "keep" and decay_from is None:
+            raise ValueError(f"outer.decay {outer.decay!r} needs decay_from, the path step where the inner lr "
+                             f"starts to decay (dipaco.optim.outer.path_decay_from)")
         self.lease = lease or Lease.acquire(store, timeout=train.lease_timeout, force=force)
         self.store, self.topology, self.sizes = store, topology, sizes
         self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
