@@ -148,11 +148,25 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                                "path-private embeddings / head / final norm",
                                                [*W50_H10, *WSD_ADAM, "outer.decay=average",
                                                 "topology.private_embeddings=true"]),
+    # Round 6: what else the paths can own on top of round 5's best (path-private embeddings), and whether a
+    # longer path phase (a 25% warm start) or more, shorter paths (2x4 at the same compute) use them better.
+    "w25-H10-decay-avg-private-emb": ("w25-H10-wsd-adam-decay-avg with path-private embeddings / head / final norm",
+                                      [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                                       "outer.decay=average", "topology.private_embeddings=true"]),
+    "w50-H10-decay-avg-private-emb-last-block": ("w50-H10-wsd-adam-decay-avg-private-emb with the last block "
+                                                 "private to each path too",
+                                                 [*W50_H10, *WSD_ADAM, "outer.decay=average",
+                                                  "topology.private_embeddings=true", "topology.private_blocks=[3]"]),
+    "w50-H10-decay-avg-private-emb-2x4": ("w50-H10-wsd-adam-decay-avg-private-emb on a 2x4 grid (8 paths, 5 rounds: "
+                                          "the same compute)",
+                                          [*W50_H10, *WSD_ADAM, "outer.decay=average",
+                                           "topology.private_embeddings=true", "topology.levels=[2,4]", "train.rounds=5"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]
 ROUND4 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd"):list(VARIANTS).index("w50-H10-wsd-adam-avg")]
-ROUND5 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd-adam-avg"):]
+ROUND5 = list(VARIANTS)[list(VARIANTS).index("w50-H10-wsd-adam-avg"):list(VARIANTS).index("w25-H10-decay-avg-private-emb")]
+ROUND6 = list(VARIANTS)[list(VARIANTS).index("w25-H10-decay-avg-private-emb"):]
 MODES = ["prefix"]  # every:64 and oracle score every document with every path: 4x the eval time
 
 
@@ -223,7 +237,8 @@ def collect(runs: Path, config_file: Path) -> dict:
         })
     for r in rows:
         r["round"] = (1 if r["variant"] in ROUND1 else 3 if r["variant"] in ROUND3 else
-                      4 if r["variant"] in ROUND4 else 5 if r["variant"] in ROUND5 else 2)
+                      4 if r["variant"] in ROUND4 else 5 if r["variant"] in ROUND5 else
+                      6 if r["variant"] in ROUND6 else 2)
         r["measured_here"] = True
     rows += earlier_rows(RESULTS / "recipe-search.json", measured={r["variant"] for r in rows})
     rows.sort(key=lambda r: list(VARIANTS).index(r["variant"]))

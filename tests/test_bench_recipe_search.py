@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_recipe_search import REDUCED, ROUND1, VARIANTS, earlier_rows
+from bench.bench_recipe_search import REDUCED, ROUND1, ROUND6, VARIANTS, earlier_rows
 from dipaco.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,4 +60,4 @@ def test_the_search_pins_the_schedule_it_measured_with():
     configs = {name: load_config(DEMO, [*REDUCED, *overrides]) for name, (_, overrides) in VARIANTS.items()}
     decaying = {name for name, c in configs.items() if c.outer.decay != "keep"}
     assert decaying == {"w25-H10-wsd-adam-decay-avg", "w50-H25-wsd-adam-decay-avg",
-                        "w50-H10-wsd-adam-decay-avg-private-emb"}
+                        "w50-H10-wsd-adam-decay-avg-private-emb", *ROUND6}
