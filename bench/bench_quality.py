@@ -47,7 +47,7 @@ log = logging.getLogger("bench_quality")
 SHARED_SECTIONS = ("corpus", "sharding", "model", "inner", "pretrain")
 SHARED_KEYS = {"train": ("rounds", "seed", "precision", "device"), "eval": ("batch_size", "precision", "device"),
                "routing": ("prefix_tokens",)}
-DIPACO_MODES = ["prefix", "every:64", "oracle", "all-paths"]
+DIPACO_MODES = ["prefix", "every:64", "likelihood", "oracle", "all-paths"]
 
 
 def as_override(section: str, key: str, value) -> str:
@@ -192,6 +192,7 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
 
     routed = ours["models"][0]
     labels = {"prefix": f"DiPaCo {grid}, prefix routing", "every:64": f"DiPaCo {grid}, re-route every 64 tokens",
+              "likelihood": f"DiPaCo {grid}, routed by the paths' likelihood of the prefix",
               "oracle": f"DiPaCo {grid}, oracle path (not a deployable model)"}
     for mode, label in labels.items():
         perplexity = mode_perplexity(ours, mode) or (routed["perplexity"] if mode == "prefix" else None)
@@ -221,6 +222,10 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
         "dipaco_vs_dense_equal_steps": (1 - by["dipaco-prefix"] / by["dense-equal-steps"])
         if "dense-equal-steps" in by else None,
         "routed_over_oracle": by["dipaco-prefix"] / by["dipaco-oracle"] - 1 if "dipaco-oracle" in by else None,
+        "likelihood_over_oracle": by["dipaco-likelihood"] / by["dipaco-oracle"] - 1
+        if "dipaco-likelihood" in by and "dipaco-oracle" in by else None,
+        "likelihood_vs_dense_equal_steps": (1 - by["dipaco-likelihood"] / by["dense-equal-steps"])
+        if "dipaco-likelihood" in by and "dense-equal-steps" in by else None,
         "routed_before_reroute_over_oracle": by["dipaco-prefix-before-reroute"] / by["dipaco-oracle"] - 1
         if "dipaco-prefix-before-reroute" in by and "dipaco-oracle" in by else None,
         "dipaco_over_dense_large": by["dipaco-prefix"] / by["dense-large"] if "dense-large" in by else None,
@@ -264,6 +269,10 @@ def markdown(results: dict) -> str:
     ]
     if c["routed_over_oracle"] is not None:
         check_lines.append(f"- routed ÷ oracle − 1: {100 * c['routed_over_oracle']:+.1f}% (target: within 2%)")
+    if c.get("likelihood_over_oracle") is not None:
+        check_lines.append(f"- routed by the paths' likelihood of the prefix ÷ oracle − 1: "
+                           f"{100 * c['likelihood_over_oracle']:+.1f}%; against dense equal steps: "
+                           f"{lower(c['likelihood_vs_dense_equal_steps'])}")
     if c.get("routed_before_reroute_over_oracle") is not None:
         check_lines.append(f"- routed by the router before the last re-routing ÷ oracle − 1: "
                            f"{100 * c['routed_before_reroute_over_oracle']:+.1f}%")
@@ -296,6 +305,7 @@ def plot(results: dict, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     markers = {"dipaco-prefix": ("tab:red", "o"), "dipaco-every:64": ("tab:orange", "o"),
+               "dipaco-likelihood": ("tab:purple", "o"),
                "dipaco-oracle": ("tab:red", "x"), "diloco": ("tab:blue", "s"), "diloco-dipaco-outer": ("tab:cyan", "D"),
                "dense-equal-steps": ("tab:gray", "^"), "dense-equal-compute": ("black", "^"),
                "dense-large": ("tab:green", "v")}

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
+    parsers["generate"].add_argument("--route", default="router", choices=["router", "likelihood"],
+                                     help="pick the path by the run's router (default) or by the paths' own "
+                                          "likelihood of the prompt's routing prefix (the `likelihood` eval mode)")
     for name in ("run", "train", "coordinator"):
         parsers[name].add_argument("--force", action="store_true",
                                    help="take over the store's coordinator lease even if another coordinator seems to "
@@ -360,11 +363,11 @@ def cmd_generate(config: Config, run: RunDir, args) -> None:
     from dipaco.stages.context import PathFactory
     from dipaco.stages.generate import check_options, generate
 
-    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, route=args.route)
     factory = PathFactory(config, run)
     rounds = _rounds(factory, args)
     text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, seed=args.seed)
+                          temperature=args.temperature, seed=args.seed, route=args.route)
     print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
     print(text)
 

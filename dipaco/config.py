@@ -37,7 +37,7 @@ SCHEDULES = ("cosine", "wsd")  # inner.schedule (dipaco.optim.inner.lr_at)
 LAUNCHERS = ("local", "ray")  # train.launcher
 
 BASELINE_INITS = ("warm-start", "scratch")  # eval.baselines_init (dipaco.eval.baselines)
-EVAL_MODES = ("prefix", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
+EVAL_MODES = ("prefix", "likelihood", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
@@ -293,7 +293,7 @@ class EvalConfig:
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
     baselines_init: str = "warm-start"  # warm-start (path-sized baselines continue from the dense warm start, as in the papers) | scratch
     baselines_with_train: bool = True  # `dipaco run` trains the baselines alongside the islands (they share the cores)
-    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "oracle", "all-paths"])  # eval modes (dipaco.eval.modes)
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "all-paths"])  # eval modes (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: int = 0  # width of the "dense-large" baseline (~8x a path's parameters); 0 = no such baseline
     large_n_layers: int = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)

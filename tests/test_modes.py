@@ -12,6 +12,7 @@ from dipaco.eval.modes import (
     all_paths_table,
     chunk_spans,
     evaluate_modes,
+    likelihood_choice,
     oracle_scores,
     parse_mode,
     prefix_routes,
@@ -176,3 +177,34 @@ def test_evaluate_modes_rows_match_direct_computations_and_reuse_the_table(setup
     both = evaluate_modes(table, modes=["prefix", "every:8", "oracle", "all-paths"], **{**kwargs, "best": ROUNDS})
     assert [r["checkpoints"] for r in both["rows"]] == ["last"] * 3 + ["best"] * 3
     assert [{**r, "checkpoints": "last"} for r in both["rows"][3:]] == out["rows"]
+
+
+def test_likelihood_routes_each_document_by_the_paths_loss_on_its_prefix(setup):
+    """`likelihood`: the path whose model reads the first PREFIX tokens with the lowest loss scores the
+    rest; computed here from each model's own forward pass, not from the table."""
+    models, docs, table = setup
+    expected_paths, nll = [], 0.0
+    for doc in docs:
+        ids = torch.as_tensor(doc[:PREFIX], dtype=torch.long).unsqueeze(0)
+        prefix_loss = []
+        for m in models:
+            with torch.no_grad():
+                logits = m(input_ids=ids).logits[0, :-1]
+            prefix_loss.append(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")))
+        best = int(np.argmin(prefix_loss))
+        expected_paths.append(best)
+        if len(doc) > PREFIX:
+            nll += reference_span_nll(models[best], doc, PREFIX, len(doc))
+    choice = likelihood_choice(table, len(docs), ROUNDS, prefix=PREFIX)
+    assert choice.tolist() == expected_paths
+    assert len(set(expected_paths)) > 1  # the random models disagree: a constant choice would not pass
+    tokens = sum(max(0, len(d) - PREFIX) for d in docs)
+    kwargs = dict(route=route, paths=np.zeros(len(docs), dtype=np.int64), rounds=ROUNDS, best=None,
+                  n_paths=N_PATHS, prefix=PREFIX)
+    (row,) = evaluate_modes(table, modes=["likelihood"], **kwargs)["rows"]
+    assert row["mode"] == "likelihood" and row["tokens"] == tokens
+    assert row["perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    scored = [p for p, d in zip(expected_paths, docs, strict=True) if len(d) > PREFIX]  # a 5-token doc has no span
+    assert [p["documents"] for p in row["per_path"]] == np.bincount(scored, minlength=N_PATHS).tolist()
+    # only the paths evaluated are candidates (e.g. one path's island never finished)
+    assert set(likelihood_choice(table, len(docs), {0: 0, 2: 0}, prefix=PREFIX).tolist()) <= {0, 2}

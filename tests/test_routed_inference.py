@@ -185,3 +185,27 @@ def test_report_is_written_and_every_image_exists(run):
         data = (run.root / image).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, image
     assert "Best round per path" in report
+
+
+def test_generate_by_likelihood_picks_the_path_that_reads_the_prefix_best(run):
+    """`--route likelihood`: the path whose model gives the prompt's first prefix_tokens tokens the lowest
+    loss (computed here with each model's own forward pass) continues it."""
+    config = load_config(run.config)
+    factory = PathFactory(config, run)
+    docs, _, _ = factory.reader.test_documents()
+    tokenizer = factory.tokenizer
+    rounds = {p: factory.store.current_round() for p in range(factory.topology.n_paths)}
+    prefix = config.routing.prefix_tokens
+    for doc in docs[:6]:
+        prompt = tokenizer.decode(doc[:prefix].tolist())
+        (ids,) = encode_batch(tokenizer, [prompt])
+        ids = torch.as_tensor(np.asarray(ids[:prefix]), dtype=torch.long)[None]
+        losses = []
+        for p in range(factory.topology.n_paths):
+            with torch.no_grad():
+                logits = factory.load_path(path=p, round=rounds[p])(input_ids=ids).logits[0, :-1]
+            losses.append(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")))
+        text, path = generate(factory, prompt, rounds=rounds, max_new_tokens=2, route="likelihood")
+        assert path == int(np.argmin(losses)) and text.startswith(prompt[:8])
+    with pytest.raises(ValueError, match="--route must be one of"):
+        generate(factory, "In the beginning", rounds=rounds, route="nearest")

@@ -1,5 +1,6 @@
-"""Routed evaluation modes: route once (`prefix`), re-route every W tokens (`every:W`), the best path
-per sequence (`oracle`) and every path on every path's documents (`all-paths`).
+"""Routed evaluation modes: route once (`prefix`), re-route every W tokens (`every:W`), route by the
+paths' own likelihood of the prefix (`likelihood`), the best path per sequence (`oracle`) and every
+path on every path's documents (`all-paths`).
 
     dipaco eval --config configs/demo.yaml --run runs/demo --mode prefix --mode every:64 --mode oracle --best
 
@@ -14,6 +15,10 @@ the dense baselines.
   router was fit on (P tokens; chunk 0's is the prefix itself). The chosen path reads the whole text
   up to the chunk's end (a causal model: running it on the whole document and keeping that chunk's
   token losses is the same computation). W >= the sequence length is `prefix`.
+- `likelihood`: every path reads the first P tokens; the document goes to the path that gives them the
+  lowest loss, and that path scores tokens P.. (the paths themselves as the router, as Branch-Train-Merge
+  weights its experts by the likelihood of the context; deployable: it sees only the prefix, at the cost
+  of one P-token forward pass per path).
 - `oracle`: every path scores every document; each document takes its lowest total loss. An upper
   bound on what any router that picks one path per sequence could do.
 - `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns).
@@ -141,6 +146,18 @@ def oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, pref
     }
 
 
+def likelihood_choice(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
+    """The `likelihood` mode's path (D,) of each document: the path in `rounds` whose model gives the
+    document's first `prefix` tokens the lowest total loss (the first token has none; ties go to the
+    lower path). Every path scores every document (as for `oracle`: the same table entries)."""
+    paths = sorted(rounds)
+    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in paths})
+    if not n_docs:
+        return np.zeros(0, dtype=np.int64)
+    losses = np.array([[float(table.get(p, rounds[p], d)[:prefix].sum()) for d in range(n_docs)] for p in paths])
+    return np.asarray(paths)[losses.argmin(axis=0)]
+
+
 def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
     """Perplexity (P, P) over the paths in `rounds` (sorted): row i = the i-th path's model, column j =
     the documents routed to the j-th path (NaN where no document was routed there)."""
@@ -188,6 +205,9 @@ def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes
                 continue
             if kind == "oracle":
                 scores = oracle_scores(table, len(docs), versions, prefix=prefix)
+            elif kind == "likelihood":
+                choice = likelihood_choice(table, len(docs), versions, prefix=prefix)
+                scores = routed_scores(table, prefix_routes(docs, choice, prefix=prefix), versions, n_paths)
             else:
                 routes = (routes_of_prefix if kind == "prefix"
                           else route_chunks(route, docs, prefix=prefix, window=window))

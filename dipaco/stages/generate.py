@@ -5,7 +5,11 @@
 
 The prompt is routed by `dipaco.eval.prefix_routing.PrefixRouter`, as evaluation routes a test
 document (with DiLoCo replicas, to the routed path's first replica), then the chosen path continues
-it through `transformers`' `generate`.
+it through `transformers`' `generate`. `--route likelihood` routes it as the `likelihood` eval mode
+does instead: every path reads the prompt's first `routing.prefix_tokens` tokens, one at a time, and
+the one that gives them the lowest loss continues it.
+
+    dipaco generate --run runs/demo --route likelihood "def fibonacci(n):"
 """
 
 from __future__ import annotations
@@ -17,27 +21,56 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.eval.prefix_routing import PrefixRouter
+from dipaco.eval.scoring import token_losses
 from dipaco.stages.context import PathFactory
 from sharding.tokenizer import encode_batch
 
 
+ROUTES = ("router", "likelihood")
+
+
 def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_new_tokens: int = 64,
-             temperature: float = 0.0, seed: int = 0) -> tuple[str, int]:
-    """Route the prompt, then continue it with the chosen path at module version `rounds[path]`.
+             temperature: float = 0.0, seed: int = 0, route: str = "router") -> tuple[str, int]:
+    """Route the prompt (`route`: the run's router, or `likelihood`), then continue it with the chosen
+    path at module version `rounds[path]`.
 
     Returns (the prompt and its continuation as text, the path)."""
-    check_options(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    router = PrefixRouter(factory.router, factory.tokenizer, factory.topology,
-                          prefix_tokens=factory.config.routing.prefix_tokens)
-    path = int(router.route_texts([prompt])[0])
+    check_options(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, route=route)
+    if route == "likelihood":
+        path = likelihood_path(factory, prompt, rounds=rounds)
+    else:
+        router = PrefixRouter(factory.router, factory.tokenizer, factory.topology,
+                              prefix_tokens=factory.config.routing.prefix_tokens)
+        path = int(router.route_texts([prompt])[0])
     model = factory.load_path(path=path, round=rounds[path])
     text = continue_text(model, factory.tokenizer, prompt, max_length=factory.config.sharding.seq_len,
                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     return text, path
 
 
-def check_options(*, max_new_tokens: int, temperature: float, seed: int) -> None:
+def likelihood_path(factory: PathFactory, prompt: str, *, rounds: dict[int, int]) -> int:
+    """The path among the evaluated ones (`rounds`; one model per DiLoCo replica group) whose model gives
+    the prompt's first `routing.prefix_tokens` tokens the lowest loss, loaded one at a time."""
+    (tokens,) = encode_batch(factory.tokenizer, [prompt])
+    prefix = np.asarray(tokens[: factory.config.routing.prefix_tokens])
+    if len(prefix) < 2:
+        raise ValueError(f"--route likelihood needs a prompt of at least 2 tokens (this one has {len(prefix)}): "
+                         "nothing predicts the first token")
+    candidates = sorted({factory.topology.representative(q) for q in range(factory.topology.n_routed)} & set(rounds))
+    losses = []
+    for path in candidates:
+        model = factory.load_path(path=path, round=rounds[path])
+        (loss,) = token_losses(model, [prefix], batch_size=1, device=next(model.parameters()).device,
+                               precision="fp32")
+        losses.append(float(loss.sum()))
+        del model
+    return candidates[int(np.argmin(losses))]
+
+
+def check_options(*, max_new_tokens: int, temperature: float, seed: int, route: str = "router") -> None:
     """Refuse options that would silently mean something else (a negative temperature is not greedy)."""
+    if route not in ROUTES:
+        raise ValueError(f"--route must be one of {list(ROUTES)}, got {route!r}")
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if not math.isfinite(temperature) or temperature < 0:
