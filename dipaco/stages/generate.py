@@ -25,7 +25,6 @@ from dipaco.eval.scoring import token_losses
 from dipaco.stages.context import PathFactory
 from sharding.tokenizer import encode_batch
 
-
 ROUTES = ("router", "likelihood")
 
 
