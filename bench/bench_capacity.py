@@ -54,7 +54,7 @@ CAPACITY_SET = ["sharding.vocab_size=1024", "sharding.seq_len=128", "model.hidde
                 "model.n_heads=2", "train.precision=fp32", "eval.precision=fp32"]
 CAPACITY_DIPACO = ["topology.blocks_per_level=[1,1]", "topology.private_embeddings=true"]
 DEFAULT_POINTS = "2x100,4x125,5x160,8x200,16x250"
-MODES = ["prefix", "oracle"]
+MODES = ["prefix", "likelihood", "oracle"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,9 @@ def summarise(point: Point, result: dict, *, embedding: int, corpus_tokens: int)
         "dense_equal_compute": dense["perplexity"], "dense_equal_steps": by.get("dense-equal-steps", {}).get("perplexity"),
         "diloco": by.get("diloco", {}).get("perplexity"),
         "ratio": ours / dense["perplexity"],
+        "dipaco_likelihood": by.get("dipaco-likelihood", {}).get("perplexity"),
+        "ratio_likelihood": by["dipaco-likelihood"]["perplexity"] / dense["perplexity"]
+        if "dipaco-likelihood" in by else None,
         "vs_diloco": 1 - ours / by["diloco"]["perplexity"] if "diloco" in by else None,
         "scored_tokens": result["scored_tokens"], "rows": result["rows"],
     }
@@ -215,6 +218,9 @@ def markdown(results: dict) -> str:
     headers = ["point (rounds x H)", "warm-start steps", "path-model steps in all", "dense tokens / param", "epochs",
                "DiPaCo (prefix)", "oracle", "dense equal compute", "dense equal steps", "DiLoCo",
                "DiPaCo ÷ dense equal compute", "DiPaCo vs DiLoCo"]
+    by_likelihood = any(p.get("dipaco_likelihood") for p in results["points"])
+    if by_likelihood:  # the `likelihood` eval mode: the paths route by their own loss on the prefix
+        headers[6:6] = ["DiPaCo, routed by the paths' likelihood", "its ÷ dense equal compute"]
     rerouted = any(p.get("dipaco_first_router") for p in results["points"])
     if rerouted:  # --reroute-final: DiPaCo (prefix) is routed by the discriminative router
         headers.insert(5, "DiPaCo, k-means router")
@@ -228,7 +234,10 @@ def markdown(results: dict) -> str:
             "lower" if p["vs_diloco"] >= 0 else "higher")
         table.append(f"| {p['point']} | {p['pretrain_steps']} | {p['total_steps']:,} | {p['dense_tokens_per_param']:.1f} | "
                      f"{num(p['epochs'])} | " + (f"{num(p.get('dipaco_first_router'))} | " if rerouted else "")
-                     + f"{p['dipaco']:.2f} | {num(p['oracle'])} | {p['dense_equal_compute']:.2f} | "
+                     + f"{p['dipaco']:.2f} | "
+                     + (f"{num(p.get('dipaco_likelihood'))} | {num(p.get('ratio_likelihood'), '.3f')} | "
+                        if by_likelihood else "")
+                     + f"{num(p['oracle'])} | {p['dense_equal_compute']:.2f} | "
                      f"{num(p['dense_equal_steps'])} | {num(p['diloco'])} | **{p['ratio']:.3f}** | {vs} |")
     models = []
     if results["points"]:

@@ -11,6 +11,7 @@ from bench.bench_capacity import (
     CAPACITY_SET,
     Point,
     embedding_parameters,
+    markdown,
     parse_points,
     plan,
     summarise,
@@ -83,12 +84,22 @@ def test_collecting_a_point_whose_diloco_never_ran_keeps_the_point(tmp_path):
                             _model("dense-equal-steps", 150.0, paths=1, total=100, steps=467),
                             _model("dense-equal-compute", 100.0, paths=1, total=100, steps=1067)],
                  "modes": {"rows": [{"mode": "prefix", "checkpoints": "last", "perplexity": 90.0},
+                                    {"mode": "likelihood", "checkpoints": "last", "perplexity": 87.0},
                                     {"mode": "oracle", "checkpoints": "last", "perplexity": 85.0}]}}
     (run / "eval.json").write_text(json.dumps(eval_json))
     overrides = [*CAPACITY_SET, *CAPACITY_DIPACO, *point.overrides()]
     result = compare(Runner(tmp_path / point.name, keep=True), DEMO, overrides, diloco_dipaco_outer=False,
-                     modes=["prefix", "oracle"], collect_only=True)
+                     modes=["prefix", "likelihood", "oracle"], collect_only=True)
     kinds = [r["kind"] for r in result["rows"]]
-    assert kinds == ["dipaco-prefix", "dipaco-oracle", "dense-equal-steps", "dense-equal-compute"]
+    assert kinds == ["dipaco-prefix", "dipaco-likelihood", "dipaco-oracle", "dense-equal-steps", "dense-equal-compute"]
     out = summarise(point, result, embedding=50, corpus_tokens=0)
     assert out["ratio"] == pytest.approx(0.9) and out["diloco"] is None and out["oracle"] == 85.0
+    assert out["ratio_likelihood"] == pytest.approx(0.87) and out["dipaco_likelihood"] == 87.0
+    table = markdown({"points": [out], "set": [], "dipaco": [], "warm_fraction": 0.25, "config": "configs/demo.yaml",
+                      "threads": 1, "jobs": 1, "embedding_params": 50, "seconds": 1.0})
+    lines = table.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("| point"))
+    header, row = lines[start], lines[start + 2]
+    cells = dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")], strict=True))
+    assert cells["DiPaCo, routed by the paths' likelihood"] == "87.00" and cells["its ÷ dense equal compute"] == "0.870"
+    assert cells["oracle"] == "85.00" and cells["DiPaCo (prefix)"] == "90.00"
