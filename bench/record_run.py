@@ -35,6 +35,8 @@ def checks(evaluation: dict) -> dict[str, float]:
         out["dipaco_vs_dense_equal_steps"] = dipaco / models["dense-equal-steps"] - 1
     if "prefix" in modes and "oracle" in modes:
         out["routed_over_oracle"] = modes["prefix"] / modes["oracle"] - 1
+    if "likelihood" in modes and "oracle" in modes:
+        out["likelihood_over_oracle"] = modes["likelihood"] / modes["oracle"] - 1
     return out
 
 
@@ -68,7 +70,8 @@ def main() -> int:
     lines += [""]
     names = {"dipaco_over_dense_equal_compute": "DiPaCo ÷ dense equal compute",
              "dipaco_vs_dense_equal_steps": "DiPaCo against dense equal steps (perplexity, relative)",
-             "routed_over_oracle": "routed ÷ oracle − 1"}
+             "routed_over_oracle": "routed ÷ oracle − 1",
+             "likelihood_over_oracle": "routed by the paths' likelihood of the prefix ÷ oracle − 1"}
     lines += [f"- {names[k]}: {v:.3f}" if k == "dipaco_over_dense_equal_compute" else f"- {names[k]}: {v:+.1%}"
               for k, v in figures.items()]
     path = write_results(args.name, results, "\n".join(lines) + "\n")
