@@ -261,7 +261,7 @@ def markdown(results: dict) -> str:
     check_lines = [
         f"- DiPaCo (prefix routing) against DiLoCo with its own outer step: {lower(c['dipaco_vs_diloco'])} "
         f"(target: at least 5% lower)" if c["dipaco_vs_diloco"] is not None
-        else "- DiPaCo against DiLoCo: not run (`--no-diloco`)",
+        else "- DiPaCo against DiLoCo with its own outer step: not run (`--no-diloco` or `--no-diloco-own`)",
         f"- DiPaCo against DiLoCo with DiPaCo's outer step: {lower(c['dipaco_vs_diloco_same_outer'])}",
         f"- DiPaCo ÷ dense equal compute: {c['dipaco_over_dense_equal_compute']:.2f} (target: ≤ 1.5 at the demo "
         f"budget, ≤ 1.2 at 4x)",
