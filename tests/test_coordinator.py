@@ -434,6 +434,7 @@ def test_outer_decay_average_makes_the_rounds_in_the_inner_decay_plain_averages(
     coordinator = Coordinator(run.store, run.topology, train=run.config.train, outer=run.config.outer, inner_steps=H,
                               sizes=PathFactory(run.config, run.dir).path_sizes, clock=clock, decay_from=H)
     drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
+    assert (coordinator.last_stats.round, coordinator.last_stats.outer_step) == (2, "average")  # train.json says so
     store, topology = run.store, run.topology
     shard = PathFactory(run.config, run.dir).path_sizes.shard_tokens
     for name in topology.modules:

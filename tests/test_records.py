@@ -107,3 +107,16 @@ def test_a_round_stats_row_written_before_cancellation_existed_still_loads():
                                     island="a", incarnation="x")
     board = Board(round=3, tasks={cancelled.key: cancelled}, paths={})
     assert Board.from_json(through_json(board.to_json()), file=FILE) == board
+
+
+def test_round_stats_say_which_outer_step_the_round_took():
+    """RoundStats.outer_step (added within schema 1): "average" for a plain average in the inner lr's decay,
+    "configured" otherwise and for a row written before the field existed; another value is refused."""
+    manifest = examples()[4]
+    averaged = RoundStats.of(manifest, in_flight=0, outer_step="average")
+    obj = through_json(averaged.to_json())
+    assert obj["outer_step"] == "average" and RoundStats.from_json(obj, file=FILE) == averaged
+    old = {k: v for k, v in obj.items() if k != "outer_step"}
+    assert RoundStats.from_json(old, file=FILE).outer_step == "configured"
+    with pytest.raises(StoreError, match="outer_step.*not one of"):
+        RoundStats.from_json({**obj, "outer_step": "nesterov"}, file=FILE)

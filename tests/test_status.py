@@ -102,6 +102,9 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
     assert [e.value for e in events.Scalars("bytes/up_pseudo_gradients")] == [rows[t]["bytes_up"] for t in (1, 2, 3)]
     assert all(e.value > 0 for e in events.Scalars("outer/update_norm/embeddings"))
     assert all(0 < e.value <= 1 for e in events.Scalars("goodput"))
+    # the tiny config keeps its outer step in every round (outer.decay: keep): train.json and the events agree
+    assert [rows[t]["outer_step"] for t in (1, 2, 3)] == ["configured"] * 3
+    assert [e.value for e in events.Scalars("outer/plain_average")] == [0.0, 0.0, 0.0]
 
 
 def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):

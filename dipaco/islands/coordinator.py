@@ -470,7 +470,9 @@ class Coordinator:
         cancelled = self._cancel_doomed()
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
         now = self.clock()
-        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled), seconds=now - self.round_started)
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled,
+                                      outer_step="configured" if outer is self.outer else "average"),
+                        seconds=now - self.round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
         _commit(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())
         self.last_stats, self.round_started = stats, now

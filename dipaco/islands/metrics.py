@@ -15,6 +15,7 @@ scalar is the module version (round) it belongs to. Tags:
 | `outer/grad_norm/<module>`, `outer/update_norm/<module>` | the module's outer gradient ‖g‖ and parameter change ‖θ_t − θ_{t−1}‖ |
 | `bytes/up_pseudo_gradients`, `bytes/up_inner`, `bytes/down_modules`, `bytes/down_inner` | bytes the applied results moved |
 | `round/seconds`, `round/tokens`, `round/applied`, `round/stale`, `round/dropped`, `round/in_flight`, `round/cancelled` | the round's `RoundStats` |
+| `outer/plain_average` | 1 where the round was a plain average in the inner lr's decay (`outer.decay: average`), 0 where it took the configured outer step |
 | `goodput` | applied island-seconds so far / (islands × seconds since the first heartbeat) (docs/islands.md#goodput) |
 
 Event files are written with `torch.utils.tensorboard.SummaryWriter` (the `tensorboard` package) and
@@ -84,6 +85,7 @@ class RunMetrics:
         add("bytes/down_inner", moved["bytes_down_inner"], t)
         for key in ("seconds", "tokens", "applied", "stale", "dropped", "in_flight", "cancelled"):
             add(f"round/{key}", getattr(stats, key), t)
+        add("outer/plain_average", float(stats.outer_step == "average"), t)
         if goodput is not None and math.isfinite(goodput):
             add("goodput", goodput, t)
         self.writer.flush()

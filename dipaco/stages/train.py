@@ -125,9 +125,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
-                     "(%d stale, %d dropped), %d tasks in flight, %d cancelled, %.1fs", round, stats.mean_train_loss,
-                     stats.tokens, stats.bytes_up / 1e6, stats.applied, stats.stale, stats.dropped, stats.in_flight,
-                     stats.cancelled, stats.seconds)
+                     "(%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step %s, %.1fs", round,
+                     stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.applied, stats.stale, stats.dropped,
+                     stats.in_flight, stats.cancelled, stats.outer_step, stats.seconds)
         finished_at = time.monotonic()
         bar.close()
         if islands and service.done:

@@ -314,18 +314,23 @@ class RoundStats(Record):
     in_flight: int  # tasks assigned when the round closed
     seconds: float = 0.0  # time of the round on the coordinator's clock (since the previous commit or its start)
     cancelled: int = 0  # running tasks this commit cancelled (async: their results could no longer be applied)
+    # the outer step this round took: the configured one, or a plain average in the inner lr's decay
+    # (outer.decay: average, dipaco.optim.outer.round_outer_step)
+    outer_step: str = "configured"
 
-    ADDED: ClassVar[tuple[str, ...]] = ("cancelled",)
+    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
-    def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0) -> RoundStats:
+    def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0,
+           outer_step: str = "configured") -> RoundStats:
         applied = manifest.applied
         return cls(round=manifest.round, tokens=sum(e.tokens for e in applied), bytes_up=sum(e.bytes for e in applied),
                    train_loss={e.path: e.train_loss for e in applied},
                    val_loss_start={e.path: e.val_loss_start for e in applied},
                    island_seconds={e.path: e.seconds for e in applied}, applied=len(applied),
                    dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
-                   cancelled=cancelled)
+                   cancelled=cancelled, outer_step=outer_step)
 
     @property
     def mean_train_loss(self) -> float:
