@@ -63,7 +63,7 @@ and applies retention (`dipaco.store.retention`); `finish_run` does the same for
     coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps,
                               sizes=factory.path_sizes,   # shard sizes for outer.weighting: shard
                               decay_from=path_decay_from(cfg.inner, rounds=cfg.train.rounds,
-                                                         warm_start_steps=cfg.pretrain.steps))  # outer.decay
+                                                         warm_start_steps=warm_start_steps(cfg)))  # outer.decay
     while not coordinator.tick(): time.sleep(0.1)
 """
 
@@ -452,7 +452,8 @@ class Coordinator:
         self.last_metas = {t.key: self._result_meta(t) for t in pending}  # read once: the outer step, the metrics
         outer = round_outer_step(self.outer, step_ends=[t.step_offset + self.inner_steps for t in pending],
                                  decay_from=self.decay_from)
-        if outer is not self.outer:
+        outer_step = "configured" if outer is self.outer else "average"
+        if outer_step == "average":
             log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
                      self.outer.decay)
         manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
@@ -471,7 +472,7 @@ class Coordinator:
         in_flight = sum(1 for t in self.tasks.values() if t.status == "assigned")
         now = self.clock()
         stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled,
-                                      outer_step="configured" if outer is self.outer else "average"),
+                                      outer_step=outer_step),
                         seconds=now - self.round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
         _commit(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())

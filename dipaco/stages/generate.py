@@ -15,11 +15,13 @@ the one that gives them the lowest loss continues it.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from dipaco.eval.modes import LossTable, likelihood_choice
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import token_losses
 from dipaco.stages.context import PathFactory
@@ -55,15 +57,11 @@ def likelihood_path(factory: PathFactory, prompt: str, *, rounds: dict[int, int]
     if len(prefix) < 2:
         raise ValueError(f"--route likelihood needs a prompt of at least 2 tokens (this one has {len(prefix)}): "
                          "nothing predicts the first token")
-    candidates = sorted({factory.topology.representative(q) for q in range(factory.topology.n_routed)} & set(rounds))
-    losses = []
-    for path in candidates:
-        model = factory.load_path(path=path, round=rounds[path])
-        (loss,) = token_losses(model, [prefix], batch_size=1, device=next(model.parameters()).device,
-                               precision="fp32")
-        losses.append(float(loss.sum()))
-        del model
-    return candidates[int(np.argmin(losses))]
+    candidates = {factory.topology.representative(q) for q in range(factory.topology.n_routed)} & set(rounds)
+    table = LossTable(docs=[prefix], load=lambda path, version: factory.load_path(path=path, round=version),
+                      score=partial(token_losses, batch_size=1, device=torch.device("cpu"), precision="fp32"))
+    (path,) = likelihood_choice(table, 1, {p: rounds[p] for p in candidates}, prefix=len(prefix))
+    return int(path)
 
 
 def check_options(*, max_new_tokens: int, temperature: float, seed: int, route: str = "router") -> None:
