@@ -22,7 +22,7 @@ fingerprint). `Assignments` (flat path id + split code per doc_id) are saved as
 Every file is written to a temporary name and renamed; the JSON goes last. Loaders refuse an
 unknown format_version or a checksum mismatch with an error naming the file. Usage:
 
-    router, stats = Router.fit(prefixes, levels=[2, 2], config=RoutingConfig())
+    router, stats = Router.fit(prefixes, levels=[2, 2], config=RoutingConfig(featurizer="tfidf"))
     router.save("runs/x/router"); Router.load("runs/x/router").route(prefixes)
 """
 
@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -366,7 +366,7 @@ class Router:
             method=meta["method"],
             featurizer=featurizer_from_state(feat_tensors, meta["featurizer"]),
             centroids=[tensors[n] for n in names if n.startswith("centroids.")],
-            config=RoutingConfig(**meta["config"]),
+            config=_routing_config(meta["config"], directory / ROUTER_JSON),
             penalties=tensors.get("penalties"),
             linear=linear,
         )
@@ -486,3 +486,14 @@ class Assignments:
             router_fingerprint=meta["router_fingerprint"],
             topk=tensors.get("topk"),
         )
+
+
+def _routing_config(saved: dict[str, Any], file: Path) -> RoutingConfig:
+    """The routing config a router was fitted with; one saved by an older version of its fields is refused."""
+    known = {f.name for f in fields(RoutingConfig)}
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        raise ValueError(f"{file} was fitted with routing keys this version does not have ({', '.join(unknown)}); "
+                         f"fit the router again (`dipaco route`)")
+    return RoutingConfig(**saved)
+
