@@ -42,8 +42,8 @@ island:  ## a pull-based island pinned to path PATH_ID (run `make coordinator` t
 	$(DIPACO) island --config $(CONFIG) --run $(RUN) --pull --path $(PATH_ID) $(ARGS)
 
 N ?= 4
-islands:  ## the coordinator and N local island processes (= dipaco train train.islands=N)
-	$(DIPACO) train --config $(CONFIG) --run $(RUN) train.islands=$(N) $(ARGS)
+islands:  ## the coordinator and N local island processes (= dipaco train hardware.islands=N)
+	$(DIPACO) train --config $(CONFIG) --run $(RUN) hardware.islands=$(N) $(ARGS)
 
 coordinator:  ## the round loop alone; islands are started elsewhere with `make island` / `dipaco island`
 	$(DIPACO) coordinator --config $(CONFIG) --run $(RUN) $(ARGS)
@@ -64,7 +64,7 @@ report:  ## report.md with plots in the run directory
 export:  ## every path and the router as Hugging Face model directories, in $(RUN)/export
 	$(DIPACO) export $(RUN)/export --all --config $(CONFIG) --run $(RUN) $(ARGS)
 
-pretrain:  ## the dense warm start (ARGS='pretrain.steps=200'), before route
+pretrain:  ## the dense warm start (ARGS='warm_start.fraction=0.25'), before route
 	$(DIPACO) pretrain --config $(CONFIG) --run $(RUN) $(ARGS)
 
 reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds

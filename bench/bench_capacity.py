@@ -51,7 +51,7 @@ log = logging.getLogger("bench_capacity")
 
 # The tiny path model of the sweep (every model) and DiPaCo's extra capacity (DiPaCo only).
 CAPACITY_SET = ["sharding.vocab_size=1024", "sharding.seq_len=128", "model.hidden_size=32", "model.n_layers=2",
-                "model.n_heads=2", "train.precision=fp32", "eval.precision=fp32"]
+                "model.n_heads=2", "hardware.precision=fp32"]
 CAPACITY_DIPACO = ["topology.blocks_per_level=[1,1]", "topology.private_embeddings=true"]
 DEFAULT_POINTS = "2x100,4x125,5x160,8x200,16x250"
 MODES = ["prefix", "likelihood", "oracle"]
@@ -76,7 +76,8 @@ class Point:
         return self.pretrain_steps + self.n_paths * self.rounds * self.inner_steps
 
     def overrides(self) -> list[str]:
-        return [f"train.rounds={self.rounds}", f"inner.steps={self.inner_steps}", f"pretrain.steps={self.pretrain_steps}"]
+        return [f"run.rounds={self.rounds}", f"inner.steps={self.inner_steps}",
+                f"warm_start.fraction={self.pretrain_steps / self.total_steps!r}"]  # exactly pretrain_steps
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -180,7 +181,7 @@ def main() -> None:
     set_ = CAPACITY_SET if args.set is None else args.set
     dipaco = CAPACITY_DIPACO if args.dipaco is None else args.dipaco
     config_file = Path(args.config)
-    base = [*set_, f"train.threads_per_island={args.threads}", "eval.large_hidden_size=0", "eval.large_n_layers=0"]
+    base = [*set_, f"hardware.threads_per_island={args.threads}", "eval.large_hidden_size=0", "eval.large_n_layers=0"]
     config = load_config(config_file, [*base, *dipaco])
     points = plan(config, parse_points(args.points), warm_fraction=args.warm_fraction)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # pretrain / eval processes (islands set theirs from the config)

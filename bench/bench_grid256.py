@@ -53,7 +53,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 MIB = 2**20
 OVERRIDES = ["corpus.max_documents=0", "routing.method=flat", "sharding.seq_len=32", "model.hidden_size=16",
              "model.n_heads=2", "inner.steps=2", "inner.batch_size=2", "inner.warmup_steps=1", "inner.val_batches=1",
-             "train.heartbeat_timeout=600", "train.threads_per_island=1", "eval.batch_size=16"]
+             "resilience.heartbeat_timeout=600", "hardware.threads_per_island=1", "eval.batch_size=16"]
 STORE_OPS = ("exists", "listdir", "read_bytes", "read_range", "write_bytes", "size", "remove")
 FS_OPS = ("exists", "ls", "info", "cat_file", "open", "mv", "rm", "makedirs", "size", "pipe_file", "isdir",
           "isfile", "find", "glob", "modified")
@@ -63,7 +63,7 @@ PHASES = ("heartbeats", "results", "outer", "write", "commit", "board", "other")
 def grid_config(levels: list[int], *, rounds: int, islands: int) -> list[str]:
     corpus = ROOT / "dipaco" / "data" / "demo_corpus.jsonl.zst"  # by its file: both codes' runs see the same one
     return [*OVERRIDES, f"corpus.path={corpus}", f"topology.levels=[{','.join(map(str, levels))}]", f"model.n_layers={len(levels)}",
-            f"train.rounds={rounds}", f"train.islands={islands}"]
+            f"run.rounds={rounds}", f"hardware.islands={islands}"]
 
 
 # --- child: route and shard ---------------------------------------------------------------------------

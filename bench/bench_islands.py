@@ -17,14 +17,14 @@ checkpoint once; checkpoint writes are not counted) / (islands x seconds from th
 the last commit), from `train.json`.
 
 (b) Failures as the paper models them: an island fails (its process keeps its disk), is back after a
-    restart time R and resumes its task from its last inner checkpoint (`train.checkpoint_steps`, every
+    restart time R and resumes its task from its last inner checkpoint (`resilience.checkpoint_steps`, every
     step by default: ~T/25, the paper's ~T/20); failures per island are exponential with mean MTBF
-    (`train.fail_mtbf`, `train.fail_mode=die`). MTBF and R are in units of the task time T measured by
+    (`faults.mtbf`, `faults.mode=die`). MTBF and R are in units of the task time T measured by
     the failure-free sync run, so the settings mean the same on a loaded machine. The defaults are the
     paper's learner (150k chips at a one-year chip MTBI: MTBF ~1T, restart ~0.15T) and twice its rate.
     For each failure rate, sync and async run side by side (one after the other, in this invocation).
-(c) A straggler: island-0 runs `train.slowdown`x slower, sync vs async (`BENCH_STRAGGLER=0` skips it).
-(a) outer.compression none / int8 / int4 (--compression): bytes each island uploads and downloads per
+(c) A straggler: island-0 runs `faults.slowdown`x slower, sync vs async (`BENCH_STRAGGLER=0` skips it).
+(a) compression.codec none / int8 / int4 (--compression): bytes each island uploads and downloads per
     task, next to what data-parallel training would send for the same inner steps (a float32 gradient
     each way per step), and the perplexity each compression costs.
 Next to each measured goodput: the simulator's prediction for the same settings
@@ -62,9 +62,9 @@ from dipaco.store.module_store import ModuleStore  # noqa: E402
 CONFIG = ROOT / "configs" / "demo.yaml"
 # Random init and TF-IDF routing, as before the demo's warm start (goodput does not depend on it, and its
 # dense pretraining takes longer than the runs on a loaded machine); BENCH_WARM_START=1 uses the demo's.
-BASE = [] if os.environ.get("BENCH_WARM_START") == "1" else ["pretrain.steps=0", "routing.featurizer=tfidf"]
+BASE = [] if os.environ.get("BENCH_WARM_START") == "1" else ["warm_start.fraction=0", "routing.featurizer=tfidf"]
 WORK = ROOT / "runs" / "bench-islands"
-ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]
+ASYNC = ["rounds.mode=async", "rounds.quorum=0.5", "rounds.max_staleness=2"]
 SLOWDOWN = 3.0
 
 
@@ -86,11 +86,11 @@ class Setting:
 
     @property
     def common(self) -> list[str]:
-        return [*BASE, f"train.rounds={self.rounds}", "outer.lr=1.0", "outer.momentum=0.0",
+        return [*BASE, f"run.rounds={self.rounds}", "outer.lr=1.0", "outer.momentum=0.0",
                 "outer.rescale_by_paths=false", "eval.baselines=false", "eval.modes=[prefix]",
-                f"train.islands={self.islands}", "train.threads_per_island=1", "train.keep_rounds=0",
-                "train.precision=fp32", "eval.precision=fp32", "inner.batch_size=4",
-                f"train.checkpoint_steps={self.checkpoint_steps}",
+                f"hardware.islands={self.islands}", "hardware.threads_per_island=1", "store.keep_versions=0",
+                "hardware.precision=fp32", "inner.batch_size=4",
+                f"resilience.checkpoint_steps={self.checkpoint_steps}",
                 *self.topology, f"inner.steps={self.inner_steps}"]  # always: configs/demo.yaml's own H is not the benchmark's
 
     @property
@@ -114,7 +114,7 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
     parser.add_argument("--replicas", type=int, default=1,
                         help="topology.replicas (DiLoCo replicas per path): 2 gives 8 paths; islands default to 4 x this")
     parser.add_argument("--islands", type=int, default=None, help="island processes (default BENCH_ISLANDS, else one per path)")
-    parser.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", "2")), help="train.rounds (results per path)")
+    parser.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", "2")), help="run.rounds (results per path)")
     parser.add_argument("--inner-steps", type=int, default=25, help="inner.steps H per task")
     parser.add_argument("--checkpoint-steps", type=int, default=int(env("BENCH_CHECKPOINT_STEPS", "1")))
     parser.add_argument("--restart", type=float, default=float(env("BENCH_RESTART_TASKS", "0.15")),
@@ -153,8 +153,8 @@ def failure_overrides(task_seconds: float, mtbf_tasks: float, *, restart_tasks: 
     mtbf_tasks x T of its up-time, is back after R = restart_tasks x T and resumes from its inner
     checkpoint; a silent island's task is handed on after T / 2."""
     t = max(task_seconds, 2.0)
-    return [f"train.fail_mtbf={mtbf_tasks * t:.1f}", f"train.return_after={restart_tasks * t:.1f}",
-            "train.fail_mode=die", f"train.heartbeat_timeout={t / 2:.1f}", "train.heartbeat_seconds=0.5"]
+    return [f"faults.mtbf={mtbf_tasks * t:.1f}", f"faults.return_after={restart_tasks * t:.1f}",
+            "faults.mode=die", f"resilience.heartbeat_timeout={t / 2:.1f}", "resilience.heartbeat_seconds=0.5"]
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -175,7 +175,7 @@ def prepare(setting: Setting) -> RunDir:
     if not (base.shards / "index.json").exists():
         log("warm start, routing and sharding the bundled corpus (demo config)")
         options = [*BASE, *setting.topology]
-        if load_config(CONFIG, options).pretrain.steps:  # the demo's dense warm start; its model also routes (base-model)
+        if load_config(CONFIG, options).pretrain_steps:  # the demo's dense warm start; its model also routes (base-model)
             dipaco("pretrain", "--config", str(CONFIG), "--run", str(base.root), *options)
         dipaco("route", "--config", str(CONFIG), "--run", str(base.root), *options)
         dipaco("shard", "--config", str(CONFIG), "--run", str(base.root), *options)
@@ -205,7 +205,7 @@ def train_and_eval(setting: Setting, base: RunDir, name: str, overrides: list[st
     n = max(1, len(tasks))
     row = {
         "name": name, "overrides": overrides, "perplexity": perplexity, "wall_seconds": wall,
-        "goodput": summary.get("goodput", {}).get("goodput"), "rounds": config.train.rounds,
+        "goodput": summary.get("goodput", {}).get("goodput"), "rounds": config.run.rounds,
         "applied_tasks": len(tasks), "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in _manifests(store)),
         "injected_failures": failures,
@@ -264,7 +264,7 @@ def main(setting: Setting, *, compression: bool) -> None:
     params = path_parameters(setting, base)
     rows = {"sync": train_and_eval(setting, base, "sync", [])}
     task_seconds = rows["sync"]["task_seconds"]
-    grace = [f"outer.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
+    grace = [f"rounds.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
     out = {"budget": {}, "goodput": [], "compression": [], "runs": rows}
     settings: dict[str, list[str]] = {}
     steps = rows["sync"]["inner_steps"]
@@ -301,11 +301,11 @@ def main(setting: Setting, *, compression: bool) -> None:
             record(name, mode, f"MTBF {mtbf:g}T, restart {setting.restart_tasks:g}T", mtbf)
     for mode, extra in (("sync", []), ("async", [*ASYNC, *grace])) if setting.straggler else ():
         name = f"{mode}-slow"
-        rows[name] = train_and_eval(setting, base, name, [*extra, f"train.slowdown={SLOWDOWN:g}"])
+        rows[name] = train_and_eval(setting, base, name, [*extra, f"faults.slowdown={SLOWDOWN:g}"])
         record(name, mode, f"island-0 {SLOWDOWN:g}x slower")
     if compression:
-        rows["int8"] = train_and_eval(setting, base, "int8", ["outer.compression=int8"])
-        rows["int4"] = train_and_eval(setting, base, "int4", ["outer.compression=int4"])
+        rows["int8"] = train_and_eval(setting, base, "int8", ["compression.codec=int8"])
+        rows["int4"] = train_and_eval(setting, base, "int4", ["compression.codec=int4"])
         dp_up = steps * params * 4  # per task: one full float32 gradient sent per inner step
         for name, key in (("none", "sync"), ("int8", "int8"), ("int4", "int4")):
             r = rows[key]

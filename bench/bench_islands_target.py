@@ -51,7 +51,7 @@ from dipaco.model.topology import Topology  # noqa: E402
 
 log = logging.getLogger("bench_islands_target")
 CONFIG = ROOT / "configs" / "demo.yaml"
-ASYNC = ["outer.mode=async", "outer.quorum=0.5", "outer.max_staleness=2"]  # bench/bench_islands.py's
+ASYNC = ["rounds.mode=async", "rounds.quorum=0.5", "rounds.max_staleness=2"]  # bench/bench_islands.py's
 PARAMETERS = 1_328_256  # a demo path model
 STEP_SECONDS = 41.4 / 25  # the last benchmark's step (bench/results/islands.md: T = 41.4 s for 25 steps)
 PROFILES = {  # per-task overhead seconds, speed sigma
@@ -85,7 +85,7 @@ class Case:
 
 def topology_and_outer(learners: int, *, grace: float):
     replicas = learners // 4
-    config = load_config(CONFIG, [f"topology.replicas={replicas}", *ASYNC, f"outer.grace_seconds={grace:.1f}"])
+    config = load_config(CONFIG, [f"topology.replicas={replicas}", *ASYNC, f"rounds.grace_seconds={grace:.1f}"])
     return Topology.from_config(config.topology, n_layers=config.model.n_layers), config.outer
 
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dipaco.config import OuterConfig  # noqa: E402
+from dipaco.config import OuterConfig, RoundsConfig  # noqa: E402
 from dipaco.model.topology import Topology  # noqa: E402
 from dipaco.store.module_store import ModuleStore  # noqa: E402
 from dipaco.store.records import ResultMeta, Task  # noqa: E402
@@ -144,7 +144,7 @@ def apply_round_in_memory(store: ModuleStore, topology: Topology, *, round: int,
 
     applied, results = [], {}
     for task in sorted(pending, key=lambda t: (t.path, t.base)):
-        factor = staleness_weight(round - 1 - task.base, config=config)
+        factor = staleness_weight(round - 1 - task.base, config=RoundsConfig())  # sync
         tensors, meta = read_result(store, round=task.round, path=task.path, attempt=task.result_attempt)
         if factor is None:
             continue
@@ -195,7 +195,7 @@ def child_coordinator(store_url: str, levels: list[int], impl: str) -> dict:
     torch.set_num_threads(1)
     store, topology = ModuleStore(store_url), synthetic_topology(levels)
     # token weights: the reference implementation (commit f12451c) knows no shard sizes; memory is the same
-    pending, config = synthetic_pending(topology, round=1), OuterConfig(weighting="tokens")
+    pending, config = synthetic_pending(topology, round=1), OuterConfig(weighting="tokens", rescale_by_paths=True)
     warm_up(config)
     step = apply_round if impl == "streamed" else apply_round_in_memory
     start = time.perf_counter()
@@ -232,7 +232,7 @@ def bench_coordinator(grids: list[list[int]], compressions: list[str], module_fl
 
 
 # --- 2. an island task against its path's budget ----------------------------------------------------
-ISLAND_OVERRIDES = ["train.precision=fp32", "train.device=cpu", "eval.baselines=false", "inner.steps=6",
+ISLAND_OVERRIDES = ["hardware.precision=fp32", "hardware.device=cpu", "eval.baselines=false", "inner.steps=6",
                     "inner.val_batches=2", "corpus.max_documents=4000"]
 
 
@@ -297,7 +297,7 @@ def child_plain(config_file: str, path: int) -> dict:
     setup = _island_setup(config_file)
     inner = setup.inner
     batches = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
-                                        seed=data_seed(setup.train.seed, path=path), skip_batches=0)
+                                        seed=data_seed(setup.run.seed, path=path), skip_batches=0)
     batch = [torch.from_numpy(np.asarray(next(batches), dtype=np.int64)) for _ in range(inner.steps)]
 
     def step(model: torch.nn.Module, tokens: torch.Tensor) -> None:

@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128, help="model.hidden_size")
     parser.add_argument("--runs", default=str(ROOT / "runs" / "bench-outer-weighting"), help="where the runs go")
     parser.add_argument("--only", nargs="*", help="run only these variants (names as in the table)")
-    parser.add_argument("--parallel", type=int, default=1, help="variants trained at once (each on train.islands)")
+    parser.add_argument("--parallel", type=int, default=1, help="variants trained at once (each on hardware.islands)")
     parser.add_argument("--keep", action="store_true",
                         help="reuse the shards and evaluated variants of an earlier run with the same settings, "
                              "and resume its unfinished ones")
@@ -68,8 +68,8 @@ def main() -> None:
         shutil.rmtree(runs, ignore_errors=True)
     started = time.perf_counter()
     config = str(ROOT / "configs" / "demo.yaml")
-    common = [f"train.rounds={args.rounds}", f"inner.steps={args.inner_steps}", f"sharding.seq_len={args.seq_len}",
-              f"model.hidden_size={args.hidden}", "train.precision=fp32", "eval.precision=fp32",
+    common = [f"run.rounds={args.rounds}", f"inner.steps={args.inner_steps}", f"sharding.seq_len={args.seq_len}",
+              f"model.hidden_size={args.hidden}", "hardware.precision=fp32",
               "eval.baselines=false", "eval.modes=[]"]
     base = runs / "shards"
     if not (base / "shards" / "index.json").exists():

@@ -19,7 +19,7 @@ With `--reroute-after`, DiPaCo re-routes by `dipaco reroute` after those module 
 only re-fits the router it is evaluated by; the row "by the router before the last re-routing" is the
 same models routed by the previous router). `corpus.router_fraction` holds out the documents the phases
 score from every model's training, DiLoCo's and the dense baselines' included.
-Every model gets the same dense warm start (`pretrain.steps`, counted in its budget: DiLoCo starts
+Every model gets the same dense warm start (`warm_start.fraction` of the run, counted in its budget: DiLoCo starts
 from the same pretrained model) and scores the same held-out tokens. Compute is reported as total
 training tokens per model (warm start included) and FLOPs = 6 x parameters a token passes through x
 tokens. Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens).
@@ -44,9 +44,9 @@ from dipaco.config import Config, load_config  # noqa: E402
 log = logging.getLogger("bench_quality")
 
 # What DiLoCo takes from DiPaCo's resolved config so that both train the same path model the same way.
-SHARED_SECTIONS = ("corpus", "sharding", "model", "inner", "pretrain")
-SHARED_KEYS = {"train": ("rounds", "seed", "precision", "device"), "eval": ("batch_size", "precision", "device"),
-               "routing": ("prefix_tokens",)}
+SHARED_SECTIONS = ("corpus", "sharding", "model", "inner", "warm_start", "hardware")
+SHARED_KEYS = {"run": ("rounds", "seed"), "eval": ("batch_size",), "routing": ("prefix_tokens",)}
+DILOCO_OWN_OUTER = ["outer.decay=keep"]  # DiLoCo's own outer step: Nesterov in every round
 DIPACO_MODES = ["prefix", "every:64", "likelihood", "oracle", "all-paths"]
 
 
@@ -68,6 +68,8 @@ def diloco_overrides(config: Config, *, outer: bool) -> list[str]:
     out += [f"topology.replicas={n_paths * config.topology.replicas}"]
     if outer:
         out += [as_override("outer", k, v) for k, v in d["outer"].items()]
+    else:
+        out += DILOCO_OWN_OUTER
     return out
 
 
@@ -80,7 +82,7 @@ def main() -> None:
     parser.add_argument("--dipaco", action="append", default=[], metavar="KEY=VALUE",
                         help="override for DiPaCo only (outer step, routing, topology), e.g. outer.lr=0.7")
     parser.add_argument("--budget", type=float, default=1.0,
-                        help="multiply train.rounds and pretrain.steps by this (2, 4, ...)")
+                        help="multiply run.rounds, and with it the warm start, by this (2, 4, ...)")
     parser.add_argument("--large-hidden", type=int, default=-1,
                         help="width of dense-large (default 2x a path's; 0 = no dense-large)")
     parser.add_argument("--large-layers", type=int, default=-1, help="blocks of dense-large (default 3x a path's)")
@@ -108,8 +110,7 @@ def main() -> None:
     started = time.perf_counter()
 
     config = load_config(args.config, [*args.set, *args.dipaco])
-    budget = [f"train.rounds={max(1, round(config.train.rounds * args.budget))}",
-              f"pretrain.steps={round(config.pretrain.steps * args.budget)}"]
+    budget = [f"run.rounds={max(1, round(config.run.rounds * args.budget))}"]  # the warm start scales with it
     large_hidden = 2 * config.model.hidden_size if args.large_hidden < 0 else args.large_hidden
     large_layers = 3 * config.model.n_layers if args.large_layers < 0 else args.large_layers
     large = [f"eval.large_hidden_size={large_hidden}", f"eval.large_n_layers={large_layers if large_hidden else 0}"]
@@ -236,8 +237,8 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
             "routing_agrees_with_shards": ours.get("routing_agrees_with_shards"),
             "pretrain": {"steps": pre_steps, "tokens": pre_tokens},
             "dipaco_outer": config.to_dict()["outer"], "diloco_outer": diloco_config.to_dict()["outer"],
-            "recipe": {s: config.to_dict()[s] for s in ("routing", "topology", "inner", "outer", "pretrain", "model")},
-            "rounds": config.train.rounds,
+            "recipe": {s: config.to_dict()[s] for s in ("routing", "topology", "warm_start", "inner", "outer", "model")},
+            "rounds": config.run.rounds,
             "reroute_phases": [{k: phase[k] for k in ("phase", "after_round", "router_documents", "label_sizes",
                                                       "label_agrees_with_previous_router", "mean_nll_best",
                                                       "mean_nll_previous_route")}

@@ -6,7 +6,7 @@
 
 Every variant is configs/demo.yaml with the reduced model of `REDUCED` (sequences of 128 tokens, width
 64, 4 blocks; 8 rounds x 25 inner steps of batch 8 for a 2x2 grid) plus its own overrides, and spends
-the same training compute: paths x rounds x inner steps + pretrain.steps = 800 path-model steps (a
+the same training compute: paths x rounds x inner steps + warm-start steps = 800 path-model steps (a
 dense warm start of 25% = 200 pretrain steps, then 6 rounds). The `base` variant also trains the
 dense path-size baselines at equal steps (200) and equal compute (800, from scratch); every variant's
 routed perplexity (prefix routing, last round) is divided by that dense-equal-compute perplexity.
@@ -27,7 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quality_runs import Runner, mode_perplexity, pretrain_summary, read_json  # noqa: E402
+from bench.quality_runs import (  # noqa: E402
+    Runner,
+    mode_perplexity,
+    pretrain_summary,
+    read_json,
+    warm_start_steps_as_fraction,
+)
 from bench.recording import RESULTS, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 
@@ -36,19 +42,20 @@ log = logging.getLogger("bench_recipe_search")
 # The reduced model and budget, and the recipe every variant starts from (the demo's before this search:
 # plain averaging, TF-IDF flat k-means routing, no warm start), pinned so that the search does not move
 # when configs/demo.yaml takes its findings.
-REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "train.rounds=8", "inner.steps=25",
-           "train.precision=fp32", "eval.precision=fp32", "pretrain.steps=0", "routing.featurizer=tfidf",
+REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "run.rounds=8", "inner.steps=25",
+           "hardware.precision=fp32", "warm_start.steps=0", "routing.featurizer=tfidf",
            "outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false",
-           "topology.private_embeddings=false", "inner.schedule=cosine", "pretrain.continue_optimizer=false", "outer.decay=keep"]
+           "topology.private_embeddings=false", "inner.schedule=cosine", "warm_start.continue_optimizer=false", "outer.decay=keep"]
 PAPER_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=true"]
 DILOCO_OUTER = ["outer.lr=0.7", "outer.momentum=0.9", "outer.nesterov=true", "outer.rescale_by_paths=false"]
-WARM25 = ["pretrain.steps=200", "train.rounds=6", "routing.featurizer=base-model"]
-WARM50 = ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model"]
-H10_AFTER_WARM50 = ["inner.steps=10", "train.rounds=10"]  # 400 + 4 paths x 10 rounds x 10 steps = 800
+WARM25 = ["warm_start.steps=200", "run.rounds=6", "routing.featurizer=base-model"]
+WARM50 = ["warm_start.steps=400", "run.rounds=4", "routing.featurizer=base-model"]
+H10_AFTER_WARM50 = ["inner.steps=10", "run.rounds=10"]  # 400 + 4 paths x 10 rounds x 10 steps = 800
 W50_H10 = [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50]  # round 3's best, the demo's recipe since
-WSD_ADAM = ["inner.schedule=wsd", "pretrain.continue_optimizer=true"]  # round 4's schedule
+WSD_ADAM = ["inner.schedule=wsd", "warm_start.continue_optimizer=true"]  # round 4's schedule
 
 # name -> (what it tests, overrides on top of configs/demo.yaml + REDUCED). Each spends 800 path-model steps.
+# `warm_start.steps=N`: a warm start of N steps, written as its fraction of the run (warm_start_steps_as_fraction).
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "base": ("plain averaging, TF-IDF flat k-means, H 25, from random init (the demo before this search)", []),
     "paper-outer": ("Nesterov lr 0.7 / momentum 0.9, sqrt(paths) rescale (the paper's outer step)", PAPER_OUTER),
@@ -57,15 +64,15 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "diloco-outer": ("Nesterov lr 0.7 / momentum 0.9, no rescale (DiLoCo's outer step)", DILOCO_OUTER),
     "outer-lr0.5-m0.5": ("gentler Nesterov: lr 0.5, momentum 0.5, no rescale",
                          ["outer.lr=0.5", "outer.momentum=0.5", "outer.rescale_by_paths=false"]),
-    "H10": ("H = 10 inner steps, 20 rounds", ["inner.steps=10", "train.rounds=20"]),
-    "H50": ("H = 50 inner steps, 4 rounds", ["inner.steps=50", "train.rounds=4"]),
+    "H10": ("H = 10 inner steps, 20 rounds", ["inner.steps=10", "run.rounds=20"]),
+    "H50": ("H = 50 inner steps, 4 rounds", ["inner.steps=50", "run.rounds=4"]),
     "warm25-tfidf": ("25% dense warm start (200 steps, then 6 rounds), TF-IDF routing",
-                     ["pretrain.steps=200", "train.rounds=6"]),
+                     ["warm_start.steps=200", "run.rounds=6"]),
     "warm25": ("25% dense warm start, then routing on the warm-start model's features (base-model)", WARM25),
     "warm50": ("50% dense warm start (400 steps, then 4 rounds), base-model routing",
-               ["pretrain.steps=400", "train.rounds=4", "routing.featurizer=base-model"]),
+               ["warm_start.steps=400", "run.rounds=4", "routing.featurizer=base-model"]),
     "warm75": ("75% dense warm start (600 steps, then 2 rounds), base-model routing",
-               ["pretrain.steps=600", "train.rounds=2", "routing.featurizer=base-model"]),
+               ["warm_start.steps=600", "run.rounds=2", "routing.featurizer=base-model"]),
     "warm25-paper-outer": ("25% warm start, base-model routing, the paper's outer step", [*WARM25, *PAPER_OUTER]),
     "warm25-paper-outer-all": ("25% warm start, base-model routing, the paper's outer step normalised over all paths",
                                [*WARM25, *PAPER_OUTER, "outer.normalize=all"]),
@@ -74,9 +81,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "private-last-block": ("the last block private to each path", ["topology.private_blocks=[3]"]),
     "top2": ("every training document on its 2 best paths (routing.train_top_k 2)", ["routing.train_top_k=2"]),
     "balance": ("balanced routing (largest / smallest path <= 1.1)", ["routing.balance=1.1"]),
-    "grid-2x4": ("2x4 grid (8 paths), 4 rounds", ["topology.levels=[2,4]", "train.rounds=4"]),
+    "grid-2x4": ("2x4 grid (8 paths), 4 rounds", ["topology.levels=[2,4]", "run.rounds=4"]),
     "grid-4x4": ("4x4 grid (16 paths), 4 rounds of H 12 (768 steps: 4% less compute)",
-                 ["topology.levels=[4,4]", "train.rounds=4", "inner.steps=12"]),
+                 ["topology.levels=[4,4]", "run.rounds=4", "inner.steps=12"]),
     "warm25-private-emb": ("25% warm start, base-model routing, private embeddings",
                            [*WARM25, "topology.private_embeddings=true"]),
     "warm25-top2": ("25% warm start, base-model routing, train_top_k 2", [*WARM25, "routing.train_top_k=2"]),
@@ -93,7 +100,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                         [*WARM25, *DILOCO_OUTER, "topology.private_embeddings=true"]),
     "wdo-private-last-block": ("warm25-diloco-outer with the last block private to each path",
                                [*WARM25, *DILOCO_OUTER, "topology.private_blocks=[3]"]),
-    "wdo-H10": ("warm25-diloco-outer with H = 10, 15 rounds", [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15"]),
+    "wdo-H10": ("warm25-diloco-outer with H = 10, 15 rounds", [*WARM25, *DILOCO_OUTER, "inner.steps=10", "run.rounds=15"]),
     "wdo-top2": ("warm25-diloco-outer with train_top_k 2", [*WARM25, *DILOCO_OUTER, "routing.train_top_k=2"]),
     "wdo-balance": ("warm25-diloco-outer with balanced routing (largest / smallest path <= 1.1)",
                     [*WARM25, *DILOCO_OUTER, "routing.balance=1.1"]),
@@ -103,25 +110,25 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "w50-H10-olr1.0": ("50% warm start, H = 10 (10 rounds), outer lr 1.0",
                        [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "outer.lr=1.0"]),
     "warm75-diloco-outer": ("75% warm start (600 steps, then 2 rounds), base-model routing, DiLoCo's outer step",
-                            ["pretrain.steps=600", "train.rounds=2", "routing.featurizer=base-model", *DILOCO_OUTER]),
+                            ["warm_start.steps=600", "run.rounds=2", "routing.featurizer=base-model", *DILOCO_OUTER]),
     "w75-H10": ("75% warm start (600 steps), DiLoCo's outer step, H = 10 (5 rounds)",
-                ["pretrain.steps=600", "train.rounds=5", "routing.featurizer=base-model", *DILOCO_OUTER,
+                ["warm_start.steps=600", "run.rounds=5", "routing.featurizer=base-model", *DILOCO_OUTER,
                  "inner.steps=10"]),
     "w50-H5": ("50% warm start, DiLoCo's outer step, H = 5 (20 rounds)",
-               [*WARM50, *DILOCO_OUTER, "inner.steps=5", "train.rounds=20"]),
+               [*WARM50, *DILOCO_OUTER, "inner.steps=5", "run.rounds=20"]),
     # The seed's share of the differences: the control and round 3's best again with another seed.
-    "warm25-diloco-outer-seed1": ("warm25-diloco-outer with train.seed 1 (init and data order)",
-                                  [*WARM25, *DILOCO_OUTER, "train.seed=1"]),
-    "w50-H10-seed1": ("w50-H10 with train.seed 1 (init and data order)",
-                      [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "train.seed=1"]),
+    "warm25-diloco-outer-seed1": ("warm25-diloco-outer with run.seed 1 (init and data order)",
+                                  [*WARM25, *DILOCO_OUTER, "run.seed=1"]),
+    "w50-H10-seed1": ("w50-H10 with run.seed 1 (init and data order)",
+                      [*WARM50, *DILOCO_OUTER, *H10_AFTER_WARM50, "run.seed=1"]),
     # Round 4: on top of w50-H10, one warmup-stable-decay schedule across the warm start and what continues
     # it (no second warmup, one decay at the end), and the path-private modules of the paper's best row.
     "w50-H10-wsd": ("w50-H10 with inner.schedule wsd (warm start at the constant lr, paths decay over the last 20%)",
                     [*W50_H10, "inner.schedule=wsd"]),
-    "w50-H10-wsd-adam": ("w50-H10-wsd, the paths continuing the warm start's AdamW state (pretrain.continue_optimizer)",
+    "w50-H10-wsd-adam": ("w50-H10-wsd, the paths continuing the warm start's AdamW state (warm_start.continue_optimizer)",
                          [*W50_H10, *WSD_ADAM]),
     "w25-H10-wsd-adam": ("w50-H10-wsd-adam with a 25% warm start (200 steps, then 15 rounds of H = 10)",
-                         [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM]),
+                         [*WARM25, *DILOCO_OUTER, "inner.steps=10", "run.rounds=15", *WSD_ADAM]),
     "w50-H25-wsd-adam": ("w50-H10-wsd-adam with H = 25 (4 rounds: 2.5x fewer outer steps)",
                          [*WARM50, *DILOCO_OUTER, *WSD_ADAM]),
     "w50-H10-wsd-adam-private-emb": ("w50-H10-wsd-adam with path-private embeddings / head / final norm",
@@ -136,11 +143,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "w50-H10-wsd-adam-avg": ("w50-H10-wsd-adam with plain averaging (outer lr 1, momentum 0)",
                              [*W50_H10, *WSD_ADAM, "outer.lr=1.0", "outer.momentum=0.0"]),
     "w25-H10-wsd-adam-avg": ("w25-H10-wsd-adam with plain averaging (outer lr 1, momentum 0)",
-                             [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                             [*WARM25, *DILOCO_OUTER, "inner.steps=10", "run.rounds=15", *WSD_ADAM,
                               "outer.lr=1.0", "outer.momentum=0.0"]),
     "w25-H10-wsd-adam-decay-avg": ("w25-H10-wsd-adam, plain averaging from the round that reaches the inner decay "
                                    "(outer.decay: average; Nesterov before)",
-                                   [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                                   [*WARM25, *DILOCO_OUTER, "inner.steps=10", "run.rounds=15", *WSD_ADAM,
                                     "outer.decay=average"]),
     "w50-H25-wsd-adam-decay-avg": ("w50-H25-wsd-adam with outer.decay: average (every round in the decay: averaging)",
                                    [*WARM50, *DILOCO_OUTER, *WSD_ADAM, "outer.decay=average"]),
@@ -151,7 +158,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # Round 6: what else the paths can own on top of round 5's best (path-private embeddings), and whether a
     # longer path phase (a 25% warm start) or more, shorter paths (2x4 at the same compute) use them better.
     "w25-H10-decay-avg-private-emb": ("w25-H10-wsd-adam-decay-avg with path-private embeddings / head / final norm",
-                                      [*WARM25, *DILOCO_OUTER, "inner.steps=10", "train.rounds=15", *WSD_ADAM,
+                                      [*WARM25, *DILOCO_OUTER, "inner.steps=10", "run.rounds=15", *WSD_ADAM,
                                        "outer.decay=average", "topology.private_embeddings=true"]),
     "w50-H10-decay-avg-private-emb-last-block": ("w50-H10-wsd-adam-decay-avg-private-emb with the last block "
                                                  "private to each path too",
@@ -160,7 +167,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "w50-H10-decay-avg-private-emb-2x4": ("w50-H10-wsd-adam-decay-avg-private-emb on a 2x4 grid (8 paths, 5 rounds: "
                                           "the same compute)",
                                           [*W50_H10, *WSD_ADAM, "outer.decay=average",
-                                           "topology.private_embeddings=true", "topology.levels=[2,4]", "train.rounds=5"]),
+                                           "topology.private_embeddings=true", "topology.levels=[2,4]", "run.rounds=5"]),
 }
 ROUND1 = list(VARIANTS)[:list(VARIANTS).index("wdo-lr6e-3")]  # defined in round 1 (results kept: see collect)
 ROUND3 = list(VARIANTS)[list(VARIANTS).index("w50-H10"):list(VARIANTS).index("w50-H10-wsd")]
@@ -195,7 +202,8 @@ def main() -> None:
     for name in [*first, *[n for n in only if n != "base"]]:  # base first: its tokenizer and baselines
         _, overrides = VARIANTS[name]
         started = time.perf_counter()
-        run = runner.pipeline(name, config_file, [*REDUCED, *overrides], baselines=name == "base", modes=MODES)
+        run = runner.pipeline(name, config_file, warm_start_steps_as_fraction(config_file, [*REDUCED, *overrides]),
+                              baselines=name == "base", modes=MODES)
         timing = run / "bench-seconds.txt"
         if not timing.exists():
             timing.write_text(f"{time.perf_counter() - started:.1f}\n")
@@ -216,7 +224,7 @@ def collect(runs: Path, config_file: Path) -> dict:
         ev = read_json(runs / name / "eval.json")
         if not ev:
             continue
-        config = load_config(config_file, [*REDUCED, *overrides])
+        config = load_config(config_file, warm_start_steps_as_fraction(config_file, [*REDUCED, *overrides]))
         routed = ev["models"][0]
         pre = pretrain_summary(runs / name)
         steps = routed["steps_per_path"] * routed["paths"] + pre.get("steps", 0)

@@ -17,7 +17,7 @@ Side by side in one run, on 2 cores (torch and faiss threads = 2):
    squared distances of all points to their nearest centroid);
 3. routed perplexity on the bundled corpus (demo model and 2x2 grid) for flat k-means vs product
    k-means vs one discriminative phase, each with the same training budget and LR schedule
-   (`train.stop_after_round` pauses the discriminative run midway): `--rounds` x 25 inner
+   (`run.stop_after_round` pauses the discriminative run midway): `--rounds` x 25 inner
    steps per path (default 4 rounds, half the demo's 8), plain-averaging outer step (the demo-scale
    setting), `corpus.max_documents` documents; the discriminative run trains rounds/2 rounds on the
    flat k-means routing, re-routes (router split of 5%, never trained on, scored by all 4 paths),
@@ -121,7 +121,7 @@ def bench_product_balance(prefixes: list[str], levels: list[int]) -> list[dict]:
 
     rows = []
     for balance in (0.0, 1.5):
-        cfg = RoutingConfig(method="product", svd_dim=64, balance=balance, kmeans_iters=20)
+        cfg = RoutingConfig(featurizer="tfidf", method="product", svd_dim=64, balance=balance, kmeans_iters=20)
         t0 = time.perf_counter()
         router, stats = Router.fit(prefixes, levels=levels, config=cfg)
         x = router.features(prefixes)
@@ -208,7 +208,7 @@ def dipaco(*args: str) -> None:
 
 def bench_perplexity(runs: Path, rounds: int, max_documents: int, keep: bool = False) -> list[dict]:
     common = [f"corpus.max_documents={max_documents}", "corpus.router_fraction=0.05", "eval.baselines=false",
-              "train.precision=fp32", *OUTER]
+              "hardware.precision=fp32", *OUTER]
     config = str(ROOT / "configs" / "demo.yaml")
     rows = []
     half = max(1, rounds // 2)
@@ -235,13 +235,13 @@ def bench_perplexity(runs: Path, rounds: int, max_documents: int, keep: bool = F
         tokenizer = tokenizer or run / "tokenizer"
         phase = None
         if "discriminative" in name and not reused:
-            dipaco("train", *args, f"train.rounds={rounds}", f"train.stop_after_round={half}")
-            dipaco("reroute", *args, f"train.rounds={rounds}")
+            dipaco("train", *args, f"run.rounds={rounds}", f"run.stop_after_round={half}")
+            dipaco("reroute", *args, f"run.rounds={rounds}")
         if "discriminative" in name:
             phase = json.loads((run / "routing" / "phases.json").read_text())[0]
         if not reused:
-            dipaco("train", *args, f"train.rounds={rounds}")
-            dipaco("eval", *args, f"train.rounds={rounds}")
+            dipaco("train", *args, f"run.rounds={rounds}")
+            dipaco("eval", *args, f"run.rounds={rounds}")
         result = json.loads((run / "eval.json").read_text())
         report = json.loads((run / "routing" / "report-route.json").read_text())
         last = phase["report"] if phase else report

@@ -176,7 +176,7 @@ def main() -> None:
     sample = [d for batch in documents(corpus, args.fit_sample, batch=args.batch, seed=args.seed) for d in batch]
     sample_prefixes = prefix_texts(tok, sample, n_tokens=args.prefix_tokens)
     prepared = time.perf_counter()
-    config = RoutingConfig(method="product", svd_dim=64, kmeans_iters=20, prefix_tokens=args.prefix_tokens,
+    config = RoutingConfig(featurizer="tfidf", method="product", svd_dim=64, kmeans_iters=20, prefix_tokens=args.prefix_tokens,
                            seed=args.seed)
     router, fit_stats = Router.fit(sample_prefixes, levels=levels, config=config)
     fit_seconds = time.perf_counter() - prepared

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.recording import RESULTS, markdown_table, write_results  # noqa: E402
-from dipaco.config import OuterConfig, SimulateConfig  # noqa: E402
+from dipaco.config import RoundsConfig, SimulateConfig  # noqa: E402
 from dipaco.simulate.scenario import STRATEGIES, run_strategy, sweep  # noqa: E402
 from dipaco.simulate.settings import Settings  # noqa: E402
 from dipaco.stages.simulate import plot_sweep  # noqa: E402
@@ -42,7 +42,8 @@ log = logging.getLogger("bench_simulate")
 CHIPS = 1_200_000
 PUBLISHED = {"data-parallel": 0.27, "elastic data-parallel": 0.58, "async rounds, 8 learners": 0.88}
 APPROXIMATE = {"async rounds, 2 learners": 0.70, "async rounds, 16 learners": 0.93}
-K1 = 1 / 16  # outer.quorum giving a quorum of one learner for every learner count up to 16
+K1 = 1 / 16  # rounds.quorum giving a quorum of one learner for every learner count up to 16
+INNER_STEPS = 100  # inner steps per task at this scale (a task of 200 s at 2 s per step)
 
 
 def mean_goodput(settings: Settings, strategy: str, seeds: int) -> float:
@@ -73,7 +74,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     started = time.perf_counter()
     sim = dataclasses.replace(SimulateConfig(), chip_mtbi_hours=8766.0, horizon_hours=args.horizon_hours)
-    base = Settings(sim=sim, outer=OuterConfig(quorum=K1, compression="int4"))
+    base = Settings(sim=sim, rounds=RoundsConfig(quorum=K1), codec="int4", inner_steps=INNER_STEPS)
     dp = at(base, 1)
 
     restart = fit(dp, "data-parallel", "restart_seconds", PUBLISHED["data-parallel"], seeds=args.seeds, low=1, high=200)
@@ -87,7 +88,7 @@ def main() -> None:
     def point(name: str, settings: Settings, strategy: str, role: str, target: float | None) -> None:
         goodput = mean_goodput(settings, strategy, args.seeds)
         points.append({"point": name, "role": role, "learners": settings.sim.learners,
-                       "learner_failure": settings.sim.learner_failure, "quorum": settings.outer.quorum,
+                       "learner_failure": settings.sim.learner_failure, "quorum": settings.rounds.quorum,
                        "goodput": goodput, "published": target,
                        "difference_points": None if target is None else 100 * (goodput - target)})
         log.info("%s: %.3f (published %s)", name, goodput, target)
@@ -106,14 +107,15 @@ def main() -> None:
         name = f"async rounds, {learners} learners"
         point(f"{name}, learners restart", at(fitted, learners, learner_failure="restart"), "async rounds",
               "variant: learners restart", PUBLISHED.get(name, APPROXIMATE.get(name)))
-        variant = Settings(sim=at(fitted, learners).sim, outer=dataclasses.replace(fitted.outer, quorum=0.5))
-        point(f"{name}, quorum 0.5", variant, "async rounds", "variant: outer.quorum 0.5",
+        variant = dataclasses.replace(at(fitted, learners), rounds=dataclasses.replace(fitted.rounds, quorum=0.5))
+        point(f"{name}, quorum 0.5", variant, "async rounds", "variant: rounds.quorum 0.5",
               PUBLISHED.get(name, APPROXIMATE.get(name)))
 
     side_by_side = {s: run_strategy(at(fitted, 8), s) for s in STRATEGIES}
     rows = sweep(fitted.with_(sweep_learners=[1, 2, 8, 16]))
     png = RESULTS / "simulate.png"
-    results = {"settings": {"simulate": dataclasses.asdict(fitted.sim), "outer": dataclasses.asdict(fitted.outer)},
+    results = {"settings": {"simulate": dataclasses.asdict(fitted.sim), "rounds": dataclasses.asdict(fitted.rounds),
+                            "codec": fitted.codec, "inner_steps": fitted.inner_steps},
                "seeds": args.seeds, "fitted": {"restart_seconds": restart, "reconfigure_seconds": reconfigure},
                "points": points, "side_by_side_8_learners": side_by_side, "sweep": rows, "plot": png.name,
                "seconds": time.perf_counter() - started}
@@ -129,9 +131,9 @@ def markdown(results: dict) -> str:
         "",
         f"1.2M chips, per-chip MTBI {sim['chip_mtbi_hours']:g} h (one year), {sim['horizon_hours']:g} h simulated, "
         f"mean of {results['seeds']} failure draws. Assumed: step {sim['step_seconds']:g} s, checkpoint every "
-        f"{sim['checkpoint_steps']} steps, {sim['inner_steps']} inner steps per task, speed sigma {sim['speed_sigma']:g}, "
+        f"{sim['checkpoint_interval']} steps, {results['settings']['inner_steps']} inner steps per task, speed sigma {sim['speed_sigma']:g}, "
         f"a {sim['model_parameters'] / 1e9:g}B-parameter model, {sim['link_gbit_per_s']:g} Gbit/s per learner link, "
-        f"int4 pseudo-gradients, quorum one learner, grace window {results['settings']['outer']['grace_seconds']:g} s "
+        f"int4 pseudo-gradients, quorum one learner, grace window {results['settings']['rounds']['grace_seconds']:g} s "
         f"(the policy shortens it from measured task times). Fitted: restart {results['fitted']['restart_seconds']:g} s "
         f"(to data parallel's 27%), elastic re-configuration {results['fitted']['reconfigure_seconds']:g} s "
         "(to elastic data parallel's 58%); everything else is a prediction.",

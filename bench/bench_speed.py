@@ -1,8 +1,8 @@
 """Speed benchmark: an island's inner loop against a plain PyTorch loop on the same model and batches.
 
     python bench/bench_speed.py                     # demo model, 3 repeats x 25 steps, 1 thread (~4 min on 2 cores)
-    python bench/bench_speed.py --repeats 7 --variant compile:train.compile=true --variant fused:train.fused_adamw=true
-    python bench/bench_speed.py --device cuda --variant tf32:train.tf32=true   # on a GPU (bf16 where supported)
+    python bench/bench_speed.py --repeats 7 --variant compile:hardware.compile=true --variant fused:inner.fused=true
+    python bench/bench_speed.py --device cuda --variant tf32:hardware.tf32=true   # on a GPU (bf16 where supported)
 
 What runs, in one process with a fixed torch thread count (`--threads`):
 - a small run built in a temporary directory (or `--run`) from configs/demo.yaml (`corpus.max_documents`
@@ -17,7 +17,7 @@ What runs, in one process with a fixed torch thread count (`--threads`):
   already on the device, one `loss.item()` at the end.
 
 Each variant's first task (and one plain loop) is an untimed warm-up; its time is reported, since
-with `train.compile` it includes the compile. Then each repeat runs the plain loop and every variant
+with `hardware.compile` it includes the compile. Then each repeat runs the plain loop and every variant
 once, in an order rotated from repeat to repeat, and every ratio is taken against the plain loop of
 the same repeat, then the median over repeats. The inner-loop ratio (`train_steps` of the island
 against the plain loop) is the issue's check (>= 0.95); the task ratio counts everything an island
@@ -71,7 +71,7 @@ def default_precision(device: torch.device) -> str:
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
-    """`"compile:train.compile=true,train.tf32=true"` → `("compile", ["train.compile=true", "train.tf32=true"])`."""
+    """`"compile:hardware.compile=true,hardware.tf32=true"` → `("compile", ["hardware.compile=true", "hardware.tf32=true"])`."""
     name, sep, overrides = text.partition(":")
     if not sep or not name or name == ISLAND or "=" not in overrides:
         raise argparse.ArgumentTypeError(f"a variant looks like name:section.key=value[,...] (not {ISLAND!r}), "
@@ -106,13 +106,13 @@ def island_task(setup: IslandSetup, task: Task) -> dict:
 def plain_batches(setup: IslandSetup, steps: int, device: torch.device) -> list[torch.Tensor]:
     """The `steps` batches `(B, T)` the timed island tasks train on, already on the device."""
     batches = setup.reader.iter_batches(PATH, "train", batch_size=setup.inner.batch_size,
-                                        seed=data_seed(setup.train.seed, path=PATH), skip_batches=steps)
+                                        seed=data_seed(setup.run.seed, path=PATH), skip_batches=steps)
     return [torch.as_tensor(next(batches), dtype=torch.long).to(device) for _ in range(steps)]
 
 
 def plain_loop(setup: IslandSetup, batches: list[torch.Tensor], device: torch.device) -> dict:
     """The reference: a fresh model and `torch.optim.AdamW`, `len(batches)` steps, nothing else."""
-    inner, precision = setup.inner, setup.train.precision
+    inner, precision = setup.inner, setup.hardware.precision
     model = setup.spec.new_model(seed=1).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=inner.lr, betas=(inner.beta1, inner.beta2),
                                   weight_decay=inner.weight_decay)
@@ -166,7 +166,7 @@ def measure(setups: dict[str, IslandSetup], *, repeats: int) -> dict:
     """Warm up every variant and the plain loop, then `repeats` rounds of (plain loop, each variant) in a
     rotating order; per-repeat figures and medians per variant."""
     base = setups[ISLAND]
-    device = resolve_device(base.train.device)
+    device = resolve_device(base.hardware.device)
     steps = base.inner.steps
     first = Task.open(path=PATH, base=0, step_offset=0, inner_from=None)
     inner_from = inner_ref(path=PATH, round=first.round, attempt=0)  # left by the first warm-up task
@@ -224,7 +224,7 @@ def markdown(results: dict) -> str:
                                f"{v['median']['task_ratio']:.3f}", f"{v['median']['task_cpu_ratio']:.3f}", ""],
                               [f"{name}: whole task less validation", "", "",
                                f"{v['median']['task_without_validation_ratio']:.3f}", "", ""])]),
-             "", "The first task of each variant is a warm-up (with `train.compile` it includes the compile, "
+             "", "The first task of each variant is a warm-up (with `hardware.compile` it includes the compile, "
              "from an empty inductor cache). "
              "Per-task phases (median ms, wall / CPU; shard_read is the part of the inner loop the training "
              "thread spent waiting for the next batch):", "",
@@ -253,7 +253,7 @@ def main() -> None:
                         help="config override for every island variant (repeatable)")
     parser.add_argument("--variant", action="append", default=[], type=parse_variant,
                         metavar="NAME:KEY=VALUE[,...]", help="an island variant besides the config as it is, "
-                        "e.g. compile:train.compile=true (repeatable)")
+                        "e.g. compile:hardware.compile=true (repeatable)")
     parser.add_argument("--name", default="speed", help="results file name in bench/results/")
     parser.add_argument("--run", default="", help="build the run here and keep it (reused when it has shards); "
                                                   "default: a temporary directory")
@@ -263,8 +263,8 @@ def main() -> None:
     device = resolve_device(args.device)
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     precision = args.precision or default_precision(device)
-    overrides = [f"corpus.max_documents={args.documents}", f"train.device={device.type}",
-                 f"train.precision={precision}", *([f"inner.steps={args.steps}"] if args.steps else []), *args.set]
+    overrides = [f"corpus.max_documents={args.documents}", f"hardware.device={device.type}",
+                 f"hardware.precision={precision}", *([f"inner.steps={args.steps}"] if args.steps else []), *args.set]
     with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")  # compile from cold, every time
         config, run = build_run(Path(args.run or Path(tmp) / "run"), overrides)

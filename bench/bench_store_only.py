@@ -69,8 +69,8 @@ def s3_store(bucket: str) -> tuple[str, object] | None:
 def measure_grid(levels: list[int], *, documents: int, tokens_per_shard: int, base_url: str, work: Path) -> dict:
     name = "x".join(map(str, levels))
     overrides = [f"topology.levels=[{','.join(map(str, levels))}]", f"corpus.max_documents={documents}",
-                 f"sharding.tokens_per_shard={tokens_per_shard}", "train.device=cpu",
-                 f"train.store_url={base_url}/{name}"]
+                 f"sharding.tokens_per_shard={tokens_per_shard}", "hardware.device=cpu",
+                 f"store.url={base_url}/{name}"]
     run = RunDir(work / f"run-{name}")
     config = load_config(TINY, overrides)
     route(config, run)
@@ -84,8 +84,8 @@ def measure_grid(levels: list[int], *, documents: int, tokens_per_shard: int, ba
     all_bytes = sum(sizes.values())
     rows = []
     for path in range(factory.topology.n_paths):
-        island_config, island_run = fetch_run(config.train.store_url, run_root=work / f"island-{name}-{path}",
-                                              overrides=[f"train.cache_dir={work / f'cache-{name}-{path}'}"])
+        island_config, island_run = fetch_run(config.store.url, run_root=work / f"island-{name}-{path}",
+                                              overrides=[f"store.cache_dir={work / f'cache-{name}-{path}'}"])
         island = PathFactory(island_config, island_run)
         setup = IslandSetup(store=island.store, topology=island.topology, spec=island.spec, reader=island.reader,
                             inner=island_config.inner, outer=island_config.outer, train=island_config.train)

@@ -1,7 +1,7 @@
 """Compare two runs' evaluations side by side (e.g. the demo before and after a refactor) and record it.
 
     python bench/demo_compare.py BEFORE_RUN AFTER_RUN --name demo-layout-check \
-        --before-label "25606d7" --after-label "f12451c" --command "make demo ARGS='train.precision=fp32'"
+        --before-label "25606d7" --after-label "f12451c" --command "make demo ARGS='hardware.precision=fp32'"
 
 Reads `<run>/eval.json` of both runs and writes bench/results/<name>.{json,md}: every model's
 perplexity, every eval mode's, and whether the all-paths tables are equal, with the machine.

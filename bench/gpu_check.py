@@ -8,15 +8,14 @@ The checks, in order; each is timed, and a failing one does not stop the others:
   torch     what torch reports: GPU name and count, compute capability, memory, bf16 support, NCCL,
             torch and CUDA versions.
   pipeline  `dipaco run --config configs/demo.yaml` (the whole demo as `make demo` runs it: 8 rounds,
-            both baselines, every eval mode) with train.device=cuda eval.device=cuda
-            train.precision=auto eval.precision=auto. Every perplexity in eval.json must be finite.
+            both baselines, every eval mode) with hardware.device=cuda hardware.precision=auto.
+            Every perplexity in eval.json must be finite.
   torchrun  a `torchrun` island on configs/tiny.yaml in fp32: 2 processes with NCCL when 2 GPUs exist,
             1 otherwise (NCCL needs one GPU per rank). Its pseudo-gradient for the task (round 1,
             path 0) must equal one process's within a relative L2 difference of 1e-2 (reduction
             order and cuBLAS kernels differ with the batch split; a wrong split is off by O(1)).
-  compile   `dipaco run` on configs/tiny.yaml for 2 rounds with train.compile on: losses and
-            perplexities finite. Skipped, with a note, while `dipaco.config.TrainConfig` has no
-            `compile` field.
+  compile   `dipaco run` on configs/tiny.yaml for 2 rounds with hardware.compile on: losses and
+            perplexities finite.
   speed     `python bench/bench_speed.py --device cuda --name speed-cuda` (results in
             bench/results/speed-cuda, next to the CPU's speed). Skipped, with a note, when the script
             is absent or takes no --device option.
@@ -59,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.recording import write_results  # noqa: E402
-from dipaco.config import PRECISIONS, TrainConfig, load_config  # noqa: E402
+from dipaco.config import PRECISIONS, load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ log = logging.getLogger("gpu_check")
 DEMO = ROOT / "configs" / "demo.yaml"
 TINY = ROOT / "configs" / "tiny.yaml"
 SPEED = ROOT / "bench" / "bench_speed.py"
-SMOKE_PIPELINE = ["train.rounds=1", "eval.baselines=false", "eval.modes=[prefix]"]
+SMOKE_PIPELINE = ["run.rounds=1", "eval.baselines=false", "eval.modes=[prefix]"]
 TIMEOUTS = {"pipeline": 480, "torchrun": 240, "compile": 300, "speed": 360}  # seconds on CUDA; x3 for --smoke
 
 
@@ -99,7 +98,7 @@ class Plan:
     smoke: bool
     work: Path  # run directories and logs
     gpus: int  # CUDA devices torch sees
-    compile_value: str = "true"  # the value given to train.compile
+    compile_value: str = "true"  # the value given to hardware.compile
 
     @property
     def device(self) -> str:
@@ -212,7 +211,7 @@ def describe_torch(report: dict) -> str:
 
 
 def precision_setting(device: str) -> tuple[str, str]:
-    """(the value for train/eval.precision, a note): `auto` where this dipaco takes it, else what auto
+    """(the value for hardware.precision, a note): `auto` where this dipaco takes it, else what auto
     would pick (bf16 on a GPU that has it, fp32 elsewhere)."""
     if "auto" in PRECISIONS:
         from dipaco import device as device_mod
@@ -225,8 +224,7 @@ def precision_setting(device: str) -> tuple[str, str]:
 
 
 def device_overrides(device: str, precision: str) -> list[str]:
-    return [f"train.device={device}", f"eval.device={device}", f"train.precision={precision}",
-            f"eval.precision={precision}"]
+    return [f"hardware.device={device}", f"hardware.precision={precision}"]
 
 
 def finite_perplexities(run: RunDir) -> dict[str, float]:
@@ -280,7 +278,7 @@ def check_pipeline(plan: Plan) -> str:
 def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator, TrainedTask]:
     """The tiny run routed, sharded and initialised in `run`, a coordinator with round 1's tasks open,
     and one process's training of the task (round 1, path 0), which writes nothing."""
-    from dipaco.islands.coordinator import Coordinator
+    from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
     from dipaco.islands.island import train_task
     from dipaco.stages.context import PathFactory
     from dipaco.stages.island import island_setup
@@ -289,13 +287,13 @@ def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator,
     from dipaco.stages.train import initialise_store
     from dipaco.store.records import task_key
 
-    config = load_config(TINY, [f"train.device={plan.device}", "train.precision=fp32"])
+    config = load_config(TINY, [f"hardware.device={plan.device}", "hardware.precision=fp32"])
     route(config, run)
     shard(config, run)
     initialise_store(PathFactory(config, run))
     setup = island_setup(config, run)
-    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps, sizes=PathFactory(config, run).path_sizes)
+    coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
+                              sizes=PathFactory(config, run).path_sizes)
     coordinator.tick()
     return setup.store, coordinator, train_task(setup, coordinator.tasks[task_key(0, 0)])
 
@@ -350,20 +348,18 @@ def check_torchrun(plan: Plan) -> str:
 
 
 def check_compile(plan: Plan) -> str:
-    if not any(f.name == "compile" for f in dataclasses.fields(TrainConfig)):
-        raise Skip("dipaco.config.TrainConfig has no `compile` field in this checkout (train.compile is not merged)")
     precision, note = precision_setting(plan.device)
     run = fresh_run(plan.work / "compile")
-    overrides = [*device_overrides(plan.device, precision), f"train.compile={plan.compile_value}", "train.rounds=2",
+    overrides = [*device_overrides(plan.device, precision), f"hardware.compile={plan.compile_value}", "run.rounds=2",
                  "eval.baselines=false", "eval.modes=[prefix]"]
     run_command(dipaco("run", "--config", str(TINY), "--run", str(run.root), *overrides),
                 log_file=plan.work / "compile.log", timeout=plan.timeout("compile"))
     rounds = json.loads(run.train_summary.read_text())["rounds"]
     losses = [loss for r in rounds for loss in r["train_loss"].values()]
     if not losses or not all(math.isfinite(loss) for loss in losses):
-        raise Failed(f"train losses not finite with train.compile={plan.compile_value}: {losses}")
+        raise Failed(f"train losses not finite with hardware.compile={plan.compile_value}: {losses}")
     model, ppl = next(iter(finite_perplexities(run).items()))
-    return (f"tiny, 2 rounds, train.compile={plan.compile_value}: mean train loss "
+    return (f"tiny, 2 rounds, hardware.compile={plan.compile_value}: mean train loss "
             f"{mean(rounds[0]['train_loss'])} -> {mean(rounds[-1]['train_loss'])}, {model} perplexity {ppl:.2f}; {note}")
 
 
@@ -450,7 +446,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run directories and logs (default: runs/gpu-check, runs/gpu-check-smoke)")
     parser.add_argument("--results", default=None,
                         help="results name in bench/results/ (default: gpu_check, gpu_check_smoke)")
-    parser.add_argument("--compile-value", default="true", help="the value given to train.compile")
+    parser.add_argument("--compile-value", default="true", help="the value given to hardware.compile")
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name not in CHECKS]
     if unknown:

@@ -7,7 +7,7 @@ How the measured settings map onto a simulation (`dipaco.simulate.rounds.RoundsS
 per path of the demo grid, pinned to it, on the demo's own topology, `rounds` = the run's length):
 - a learner is one island of one chip; chip_mtbi = the islands' MTBF, so it fails as a Poisson process
   of mean MTBF (the real islands draw their next failure from their return: no failure while down);
-- learner_failure = restart: back after R, resuming from the checkpoint every `train.checkpoint_steps`;
+- learner_failure = restart: back after R, resuming from the checkpoint every `resilience.checkpoint_steps`;
 - step = T / inner.steps, T the failure-free sync run's mean task seconds (inner loop);
 - speed sigma = the standard deviation of log task seconds over the failure-free runs' results
   (the shared cores' variation);
@@ -26,7 +26,7 @@ import dataclasses
 import math
 import statistics
 
-from dipaco.config import OuterConfig, SimulateConfig, load_config
+from dipaco.config import RoundsConfig, SimulateConfig, load_config
 from dipaco.model.topology import Topology
 from dipaco.simulate.failures import FailureModel
 from dipaco.simulate.rounds import RoundsSimulation
@@ -44,7 +44,7 @@ def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, roun
     values = []
     for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
-        run = RoundsSimulation(Settings(sim=sim, outer=settings.outer),
+        run = RoundsSimulation(dataclasses.replace(settings, sim=sim),
                                FailureModel(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed),
                                mode=mode, topology=topology, rounds=rounds)
         ledger = run.run()
@@ -58,7 +58,7 @@ def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, roun
     return statistics.mean(values)
 
 
-def island_settings(*, outer: OuterConfig, learners: int, task_seconds: float, inner_steps: int, restart_seconds: float,
+def island_settings(*, closing: RoundsConfig, learners: int, task_seconds: float, inner_steps: int, restart_seconds: float,
                     checkpoint_steps: int, overhead: float, sigma: float, mtbf_tasks: float | None,
                     parameters: int, horizon_tasks: float = 1000.0) -> Settings:
     """One-chip learners (islands) of a real run on the simulator's clock: tasks of `task_seconds` in
@@ -71,18 +71,18 @@ def island_settings(*, outer: OuterConfig, learners: int, task_seconds: float, i
         learners=learners, chips_per_learner=1,
         chip_mtbi_hours=NO_FAILURES_HOURS if mtbf_tasks is None else mtbf_tasks * task_seconds / 3600,
         restart_seconds=restart_seconds, learner_failure="restart",
-        checkpoint_steps=max(1, checkpoint_steps), step_seconds=task_seconds / inner_steps, inner_steps=inner_steps,
+        checkpoint_interval=max(1, checkpoint_steps), step_seconds=task_seconds / inner_steps,
         speed_sigma=sigma, model_parameters=parameters, parameter_bytes=4.0,
         link_gbit_per_s=transfer_bits / (max(overhead, 1e-6) * 1e9), horizon_hours=horizon_tasks * task_seconds / 3600)
-    return Settings(sim=sim, outer=outer)
+    return Settings(sim=sim, rounds=closing, inner_steps=inner_steps)
 
 
 def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None) -> Settings:
     b = out["budget"]
-    config = load_config(b["config"], [o for o in b["overrides"] if o.startswith(("outer.", "topology."))]
+    config = load_config(b["config"], [o for o in b["overrides"] if o.startswith(("rounds.", "topology."))]
                          + b["async_overrides"])
     task = b["task_seconds"]
-    return island_settings(outer=config.outer, learners=b["islands"], task_seconds=task,
+    return island_settings(closing=config.rounds, learners=b["islands"], task_seconds=task,
                            inner_steps=b["inner_steps_per_task"], restart_seconds=b["restart_tasks"] * task,
                            checkpoint_steps=b["checkpoint_steps"], overhead=overhead, sigma=sigma,
                            mtbf_tasks=mtbf_tasks, parameters=b["path_parameters"], horizon_tasks=HORIZON_RUNS * b["rounds"])

@@ -1,14 +1,14 @@
 """Runs of the dipaco pipeline for the quality benchmarks (`bench_quality.py`, `bench_recipe_search.py`).
 
     runner = Runner(Path("runs/bench-quality"))
-    run = runner.pipeline("dipaco", ROOT / "configs/demo.yaml", ["train.rounds=4"], baselines=True,
+    run = runner.pipeline("dipaco", ROOT / "configs/demo.yaml", ["run.rounds=4"], baselines=True,
                           modes=["prefix", "oracle"])
     eval_json = read_eval(run)
 
 Each run calls the `dipaco` stages in a subprocess (pretrain, route, shard, train, baselines, eval;
 no report). Runs that would compute the same thing share it instead: a run starts with a copy of an
 earlier run's tokenizer (same corpus and vocabulary, so every model scores the same test tokens),
-its dense warm start (same corpus, model, inner recipe and `pretrain.steps`) and its routing and
+its dense warm start (same corpus, model, inner recipe and warm-start steps) and its routing and
 shards (same routing inputs and grid). What counts as "the same" is the resolved config
 (`dipaco.config.load_config`), so an override that changes any input makes its own copy.
 """
@@ -52,12 +52,25 @@ def _key(config: Config, *sections: str, extra: tuple = ()) -> str:
     return json.dumps([d[s] for s in sections] + list(extra), sort_keys=True)
 
 
+def warm_start_steps_as_fraction(config_file: Path, overrides: list[str]) -> list[str]:
+    """`overrides` with a warm start given in steps (`warm_start.steps=N`, the last one wins) written as the
+    `warm_start.fraction` that gives exactly N steps with the other overrides' grid, rounds and H."""
+    steps = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("warm_start.steps=")]
+    rest = [o for o in overrides if not o.startswith("warm_start.steps=")]
+    if not steps:
+        return rest
+    if steps[-1] == 0:
+        return [*rest, "warm_start.fraction=0"]
+    path_steps = load_config(config_file, [*rest, "warm_start.fraction=0.5"]).pretrain_steps  # f = 0.5: as many
+    return [*rest, f"warm_start.fraction={steps[-1] / (steps[-1] + path_steps)!r}"]
+
+
 def tokenizer_key(config: Config) -> str:
     return _key(config, "corpus", extra=(config.sharding.vocab_size, config.sharding.tokenizer))
 
 
 def pretrain_key(config: Config) -> str:
-    return _key(config, "corpus", "sharding", "model", "inner", "pretrain", extra=(config.train.seed,))
+    return _key(config, "corpus", "sharding", "model", "inner", "warm_start", extra=(config.run.seed, config.pretrain_steps))
 
 
 def routing_key(config: Config) -> str:
@@ -91,7 +104,7 @@ class Runner:
 
         `reroute_after`: module versions after which `dipaco reroute` runs one discriminative phase
         (needs `corpus.router_fraction` > 0). A version before the last round re-shards and training
-        goes on (DiPaCo §2.4.2's hard EM); the last round (`train.rounds`) only re-fits the router
+        goes on (DiPaCo §2.4.2's hard EM); the last round (`run.rounds`) only re-fits the router
         that evaluation routes by, and the evaluation by the router before it is kept as
         `eval-before-reroute.json`. The dense baselines train before any phase, on the first shards."""
         overrides = [*overrides, f"eval.baselines={str(baselines).lower()}", f"eval.modes=[{','.join(modes)}]"]
@@ -99,19 +112,19 @@ class Runner:
         run = self.root / name
         mark_run_dir(run)  # a dipaco run folder before bench.log lands in it (dipaco refuses unmarked non-empty ones)
         self._adopt(run, "tokenizer", tokenizer_key(config), ["tokenizer"])
-        if config.pretrain.steps:
+        if config.pretrain_steps:
             self._adopt(run, "pretrain", pretrain_key(config), ["pretrain"])
         self._adopt(run, "routing", routing_key(config), ["routing", "shards"])
         args = ["--config", str(config_file), "--run", str(run), *overrides]
         log_file = run / "bench.log"
         started = time.perf_counter()
-        if config.pretrain.steps and not (run / "pretrain" / "summary.json").exists():
+        if config.pretrain_steps and not (run / "pretrain" / "summary.json").exists():
             dipaco("pretrain", *args, log_file=log_file)
         if not (run / "routing" / "assignments.json").exists():
             dipaco("route", *args, log_file=log_file)
         if not (run / "shards" / "index.json").exists():
             dipaco("shard", *args, log_file=log_file)
-        rounds = config.train.rounds
+        rounds = config.run.rounds
         if any(not 0 < r <= rounds for r in reroute_after):
             raise ValueError(f"reroute_after {reroute_after} must be module versions in [1, {rounds}]")
         if reroute_after and config.corpus.router_fraction <= 0:
@@ -121,7 +134,7 @@ class Runner:
         for r in sorted(r for r in reroute_after if r < rounds):
             if r not in rerouted_after(run):
                 if trained_rounds(run) < r:
-                    dipaco("train", *args, f"train.stop_after_round={r}", log_file=log_file)
+                    dipaco("train", *args, f"run.stop_after_round={r}", log_file=log_file)
                 dipaco("reroute", *args, log_file=log_file)
         if trained_rounds(run) < rounds:
             dipaco("train", *args, log_file=log_file)

@@ -36,7 +36,7 @@ def _common(parser: argparse.ArgumentParser, *, store_only: bool = False) -> Non
                             help="run from the run published in this store alone (its config, tokenizer and shards; "
                                  "docs/islands.md#store-only-islands); --run is then this machine's working directory")
         parser.add_argument("--run", default=None, help="run directory where this stage reads and writes artifacts "
-                                                        "(with --store: default <train.cache_dir>/runs/<URL digest>)")
+                                                        "(with --store: default <store.cache_dir>/runs/<URL digest>)")
     else:
         parser.add_argument("--run", required=True, help="run directory where this stage reads and writes artifacts")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="override config fields")
@@ -44,7 +44,7 @@ def _common(parser: argparse.ArgumentParser, *, store_only: bool = False) -> Non
 
 
 def _status_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", default=None, help="run directory (its store: train.store_url, else RUN/store)")
+    parser.add_argument("--run", default=None, help="run directory (its store: store.url, else RUN/store)")
     parser.add_argument("--store", default=None, help="the store's URL, read alone (e.g. s3://bucket/dipaco/demo)")
     parser.add_argument("--config", default=None, help="the run's config (default: RUN/config.yaml when there is one)")
     parser.add_argument("--watch", type=float, default=0.0, metavar="SECONDS",
@@ -110,11 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="pull tasks from the coordinator (the default when no --path is given)")
     parsers["island"].add_argument("--name", default=None, help="island name (default: host-pid)")
     parsers["island"].add_argument("--fail-mtbf", type=float, default=None,
-                                   help="inject failures with this mean time between failures in seconds (train.fail_mtbf)")
+                                   help="inject failures with this mean time between failures in seconds (faults.mtbf)")
     parsers["island"].add_argument("--return-after", type=float, default=None,
-                                   help="a failed island comes back after this many seconds (train.return_after)")
+                                   help="a failed island comes back after this many seconds (faults.return_after)")
     parsers["island"].add_argument("--slowdown", type=float, default=None,
-                                   help="inject a straggler: every inner step takes this many times longer (train.slowdown)")
+                                   help="inject a straggler: every inner step takes this many times longer (faults.slowdown)")
     parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     parsers["eval"].add_argument("--mode", action="append", default=None,
                                  help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
@@ -305,7 +305,7 @@ def cmd_run(config: Config, run: RunDir, args) -> None:
     check(run, config, tuple(s for s in ("route", "shard", "train") if s in kept))
     if restart:
         restart_from(run, config, restart)
-    if config.pretrain.steps and not (run.root / "pretrain" / "summary.json").exists():
+    if config.pretrain_steps and not (run.root / "pretrain" / "summary.json").exists():
         cmd_pretrain(config, run, args)
     if (run.routing / "assignments.json").exists():
         log.info("route: %s exists, skipping (run `dipaco route` to redo it)", run.routing)
@@ -334,7 +334,7 @@ def _rounds(factory, args) -> dict[int, int]:
         from dipaco.eval.early_stopping import best_of_run
 
         return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
-                           device=resolve_device(factory.config.train.device))[0]
+                           device=resolve_device(factory.config.hardware.device))[0]
     last = factory.store.current_round()
     round = last if args.round is None else args.round
     if not 0 <= round <= last:

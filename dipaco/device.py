@@ -1,4 +1,4 @@
-"""Where and in what precision a model runs: `train.device` / `eval.device` and `*.precision`.
+"""Where and in what precision a model runs: `hardware.device` and `hardware.precision`.
 
     from dipaco.device import resolve_device, resolve_precision, autocast
     device = resolve_device("auto")            # CUDA when present, else the CPU

@@ -6,7 +6,7 @@
       routing/         router.safetensors + router.json, assignments.safetensors + .json
       shards/          index.json + path-0000/train-00000.tok.zst ... (sharding.format)
       pretrain/        the dense warm start: model.safetensors, hf/, shards/ (dipaco.stages.pretrain)
-      store/           the module store (dipaco.store), unless train.store_url points elsewhere
+      store/           the module store (dipaco.store), unless store.url points elsewhere
       baselines/       dense baselines: <name>/model.safetensors + <name>/summary.json
       logs/            one log file per island task and baseline
       tensorboard/     the coordinator's per-round metrics as TensorBoard event files (dipaco.islands.metrics)

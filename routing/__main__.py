@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         test_fraction=args.test_fraction,
         seed=args.seed,
     )
-    config = RoutingConfig(method=args.method, svd_dim=args.svd_dim, seed=args.seed)
+    config = RoutingConfig(featurizer="tfidf", method=args.method, svd_dim=args.svd_dim, seed=args.seed)
     ds = load_corpus(path=corpus.path, text_field=corpus.text_field, max_documents=corpus.max_documents)
     prefixes = [t[: args.prefix_chars] for t in ds["text"]]
     split = assign_splits(len(prefixes), test_fraction=corpus.test_fraction, seed=corpus.seed)

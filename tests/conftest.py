@@ -37,7 +37,7 @@ def pytest_configure(config):
 
 
 # 3 rounds with one module version kept, so pruning has to keep each path's best version; every eval mode
-TRAINED_OVERRIDES = ["train.rounds=3", "train.keep_rounds=1", "eval.best=true",
+TRAINED_OVERRIDES = ["run.rounds=3", "store.keep_versions=1", "eval.best=true",
                      "eval.modes=[prefix,every:16,every:64,oracle,all-paths]"]
 
 

@@ -37,7 +37,8 @@ def test_the_warm_start_is_its_share_of_each_points_compute_and_largest_runs_fir
     assert small.n_paths == 8 and small.pretrain_steps == 533  # 8 x 2 x 100 = 1600 grid steps are 75%
     assert small.total_steps == 533 + 1600
     assert abs(small.pretrain_steps / small.total_steps - 0.25) < 1e-3
-    assert small.overrides() == ["train.rounds=2", "inner.steps=100", "pretrain.steps=533"]
+    assert small.overrides() == ["run.rounds=2", "inner.steps=100", f"warm_start.fraction={533 / 2133!r}"]
+    assert load_config(DEMO, [*CAPACITY_SET, *CAPACITY_DIPACO, "topology.levels=[2,4]", *small.overrides()]).pretrain_steps == 533
     assert plan(config, [(2, 100)], warm_fraction=0)[0].pretrain_steps == 0
     with pytest.raises(ValueError, match="warm-fraction"):
         plan(config, [(2, 100)], warm_fraction=1.0)

@@ -15,4 +15,4 @@ def test_the_benchmarks_inner_steps_override_the_demos_own_h():
     for h in (25, 10, 7):
         config = load_config(DEMO, Setting(inner_steps=h).common)
         assert config.inner.steps == h
-    assert load_config(DEMO, Setting(rounds=3).common).train.rounds == 3
+    assert load_config(DEMO, Setting(rounds=3).common).run.rounds == 3

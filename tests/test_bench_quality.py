@@ -11,14 +11,14 @@ from dipaco.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO, DILOCO = ROOT / "configs" / "demo.yaml", ROOT / "configs" / "diloco.yaml"
-RECIPE = ["model.hidden_size=64", "sharding.seq_len=128", "pretrain.steps=50", "train.rounds=3",
+RECIPE = ["model.hidden_size=64", "sharding.seq_len=128", f"warm_start.fraction={50 / (50 + 8 * 3 * 10)!r}", "run.rounds=3",
           "topology.levels=[2,4]", "outer.lr=0.9", "outer.momentum=0.5", "outer.rescale_by_paths=true",
           "routing.featurizer=base-model", "corpus.max_documents=500"]
 
 
 def test_an_override_reads_back_as_its_value():
     cases = [("corpus", "path", "demo"), ("routing", "hf_model", ""), ("inner", "steps", 3), ("inner", "lr", 2.5e-3),
-             ("pretrain", "warm_start", False), ("topology", "levels", [2, 2]), ("topology", "private_blocks", [])]
+             ("warm_start", "init_modules", False), ("topology", "levels", [2, 2]), ("topology", "private_blocks", [])]
     config = load_config(None, [as_override(*case) for case in cases])
     for section, key, value in cases:
         assert getattr(getattr(config, section), key) == value, (section, key)
@@ -27,9 +27,9 @@ def test_an_override_reads_back_as_its_value():
 def test_diloco_trains_dipacos_path_model_on_the_same_data_and_budget():
     dipaco = load_config(DEMO, RECIPE)
     diloco = load_config(DILOCO, diloco_overrides(dipaco, outer=False))
-    for section in ("corpus", "sharding", "model", "inner", "pretrain"):
+    for section in ("corpus", "sharding", "model", "inner", "warm_start", "hardware"):
         assert getattr(diloco, section) == getattr(dipaco, section), section
-    assert diloco.train.rounds == 3 and diloco.routing.prefix_tokens == dipaco.routing.prefix_tokens
+    assert diloco.run.rounds == 3 and diloco.routing.prefix_tokens == dipaco.routing.prefix_tokens
     assert diloco.topology.levels == [1] and diloco.topology.replicas == 8  # one path, P = 2 x 4 replicas
     assert not diloco.outer.rescale_by_paths and diloco.outer.lr != 0.9  # its own outer step
     same_outer = load_config(DILOCO, diloco_overrides(dipaco, outer=True))
@@ -76,7 +76,7 @@ def fake_stages(monkeypatch, calls: list[str], rounds: int):
 
     def stage(*args, log_file=None):
         command, run = args[0], Path(args[args.index("--run") + 1])
-        stop = next((int(a.split("=")[1]) for a in args if a.startswith("train.stop_after_round=")), rounds)
+        stop = next((int(a.split("=")[1]) for a in args if a.startswith("run.stop_after_round=")), rounds)
         calls.append(command if command != "train" or stop == rounds else f"train to {stop}")
         if command == "pretrain":
             (run / "pretrain").mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def test_reroute_phases_run_midway_and_before_evaluation_in_order(tmp_path, monk
 
     calls: list[str] = []
     fake_stages(monkeypatch, calls, rounds=10)
-    overrides = ["corpus.router_fraction=0.05", "train.rounds=10", "pretrain.steps=4"]
+    overrides = ["corpus.router_fraction=0.05", "run.rounds=10", "warm_start.fraction=0.01"]
     run = Runner(tmp_path).pipeline("dipaco", DEMO, overrides, baselines=True, modes=["prefix"], reroute_after=(5, 10))
     assert calls == ["pretrain", "route", "shard", "baselines", "train to 5", "reroute", "train", "eval", "reroute",
                      "eval"]
@@ -128,7 +128,7 @@ def test_reroute_phases_need_a_router_split_and_versions_of_the_run(tmp_path, mo
     fake_stages(monkeypatch, [], rounds=10)
     runner = Runner(tmp_path)
     with pytest.raises(ValueError, match="router_fraction"):
-        runner.pipeline("a", DEMO, ["train.rounds=10"], baselines=False, modes=["prefix"], reroute_after=(5,))
+        runner.pipeline("a", DEMO, ["run.rounds=10"], baselines=False, modes=["prefix"], reroute_after=(5,))
     with pytest.raises(ValueError, match=r"\(11,\).*\[1, 10\]"):
-        runner.pipeline("b", DEMO, ["train.rounds=10", "corpus.router_fraction=0.05"], baselines=False,
+        runner.pipeline("b", DEMO, ["run.rounds=10", "corpus.router_fraction=0.05"], baselines=False,
                         modes=["prefix"], reroute_after=(11,))

@@ -62,7 +62,7 @@ def run(tiny_routed, tmp_path) -> RunDir:
 
 
 def test_an_island_refuses_a_changed_module(run):
-    config = load_config(run.config, ["train.device=cpu"])
+    config = load_config(run.config, ["hardware.device=cpu"])
     setup = island_setup(config, run)
     module = setup.topology.modules_of_path(0)[-1]
     change_one_weight(setup.store, 0, module)

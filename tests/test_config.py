@@ -19,7 +19,7 @@ def test_shipped_configs_load(path):
 
 
 def test_overrides_are_coerced_to_the_field_type(tmp_path):
-    cfg = load_config(None, ["inner.steps=7", "outer.lr=1", "topology.levels=[4,4]", "train.precision=fp32",
+    cfg = load_config(None, ["inner.steps=7", "outer.lr=1", "topology.levels=[4,4]", "hardware.precision=fp32",
                              "topology.private_embeddings=true", "model.n_layers=8"])
     assert cfg.inner.steps == 7
     assert cfg.outer.lr == 1.0 and isinstance(cfg.outer.lr, float)
@@ -52,7 +52,7 @@ def test_bad_value_is_reported_with_the_value():
     with pytest.raises(ValueError, match="0.0"):
         load_config(None, ["outer.lr=0"])
     with pytest.raises(ValueError, match="tpu"):
-        load_config(None, ["train.device=tpu"])
+        load_config(None, ["hardware.device=tpu"])
 
 
 def test_cross_section_check_names_both_values():

@@ -10,10 +10,10 @@ import pytest
 from dipaco.config import Config, load_config
 
 ISSUE_CASES = ["outer.lr=.nan", "inner.lr=.inf", "model.init_std=-1", "model.rope_theta=0", "inner.beta1=2",
-               "train.seed=-1"]
+               "run.seed=-1"]
 RANGE_CASES = ["inner.beta2=1.0", "inner.beta1=-0.1", "model.init_std=0", "model.rope_theta=-5", "corpus.seed=-1",
-               "routing.seed=-2", "outer.max_grad_norm_ratio=0.5", "outer.max_rejections=0", "outer.momentum=.nan",
-               "train.heartbeat_timeout=.inf", "outer.grace_seconds=.inf", "routing.balance=.nan"]
+               "routing.seed=-2", "resilience.max_norm_ratio=0.5", "resilience.max_rejections=0", "outer.momentum=.nan",
+               "resilience.heartbeat_timeout=.inf", "rounds.grace_seconds=.inf", "routing.balance=.nan"]
 
 
 def float_keys() -> list[str]:
@@ -54,14 +54,14 @@ def test_the_python_api_refuses_nan_too():
 
 def test_the_sweep_sees_every_section():
     keys = float_keys()
-    assert {"outer.lr", "inner.beta1", "model.init_std", "train.heartbeat_seconds", "corpus.test_fraction",
+    assert {"outer.lr", "inner.beta1", "model.init_std", "resilience.heartbeat_seconds", "corpus.test_fraction",
             "routing.balance", "sharding.val_fraction"} <= set(keys)
 
 
 def test_reroute_target_names_its_choices():
-    assert load_config(None, ["routing.reroute_target=labels"]).routing.reroute_target == "labels"
-    with pytest.raises(ValueError, match=r"routing\.reroute_target.*'labels'.*'size'"):
-        load_config(None, ["routing.reroute_target=size"])
+    assert load_config(None, ["reroute.target=labels"]).reroute.target == "labels"
+    with pytest.raises(ValueError, match=r"reroute\.target.*'labels'.*'size'"):
+        load_config(None, ["reroute.target=size"])
 
 
 def test_outer_decay_is_checked_and_needs_the_wsd_schedule():
@@ -69,6 +69,6 @@ def test_outer_decay_is_checked_and_needs_the_wsd_schedule():
 
     with pytest.raises(ValueError, match="outer.decay must be one of.*'sometimes'"):
         OuterConfig(decay="sometimes")
-    with pytest.raises(ValueError, match="outer.decay 'average'.*inner.schedule is 'cosine'"):
+    with pytest.raises(ValueError, match="outer.decay 'average'.*inner.schedule 'cosine' set outer.decay: keep"):
         load_config(None, ["outer.decay=average", "inner.schedule=cosine"])
     assert load_config(None, ["outer.decay=average", "inner.schedule=wsd"]).outer.decay == "average"

@@ -11,14 +11,14 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from dipaco.config import Config, load_config, save_config
-from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, train_task
 from dipaco.model.topology import Topology
@@ -65,8 +65,8 @@ class TinyRun:
         return self.setup.topology
 
     def coordinator(self, clock: Clock) -> Coordinator:
-        return Coordinator(self.store, self.topology, train=self.config.train, outer=self.config.outer,
-                           inner_steps=self.config.inner.steps, sizes=PathFactory(self.config, self.dir).path_sizes,
+        return Coordinator(self.store, self.topology, settings=CoordinatorSettings.from_config(self.config),
+                           sizes=PathFactory(self.config, self.dir).path_sizes,
                            clock=clock)
 
     def island(self, name: str, clock: Clock, **kwargs) -> IslandWorker:
@@ -77,7 +77,7 @@ def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
     run = RunDir(root)
     for part in ("tokenizer", "routing", "shards"):
         shutil.copytree(tiny.root / part, run.root / part)
-    config = load_config(TINY, ["train.device=cpu", *overrides])
+    config = load_config(TINY, ["hardware.device=cpu", *overrides])
     save_config(config, run.config)
     initialise_store(PathFactory(config, run))
     return TinyRun(dir=run, config=config, setup=island_setup(config, run))
@@ -176,7 +176,7 @@ def test_a_coordinator_killed_right_after_a_commit_resumes_to_the_same_modules(t
 
 def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tmp_path):
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10"])
+    run = make_run(tiny, tmp_path / "run", ["resilience.heartbeat_timeout=10"])
     coordinator = run.coordinator(clock)
     faults = FaultClock(mtbf=5.0, return_after=1000.0, mode="die", seed=0, island="a", clock=clock)
     a = run.island("a", clock, faults=faults)
@@ -191,7 +191,7 @@ def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tm
     assert not result_exists(run.store, round=task.round, path=task.path, attempt=0)
 
     drive(coordinator, [a, b], clock)
-    assert run.store.current_round() == run.config.train.rounds
+    assert run.store.current_round() == run.config.run.rounds
     first = manifests(run.store, 1)[0]
     rerun = next(e for e in first.applied if e.key == task.key)
     assert rerun.attempt == 1
@@ -200,7 +200,7 @@ def test_an_island_killed_mid_task_has_its_task_rerun_by_another_island(tiny, tm
 
 def test_a_late_result_of_a_reassigned_task_is_applied_once(tiny, tmp_path):
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["train.heartbeat_timeout=10", "train.rounds=1"])
+    run = make_run(tiny, tmp_path / "run", ["resilience.heartbeat_timeout=10", "run.rounds=1"])
     coordinator = run.coordinator(clock)
     a, b = run.island("a", clock), run.island("b", clock)
     coordinator.tick()
@@ -223,9 +223,9 @@ def test_a_late_result_of_a_reassigned_task_is_applied_once(tiny, tmp_path):
 @pytest.mark.parametrize("max_staleness", [2, 0])
 def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path, max_staleness):
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5",
-                                                "outer.grace_seconds=0", f"outer.max_staleness={max_staleness}",
-                                                "outer.staleness_power=1.0"])
+    run = make_run(tiny, tmp_path / "run", [*PLAIN, "rounds.mode=async", "rounds.quorum=0.5",
+                                                "rounds.grace_seconds=0", f"rounds.max_staleness={max_staleness}",
+                                                "rounds.staleness_power=1.0"])
     store = run.store
     coordinator = run.coordinator(clock)
     slow = run.island("slow", clock, pinned=[0])
@@ -324,11 +324,11 @@ def test_an_island_reusing_its_path_model_trains_like_a_freshly_built_one(tiny, 
 
 @pytest.mark.slow
 def test_a_compiled_island_trains_like_an_eager_one(tiny, tmp_path):
-    """`train.compile` changes how the path model runs, not what it computes (up to float rounding,
+    """`hardware.compile` changes how the path model runs, not what it computes (up to float rounding,
     which AdamW can amplify where a gradient is near zero: compared as a relative norm)."""
     task = Task.open(path=2, base=0, step_offset=0, inner_from=None)
     eager = train_task(make_run(tiny, tmp_path / "eager", []).setup, task)
-    compiled = train_task(make_run(tiny, tmp_path / "compiled", ["train.compile=true"]).setup, task)
+    compiled = train_task(make_run(tiny, tmp_path / "compiled", ["hardware.compile=true"]).setup, task)
     assert compiled.meta.losses == pytest.approx(eager.meta.losses, rel=1e-4)
     assert compiled.pseudo_gradient.keys() == eager.pseudo_gradient.keys()
     difference = torch.cat([(compiled.pseudo_gradient[k] - d).flatten() for k, d in eager.pseudo_gradient.items()])
@@ -338,12 +338,12 @@ def test_a_compiled_island_trains_like_an_eager_one(tiny, tmp_path):
 
 def test_an_async_run_applies_as_many_results_as_sync_and_discards_none_at_its_end(tiny, straight, tmp_path):
     # quorum 0.5 and no grace: rounds close without the slow island's path 0, so versions outrun rounds;
-    # the run still ends only when every path has had train.rounds results applied (sync's rounds x
+    # the run still ends only when every path has had run.rounds results applied (sync's rounds x
     # paths), no new task is handed out once that is covered, and the last commit waits for path 0's
     # task in flight instead of cutting it off
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", [*PLAIN, "outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
-                                            "outer.max_staleness=8", "outer.staleness_power=1.0", "train.keep_rounds=0"])
+    run = make_run(tiny, tmp_path / "run", [*PLAIN, "rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            "rounds.max_staleness=8", "rounds.staleness_power=1.0", "store.keep_versions=0"])
     store, coordinator = run.store, run.coordinator(clock)
     slow, fast = run.island("slow", clock, pinned=[0]), run.island("fast", clock, pinned=[1, 2, 3])
     for turn in range(400):
@@ -353,7 +353,7 @@ def test_an_async_run_applies_as_many_results_as_sync_and_discards_none_at_its_e
         slow.poll() if turn % 8 == 7 else slow.heartbeat()  # path 0 reports every 8th turn
         clock.t += 0.5
     assert coordinator.done and store.state()["finished"]
-    rounds, n_paths = run.config.train.rounds, run.topology.n_paths
+    rounds, n_paths = run.config.run.rounds, run.topology.n_paths
     straight_applied = [e.path for m in manifests(straight.store, rounds) for e in m.applied]
     assert sorted(straight_applied) == sorted(list(range(n_paths)) * rounds)  # sync: rounds x paths
     written = manifests(store, coordinator.committed)
@@ -373,10 +373,11 @@ def test_an_async_run_applies_as_many_results_as_sync_and_discards_none_at_its_e
 @pytest.mark.parametrize("schedule", ["cosine", "wsd"])
 def test_an_island_counts_its_schedule_on_from_the_warm_start_under_wsd(tiny, tmp_path, monkeypatch, schedule):
     """Under `inner.schedule: wsd` an island's inner steps continue the warm start's schedule (steps
-    pretrain.steps + step_offset + i of pretrain.steps + rounds x H); under cosine they are the paths' own."""
+    P + step_offset + i of P + rounds x H, P the warm start's steps); under cosine they are the paths' own."""
     import dipaco.optim.inner as inner_mod
 
-    run = make_run(tiny, tmp_path / "run", [f"inner.schedule={schedule}", "pretrain.steps=7", "train.rounds=3"])
+    run = make_run(tiny, tmp_path / "run", [f"inner.schedule={schedule}", f"warm_start.fraction={7 / (7 + 4 * 3 * 4)!r}",
+                                                  "run.rounds=3", "outer.decay=keep"])  # 7 warm-start steps
     seen = []
     real = inner_mod.lr_at
     monkeypatch.setattr(inner_mod, "lr_at", lambda step, **kw: seen.append((step, kw["total_steps"])) or real(step, **kw))
@@ -387,12 +388,13 @@ def test_an_island_counts_its_schedule_on_from_the_warm_start_under_wsd(tiny, tm
 
 
 def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_starts_adamw(tiny, tmp_path):
-    """`pretrain.continue_optimizer`: version 0 comes with the warm start's AdamW state in the store (one
+    """`warm_start.continue_optimizer`: version 0 comes with the warm start's AdamW state in the store (one
     file), every path's first task is handed it, and the island's AdamW goes on from its step counts."""
     from dipaco.optim.dense import train_dense
     from dipaco.store.board import read_inner, warm_start_inner_ref
 
-    overrides = ["train.device=cpu", "pretrain.steps=3", "pretrain.continue_optimizer=true"]
+    overrides = ["hardware.device=cpu", f"warm_start.fraction={3 / (3 + 4 * 2 * 4)!r}",  # 3 warm-start steps
+                 "warm_start.continue_optimizer=true"]
     run = RunDir(tmp_path / "run")
     for part in ("tokenizer", "routing", "shards"):
         shutil.copytree(tiny.root / part, run.root / part)
@@ -406,8 +408,8 @@ def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_start
     setup = island_setup(config, run)
     saved, meta = read_inner(setup.store, warm_start_inner_ref())
     assert set(meta["step"].values()) == {3}
-    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps, sizes=factory.path_sizes, clock=Clock())
+    coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
+                              sizes=factory.path_sizes, clock=Clock())
     assert {state.inner for state in coordinator.paths.values()} == {warm_start_inner_ref()}
     coordinator.tick()
     task = next(t for t in coordinator.tasks.values() if t.path == 2)
@@ -429,10 +431,11 @@ def test_outer_decay_average_makes_the_rounds_in_the_inner_decay_plain_averages(
 
     clock = Clock()
     run = make_run(tiny, tmp_path / "run", ["inner.schedule=wsd", "outer.lr=0.7", "outer.momentum=0.9",
-                                            "outer.rescale_by_paths=false", "outer.decay=average", "train.keep_rounds=0"])
+                                            "outer.rescale_by_paths=false", "outer.decay=average", "store.keep_versions=0"])
     H = run.config.inner.steps
-    coordinator = Coordinator(run.store, run.topology, train=run.config.train, outer=run.config.outer, inner_steps=H,
-                              sizes=PathFactory(run.config, run.dir).path_sizes, clock=clock, decay_from=H)
+    coordinator = Coordinator(run.store, run.topology,
+                              settings=replace(CoordinatorSettings.from_config(run.config), inner_steps=H, decay_from=H),
+                              sizes=PathFactory(run.config, run.dir).path_sizes, clock=clock)
     drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
     assert (coordinator.last_stats.round, coordinator.last_stats.outer_step) == (2, "average")  # train.json says so
     store, topology = run.store, run.topology

@@ -22,7 +22,7 @@ import torch
 from test_coordinator import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
-from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.stages.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest
@@ -81,8 +81,8 @@ def write_rows(run: TinyRun, rows: list[RoundStats], writes: Writes) -> None:
 
 def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: Writes, turns: int = 400) -> None:
     """The train stage's loop: tick, poll the islands, write train.json after each commit and at the end."""
-    coordinator = Coordinator(store, run.topology, train=run.config.train, outer=run.config.outer,
-                              inner_steps=run.config.inner.steps, sizes=PathFactory(run.config, run.dir).path_sizes,
+    coordinator = Coordinator(store, run.topology, settings=CoordinatorSettings.from_config(run.config),
+                              sizes=PathFactory(run.config, run.dir).path_sizes,
                               clock=clock)
     summary = json.loads(train_json(run).read_text()) if train_json(run).exists() else {"rounds": []}
     rows = [RoundStats.from_json(r, file="train.json") for r in summary["rounds"]]
@@ -105,7 +105,7 @@ def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: 
 def run_once(tiny, root: Path, crash_at: int | None = None) -> tuple[TinyRun, Writes]:
     """A run killed before the coordinator's write `crash_at` (if any) and resumed."""
     clock, writes = Clock(), Writes(crash_at)
-    run = make_run(tiny, root, [f"train.rounds={ROUNDS}"])
+    run = make_run(tiny, root, [f"run.rounds={ROUNDS}"])
     islands = [run.island(f"i{k}", clock) for k in range(2)]
     try:
         coordinate(run, counted_store(run.store.url, writes), islands, clock, writes)
@@ -237,7 +237,7 @@ def test_a_deposed_coordinator_stops_before_its_commit(tiny, tmp_path):
     """Its lease taken over mid-round, the coordinator raises at the fencing check and the store keeps
     the round uncommitted (the new holder's work is never overwritten)."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", [f"train.rounds={ROUNDS}"])
+    run = make_run(tiny, tmp_path / "run", [f"run.rounds={ROUNDS}"])
     islands = [run.island(f"i{k}", clock) for k in range(2)]
     coordinator = run.coordinator(clock)
     Lease.acquire(ModuleStore(run.store.url), timeout=60, host="elsewhere", pid=1, force=True)

@@ -8,7 +8,6 @@ process with `dipaco run` faked at the subprocess edge (it writes the eval.json 
 slow one runs every smoke step for real.
 """
 
-import dataclasses
 import json
 import math
 import sys
@@ -80,8 +79,7 @@ def test_smoke_runs_the_checks_on_the_cpu_and_writes_one_table(tmp_path, monkeyp
     precision, _ = gpu_check.precision_setting("cpu")
     pipeline = commands[0]
     assert pipeline[pipeline.index("--config") + 1] == str(gpu_check.TINY)
-    for override in ["train.device=cpu", "eval.device=cpu", f"train.precision={precision}",
-                     f"eval.precision={precision}", *gpu_check.SMOKE_PIPELINE]:
+    for override in ["hardware.device=cpu", f"hardware.precision={precision}", *gpu_check.SMOKE_PIPELINE]:
         assert override in pipeline
     assert {c["result"] for c in checks.values()} <= {"ok", "skip"}
     out = capsys.readouterr().out
@@ -111,29 +109,13 @@ def test_a_crashing_check_is_a_failure_and_the_others_still_run(tmp_path, monkey
     assert report["result"] == "ok"
 
 
-@dataclasses.dataclass
-class TrainConfigWithCompile:
-    compile: bool = False
-
-
-@dataclasses.dataclass
-class TrainConfigWithoutCompile:
-    rounds: int = 1
-
-
-@pytest.mark.parametrize("has_compile", [False, True])
-def test_compile_runs_when_the_config_has_train_compile_and_skips_with_a_note_otherwise(
-        tmp_path, monkeypatch, results, has_compile):
+def test_compile_runs_tiny_with_hardware_compile(tmp_path, monkeypatch, results):
     commands = []
     monkeypatch.setattr(gpu_check, "run_command", fake_dipaco_run(50.0, commands))
-    monkeypatch.setattr(gpu_check, "TrainConfig", TrainConfigWithCompile if has_compile else TrainConfigWithoutCompile)
     assert gpu_check.main(smoke(tmp_path, "compile")) == 0
     (outcome,) = json.loads((results / "gpu_check_smoke.json").read_text())["checks"]
-    if has_compile:
-        assert outcome["result"] == "ok" and "train.compile=true" in commands[0]
-        assert "6.200 -> 6.000" in outcome["detail"]
-    else:
-        assert outcome["result"] == "skip" and "no `compile` field" in outcome["detail"] and not commands
+    assert outcome["result"] == "ok" and "hardware.compile=true" in commands[0]
+    assert "6.200 -> 6.000" in outcome["detail"]
 
 
 def test_the_torch_row_names_the_gpu_from_what_torch_reports(monkeypatch):

@@ -63,7 +63,7 @@ def modules_of(run: TinyRun, round: int) -> dict[str, dict[str, torch.Tensor]]:
 def test_an_island_killed_mid_task_resumes_from_its_inner_checkpoint(tiny, tmp_path):
     """Sync, fixed seeds: the island dies after 3 of 4 inner steps (checkpoint after 2), comes back,
     is handed the same task, resumes after step 2, and the run's modules equal an uninterrupted run's."""
-    overrides = ["train.checkpoint_steps=2", "train.heartbeat_timeout=10"]
+    overrides = ["resilience.checkpoint_steps=2", "resilience.heartbeat_timeout=10"]
     clock = Clock()
     straight = make_run(tiny, tmp_path / "straight", overrides)
     drive(straight.coordinator(clock), [straight.island("a", clock)], clock)
@@ -78,7 +78,7 @@ def test_an_island_killed_mid_task_resumes_from_its_inner_checkpoint(tiny, tmp_p
     assert fault.failures == 1
     assert len(island.resumed) == 1 and island.resumed[0][1] == 2  # resumed after 2 of its 4 steps
     assert not (killed.dir.root / "islands" / "a.safetensors").exists()  # removed once the result was in
-    rounds = killed.config.train.rounds
+    rounds = killed.config.run.rounds
     for name, tensors in modules_of(killed, rounds).items():
         for param, value in tensors.items():
             torch.testing.assert_close(value, modules_of(straight, rounds)[name][param], rtol=0, atol=0)
@@ -89,7 +89,7 @@ def test_an_island_killed_mid_task_resumes_from_its_inner_checkpoint(tiny, tmp_p
 
 def test_a_task_started_afresh_replaces_another_tasks_checkpoint(tiny, tmp_path):
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["train.checkpoint_steps=2", "train.rounds=1"])
+    run = make_run(tiny, tmp_path / "run", ["resilience.checkpoint_steps=2", "run.rounds=1"])
     fault = FailInTask(at=4, return_after=1000.0)
     a = run.island("a", clock, faults=fault)
     fault.island = a
@@ -110,9 +110,9 @@ def test_a_returning_island_only_gets_tasks_from_the_newest_versions(tiny, tmp_p
     version, so every hand-out (also to the island coming back from a failure) is based on the newest
     committed version, whose modules are in the store."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
-                                            "outer.max_staleness=0", "train.keep_rounds=1", "train.rounds=5",
-                                            "train.heartbeat_timeout=3"])
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            "rounds.max_staleness=0", "store.keep_versions=1", "run.rounds=5",
+                                            "resilience.heartbeat_timeout=3"])
     coordinator = run.coordinator(clock)
     fault = FailInTask(at=2, return_after=1.0)
     a = run.island("a", clock, faults=fault)
@@ -141,7 +141,7 @@ def test_no_island_idles_while_a_commit_would_give_its_path_work(tiny, tmp_path)
     """Async with a long grace window: the island pinned to path 0 reports, the quorum is met, another
     path is still running; the round closes at once (no grace) and path 0 trains on from version 1."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=1000"])
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=1000"])
     coordinator = run.coordinator(clock)
     a, b, c = (run.island("a", clock, pinned=[0]), run.island("b", clock, pinned=[3]),
                run.island("c", clock, pinned=[1, 2]))
@@ -187,7 +187,7 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
         write(self, path)
 
     monkeypatch.setattr(InnerCheckpoint, "save", slow_save)
-    run = make_run(tiny, tmp_path / "run", ["train.checkpoint_steps=1", "train.rounds=1"])
+    run = make_run(tiny, tmp_path / "run", ["resilience.checkpoint_steps=1", "run.rounds=1"])
     task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
     out = train_task(run.setup, task, checkpoint=run.dir.root / "islands" / "a.safetensors")
     steps = run.config.inner.steps
@@ -219,14 +219,14 @@ def tiny_replicas(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_two_replica_islands_per_routed_path_train_every_path_and_none_idles(tiny_replicas, tmp_path, mode):
     """Replicas 2 on the 2x2 grid, 8 unpinned islands (the benchmark's N = 8): the run applies
-    train.rounds results for each of the 8 paths (sync: all 8 in every round), and after every
+    run.rounds results for each of the 8 paths (sync: all 8 in every round), and after every
     coordinator pass no live island is idle while a task is open (its path, or another, could train)."""
     from test_coordinator import manifests as read_manifests
 
     from dipaco.store.records import task_key
 
-    async_ = ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0", "outer.max_staleness=2"]
-    run = make_run(tiny_replicas, tmp_path / "run", [*REPLICAS, "train.heartbeat_timeout=10",
+    async_ = ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0", "rounds.max_staleness=2"]
+    run = make_run(tiny_replicas, tmp_path / "run", [*REPLICAS, "resilience.heartbeat_timeout=10",
                                                      *(async_ if mode == "async" else [])])
     # 8 paths; a grid module is shared by the 4 paths through it, the embeddings by all 8
     assert run.topology.n_paths == 8
@@ -247,7 +247,7 @@ def test_two_replica_islands_per_routed_path_train_every_path_and_none_idles(tin
         clock.t += 0.5
     else:
         raise AssertionError(f"the run did not finish (round {coordinator.committed})")
-    rounds = run.config.train.rounds
+    rounds = run.config.run.rounds
     applied = [e for m in read_manifests(run.store, coordinator.committed) for e in m.applied]
     assert sorted(e.path for e in applied) == sorted(list(range(8)) * rounds)
     if mode == "sync":
@@ -262,12 +262,12 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
     other paths commit versions 1 and 2. At the commit of version 0 + max_staleness + 1 the task is
     cancelled: the island stops at its next look at the board (after heartbeat_seconds), uploads
     nothing, deletes its inner checkpoint, and takes path 0's fresh task from the newest version; no
-    result of the cancelled task is ever applied and the run still applies train.rounds results per path."""
+    result of the cancelled task is ever applied and the run still applies run.rounds results per path."""
     max_staleness = 1
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
-                                            f"outer.max_staleness={max_staleness}", "train.checkpoint_steps=1",
-                                            "train.heartbeat_timeout=10", "train.rounds=3"])
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            f"rounds.max_staleness={max_staleness}", "resilience.checkpoint_steps=1",
+                                            "resilience.heartbeat_timeout=10", "run.rounds=3"])
     coordinator = run.coordinator(clock)
     checkpoint = run.dir.root / "islands" / "slow.safetensors"
     fast = run.island("fast", clock, pinned=[1, 2, 3])
@@ -288,7 +288,7 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
         seen["stats"] = coordinator.last_stats
         seen["board"] = dict(coordinator.tasks)
         seen["status"] = collect(Source(store=run.store))  # what `dipaco status` shows now
-        clock.t += run.config.train.heartbeat_seconds  # slow's next look at the board is due
+        clock.t += run.config.resilience.heartbeat_seconds  # slow's next look at the board is due
 
     slow = run.island("slow", clock, pinned=[0], faults=Meanwhile(at=3, world=world))
     coordinator.tick()
@@ -316,7 +316,7 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
     again = slow.next_task()
     assert again is not None and again.path == 0 and again.base == coordinator.committed
     drive(coordinator, [slow, fast], clock)
-    rounds = run.config.train.rounds
+    rounds = run.config.run.rounds
     decided = manifests(run.store, coordinator.committed)
     assert all(held.key not in m.keys for m in decided)
     applied = [e for m in decided for e in m.applied]
@@ -356,7 +356,7 @@ def test_a_cancelled_task_whose_version_is_gone_is_dropped_not_an_error(tiny, tm
     from dipaco.store.module_store import StoreError
 
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "train.rounds=1"])
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "run.rounds=1"])
     coordinator = run.coordinator(clock)
     island = run.island("a", clock)
     coordinator.tick()
@@ -383,9 +383,9 @@ def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_versi
     from safetensors.torch import load_file, save_file
 
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["outer.mode=async", "outer.quorum=0.5", "outer.grace_seconds=0",
-                                            "outer.max_staleness=2", "train.heartbeat_timeout=100",
-                                            "train.rounds=3"])
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            "rounds.max_staleness=2", "resilience.heartbeat_timeout=100",
+                                            "run.rounds=3"])
     coordinator = run.coordinator(clock)
     fast = run.island("fast", clock, pinned=[0, 2, 3])
     slow = run.island("slow", clock, pinned=[1])
@@ -406,7 +406,7 @@ def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_versi
     (again,) = [t for t in coordinator.tasks.values() if t.path == 1 and t.status in ("open", "assigned")]
     assert again.base == coordinator.committed >= 1 and again.key != held.key
     assert again.step_offset == held.step_offset and again.inner_from == held.inner_from
-    assert len(coordinator.validator.rejections[again.key]) == 1  # outer.max_rejections counts on
+    assert len(coordinator.validator.rejections[again.key]) == 1  # resilience.max_rejections counts on
     drive(coordinator, [slow, fast], clock)
     applied = [e for m in manifests(run.store, coordinator.committed) for e in m.applied]
     assert held.key not in {e.key for e in applied}

@@ -50,8 +50,8 @@ def test_rerouting_a_trained_run_then_evaluating_is_refused(tiny_trained, tmp_pa
 
 
 def test_keys_a_stage_does_not_depend_on_never_trigger_it(tiny_routed):
-    config = load_config(TINY, ["eval.batch_size=99", "inner.steps=9", "train.rounds=7", "routing.hf_batch_size=3",
-                                "routing.reroute_c=0.5", "outer.lr=0.3"])
+    config = load_config(TINY, ["eval.batch_size=99", "inner.steps=9", "run.rounds=7", "routing.hf_batch_size=3",
+                                "reroute.c=0.5", "outer.lr=0.3"])
     check(tiny_routed, config, ("route", "shard", "train"))  # no error
 
 
@@ -113,8 +113,8 @@ def test_restart_from_moves_that_stage_and_later_ones_aside(tiny_routed, tmp_pat
     assert (moved / "shards" / "index.json").exists() and not run.shards.exists()
     assert (run.routing / "assignments.json").exists()  # route is kept
     check(run, config, ("route", "shard", "train"))  # nothing stale left
-    with pytest.raises(ValueError, match="train.store_url"):
-        restart_from(run, load_config(TINY, ["train.store_url=s3://bucket/x"]), "route")
+    with pytest.raises(ValueError, match="store.url"):
+        restart_from(run, load_config(TINY, ["store.url=s3://bucket/x"]), "route")
 
 
 def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_path, monkeypatch):

@@ -36,9 +36,9 @@ def test_every_artifact_is_written_and_readable(tiny_trained):
     assert reader.verify() > 0
     assert reader.n_paths == 4 and reader.router_fingerprint == router.fingerprint()
     factory = PathFactory(config, run)
-    assert factory.store.current_round() == config.train.rounds
+    assert factory.store.current_round() == config.run.rounds
     summary = json.loads(run.train_summary.read_text())
-    assert [r["round"] for r in summary["rounds"]] == list(range(1, config.train.rounds + 1))
+    assert [r["round"] for r in summary["rounds"]] == list(range(1, config.run.rounds + 1))
     for name in ("dense-equal-steps", "dense-equal-compute"):
         assert (run.baselines / name / "model.safetensors").exists()
 
@@ -49,7 +49,7 @@ def test_evaluation_json_compares_routed_paths_with_both_baselines(tiny_trained)
     vocabulary = len(AutoTokenizer.from_pretrained(tiny_trained.tokenizer))  # what a blind guess spreads over
     models = {m["model"]: m for m in results["models"]}
     assert set(models) == {"DiPaCo 2x2 routed", "dense-equal-steps", "dense-equal-compute"}
-    steps = config.train.rounds * config.inner.steps
+    steps = config.run.rounds * config.inner.steps
     assert models["dense-equal-steps"]["steps_per_path"] == steps
     assert models["dense-equal-compute"]["steps_per_path"] == 4 * steps
     for m in models.values():
@@ -67,7 +67,7 @@ def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_routed, tiny
     round-2 results that islands had finished are reused, and the last modules equal the uninterrupted run's."""
     run = copy_run(tiny_routed, tmp_path / "resumed")
     # the uninterrupted run's settings, keeping every round's results so that reuse can be checked
-    common = ["--config", str(tiny_trained.config), "--run", str(run.root), "train.keep_rounds=0"]
+    common = ["--config", str(tiny_trained.config), "--run", str(run.root), "store.keep_versions=0"]
     proc = start_dipaco("train", *common)
     state = run.store / "state.json"
     deadline = time.monotonic() + 120
@@ -85,7 +85,7 @@ def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_routed, tiny
         assert path.stat().st_mtime_ns == mtime, f"{path.name} was finished before the kill but trained again"
     config = load_config(tiny_trained.config)
     resumed, straight = PathFactory(config, run).store, PathFactory(config, tiny_trained).store
-    last = config.train.rounds
+    last = config.run.rounds
     assert resumed.current_round() == straight.current_round() == last
     for name in PathFactory(config, run).topology.modules:
         a, b = resumed.read_module(last, name), straight.read_module(last, name)
@@ -120,11 +120,11 @@ def test_a_grid_that_does_not_match_the_shards_is_refused(tiny_routed, tmp_path)
 
 @pytest.mark.slow
 def test_a_paused_run_resumes_with_the_next_train(tiny_routed, tmp_path):
-    """`train.stop_after_round` pauses a run; the next `dipaco train` restarts the coordinator over the
+    """`run.stop_after_round` pauses a run; the next `dipaco train` restarts the coordinator over the
     existing task board (a board read back at start must still be written when it changes)."""
     run = copy_run(tiny_routed, tmp_path / "paused")
     common = ["--config", str(TINY), "--run", str(run.root)]
-    dipaco("train", *common, "train.stop_after_round=1", timeout=120)
+    dipaco("train", *common, "run.stop_after_round=1", timeout=120)
     assert json.loads(run.train_summary.read_text())["rounds_completed"] == 1
     dipaco("train", *common, timeout=120)
     assert json.loads(run.train_summary.read_text())["rounds_completed"] == 2

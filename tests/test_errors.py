@@ -46,13 +46,13 @@ def test_a_config_path_that_is_a_directory(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed here")
 def test_an_object_store_without_its_backend_names_the_package(tmp_path):
-    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", "train.store_url=s3://bucket/run")
+    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", "store.url=s3://bucket/run")
     assert code == 1 and "pip install s3fs" in log
 
 
 def test_a_memory_store_is_refused_for_processes_that_cannot_share_it(tmp_path):
     for command in ("train", "coordinator", "island"):
-        code, log = dipaco_in_process(command, "--config", TINY, "--run", tmp_path / "run", "train.store_url=memory://x")
+        code, log = dipaco_in_process(command, "--config", TINY, "--run", tmp_path / "run", "store.url=memory://x")
         assert code == 1 and "lives in one process's memory" in log, (command, log)
 
 

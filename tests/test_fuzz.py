@@ -134,7 +134,7 @@ def test_any_text_lines_are_one_document_each(tmp_path_factory, lines):
     assert list(ds["text"]) == [line for line in lines if line.strip()]
 
 
-@pytest.mark.parametrize("override", ["model.hidden_size=: [", "train.rounds=!!python/object:os.system ls", "a.b={"])
+@pytest.mark.parametrize("override", ["model.hidden_size=: [", "run.rounds=!!python/object:os.system ls", "a.b={"])
 def test_unparsable_override_values_are_clear_errors(override):
     with pytest.raises(ValueError):
         load_config(None, [override])

@@ -22,7 +22,7 @@ from dipaco.optim.inner import (
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():
-    cfg = InnerConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    cfg = InnerConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
     lrs = [lr_at(s, config=cfg, total_steps=100) for s in range(100)]
     assert lrs[9] == pytest.approx(1.0)
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
@@ -41,7 +41,7 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly_over_the_last_fraction
     # a run without an end (the warm start) stays at the peak after its warmup
     assert [lr_at(s, config=cfg, total_steps=None) for s in (3, 4, 10_000)] == pytest.approx([2.0, 2.0, 2.0])
     with pytest.raises(ValueError, match="total_steps"):
-        lr_at(5, config=InnerConfig(), total_steps=None)
+        lr_at(5, config=InnerConfig(schedule="cosine"), total_steps=None)
 
 
 def test_a_phase_continuing_a_wsd_warm_start_follows_one_uninterrupted_schedule():
@@ -56,7 +56,7 @@ def test_a_phase_continuing_a_wsd_warm_start_follows_one_uninterrupted_schedule(
     pieces = ([lr_at(s, config=wsd, total_steps=warm_start_total(wsd, warm)) for s in range(warm)]
               + [lr_at(first + s, config=wsd, total_steps=total) for s in range(steps)])
     assert pieces == pytest.approx([lr_at(s, config=wsd, total_steps=warm + steps) for s in range(warm + steps)])
-    cosine = InnerConfig(lr=1.0, warmup_steps=3)
+    cosine = InnerConfig(lr=1.0, warmup_steps=3, schedule="cosine")
     assert phase_steps(cosine, steps=steps, after=warm) == (0, steps) and warm_start_total(cosine, warm) == warm
 
 
@@ -235,7 +235,7 @@ def test_dense_training_with_a_schedule_continues_it_bit_for_bit(tmp_path):
 
 def test_a_run_continued_from_its_saved_parameters_and_adamw_state_equals_the_uninterrupted_run(tmp_path):
     """`save_optimizer` then `init` + `init_optimizer` + the schedule counted on (a wsd warm start and a
-    phase continuing it with `pretrain.continue_optimizer`): bit for bit one run of all the steps."""
+    phase continuing it with `warm_start.continue_optimizer`): bit for bit one run of all the steps."""
     from dipaco.optim.dense import OPTIMIZER, PARAMETERS, read_optimizer
 
     cfg = InnerConfig(batch_size=2, warmup_steps=2, schedule="wsd", decay_fraction=0.5)

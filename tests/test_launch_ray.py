@@ -1,4 +1,4 @@
-"""`dipaco train train.launcher=ray` on a local Ray instance: the tiny config to completion, with the
+"""`dipaco train launcher.kind=ray` on a local Ray instance: the tiny config to completion, with the
 coordinator and two islands as Ray tasks, and one island killed mid-run (Ray places it again).
 
 Skipped, with the reason, where Ray is not installed (`pip install 'dipaco[ray]'`; the test extra has it).
@@ -63,8 +63,8 @@ def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(
     killer = threading.Thread(target=kill_first_island_once_it_beats, args=(store, run.root, seen, stop), daemon=True)
     killer.start()
     try:
-        code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "train.launcher=ray",
-                                      "train.islands=2", "train.heartbeat_timeout=5", "train.device=cpu")
+        code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "launcher.kind=ray",
+                                      "hardware.islands=2", "resilience.heartbeat_timeout=5", "hardware.device=cpu")
     finally:
         stop.set()
         killer.join()
@@ -102,10 +102,10 @@ def test_ray_islands_that_all_fail_stop_the_run_with_the_log(tmp_path, local_ray
 def test_launcher_is_checked():
     from dipaco.config import load_config
 
-    with pytest.raises(ValueError, match="train.launcher must be one of \\['local', 'ray'\\], got 'slurm'"):
-        load_config(TINY, ["train.launcher=slurm"])
-    with pytest.raises(ValueError, match="train.ray_island_cpus must be >= 1"):
-        load_config(TINY, ["train.ray_island_cpus=0"])
+    with pytest.raises(ValueError, match="launcher.kind must be one of \\['local', 'ray'\\], got 'slurm'"):
+        load_config(TINY, ["launcher.kind=slurm"])
+    with pytest.raises(ValueError, match="launcher.ray_island_cpus must be >= 1"):
+        load_config(TINY, ["launcher.ray_island_cpus=0"])
 
 
 def test_ray_launcher_without_ray_says_how_to_install_it(monkeypatch, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig, load_config
-from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.rounds import apply_round
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, result_weights
@@ -107,7 +107,7 @@ def test_weights_by_hand_for_every_setting():
 
     def weights(weighting, normalize):
         return result_weights(entries, n_paths=4, sizes=sizes,
-                              config=OuterConfig(weighting=weighting, normalize=normalize, mode="async"))
+                              config=OuterConfig(weighting=weighting, normalize=normalize))
 
     shard = [2304256.0, 1184512.0 * 0.5, 793600.0 * 0.5]
     assert weights("shard", "module") == (pytest.approx(shard), pytest.approx(sum(shard)))
@@ -146,7 +146,7 @@ def test_shard_weighting_needs_the_shard_sizes(tmp_path):
         PathSizes(shard_tokens=(10, 0), task_tokens=5)
     config = load_config(None, [])
     with pytest.raises(ValueError, match="needs the shard size of each of the 4 paths"):
-        Coordinator(ModuleStore(str(tmp_path)), grid(), train=config.train, outer=config.outer, inner_steps=1)
+        Coordinator(ModuleStore(str(tmp_path)), grid(), settings=CoordinatorSettings.from_config(config))
     with pytest.raises(ValueError, match="outer.normalize must be one of"):
         OuterConfig(normalize="paths")
     with pytest.raises(ValueError, match="outer.weighting must be one of"):

@@ -17,7 +17,7 @@ CFG = ModelConfig(hidden_size=16, n_layers=2, n_heads=2)
 
 
 def test_split_then_load_round_trip():
-    top = Topology.from_config(TopologyConfig(levels=[2, 2]), n_layers=2)
+    top = Topology.from_config(TopologyConfig(levels=[2, 2], private_embeddings=False), n_layers=2)
     source = build_path_model(CFG, vocab_size=40, seq_len=16, seed=1)
     target = build_path_model(CFG, vocab_size=40, seq_len=16, seed=2)
     load_modules(target, split_into_modules(source, top, path=3))
@@ -37,7 +37,7 @@ def test_seeded_builds_are_identical_and_tied_head_counts_once():
 
 
 def test_missing_or_misshapen_module_is_an_error():
-    top = Topology.from_config(TopologyConfig(levels=[2]), n_layers=2)
+    top = Topology.from_config(TopologyConfig(levels=[2], private_embeddings=False), n_layers=2)
     model = build_path_model(CFG, vocab_size=40, seq_len=16)
     modules = split_into_modules(model, top, path=0)
     with pytest.raises(ValueError, match="missing"):

@@ -2,15 +2,15 @@
 
 import pytest
 
-from dipaco.config import OuterConfig, TopologyConfig
+from dipaco.config import RoundsConfig, TopologyConfig
 from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running, staleness_weight
 from dipaco.model.topology import Topology
 
-ASYNC = OuterConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
+ASYNC = RoundsConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
 
 
 def grid(**topology) -> Grid:
-    return Grid.of(Topology.from_config(TopologyConfig(levels=[2, 2], **topology), n_layers=4))
+    return Grid.of(Topology.from_config(TopologyConfig(levels=[2, 2], **{"private_embeddings": False, **topology}), n_layers=4))
 
 
 def result(path: int, base: int, *, arrived: float = 0.0, started: float | None = None, tokens: int = 100) -> Result:
@@ -36,7 +36,7 @@ def test_private_modules_do_not_force_sync():
 
 
 def test_sync_waits_for_every_path_and_applies_each_with_weight_one():
-    policy = RoundPolicy(grid(private_blocks=[1]), OuterConfig(mode="sync"))
+    policy = RoundPolicy(grid(private_blocks=[1]), RoundsConfig(mode="sync"))
     for path in (0, 1, 2):
         policy.received(result(path, 0))
     assert not policy.close_due(1e9, idle=[IdleIsland("a")])
@@ -104,11 +104,11 @@ def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_asy
     assert policy.rebase(open_tasks) == [open_tasks[0]]
     assert policy.on_lost(1) == "replace" and policy.on_lost(2) == "retry"
     assert policy.on_lost(1, resumable=True) == "retry"  # back with the task's checkpoint: still its own
-    assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=2).on_lost(1) == "retry"
+    assert RoundPolicy(grid(), RoundsConfig(mode="sync"), committed=2).on_lost(1) == "retry"
     # async keeps the versions a result may still be applied from: committed - max_staleness ... committed
     assert policy.keep_from(keep_rounds=1, bases=[]) == policy.committed - ASYNC.max_staleness
     assert policy.keep_from(keep_rounds=1, bases=[-1]) == -1  # and the base of every task open or running
-    assert RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5).keep_from(keep_rounds=1, bases=[3]) == 3
+    assert RoundPolicy(grid(), RoundsConfig(mode="sync"), committed=5).keep_from(keep_rounds=1, bases=[3]) == 3
     assert policy.keep_from(keep_rounds=0, bases=[0]) is None
 
 
@@ -168,12 +168,12 @@ def test_the_runs_length_is_applied_results_per_path_and_its_end_waits_for_the_l
 
 
 def test_a_dropped_result_leaves_its_path_work_to_do():
-    policy = RoundPolicy(grid(), OuterConfig(mode="async", quorum=0.25, max_staleness=0), rounds=1, committed=1)
+    policy = RoundPolicy(grid(), RoundsConfig(mode="async", quorum=0.25, max_staleness=0), rounds=1, committed=1)
     policy.received(result(0, 0))  # one version old, max_staleness 0: the next round drops it
     assert policy.outstanding(0) == 1 and policy.paths_to_open(busy={1, 2, 3}) == [0]
     policy.received(result(1, 1))
     assert policy.outstanding(1) == 0 and 1 not in policy.paths_to_open(busy=set())
-    with pytest.raises(ValueError, match="train.rounds"):
+    with pytest.raises(ValueError, match="run.rounds"):
         RoundPolicy(grid(), ASYNC, rounds=0)
 
 
@@ -191,9 +191,9 @@ def test_every_paths_outstanding_results_in_one_pass_match_outstanding():
 
 def test_a_resumable_task_whose_result_would_be_dropped_is_replaced():
     """An island back with its checkpoint resumes its task only while the result can still be applied:
-    once more than outer.max_staleness versions were committed after its base, the result would be
+    once more than rounds.max_staleness versions were committed after its base, the result would be
     dropped whatever happens, so the island gets a task from the newest version instead."""
-    config = OuterConfig(mode="async", quorum=0.5, max_staleness=1)
+    config = RoundsConfig(mode="async", quorum=0.5, max_staleness=1)
     policy = RoundPolicy(grid(), config, committed=3)
     assert policy.on_lost(2, resumable=True) == "retry"  # staleness 1 at the next round: applied, weighted
     assert policy.on_lost(1, resumable=True) == "replace"  # staleness >= 2 > max_staleness: would be dropped
@@ -230,7 +230,7 @@ def test_async_cancels_exactly_the_running_tasks_whose_result_could_no_longer_be
 
 
 def test_sync_never_cancels():
-    policy = RoundPolicy(grid(), OuterConfig(mode="sync"), committed=5)
+    policy = RoundPolicy(grid(), RoundsConfig(mode="sync"), committed=5)
     assert policy.cancel([Running(key=f"b{b}", path=0, base=b, started=0.0) for b in range(6)]) == []
-    zero = RoundPolicy(grid(), OuterConfig(mode="async", max_staleness=0), committed=5)
+    zero = RoundPolicy(grid(), RoundsConfig(mode="async", max_staleness=0), committed=5)
     assert zero.cancel([Running("old", 0, 4, 0.0), Running("new", 1, 5, 0.0)]) == ["old"]

@@ -78,9 +78,9 @@ def test_dense_large_is_about_eight_times_a_path():
     config = load_config(None, ["model.hidden_size=128", "model.n_layers=4", "model.n_heads=4",
                                 "topology.blocks_per_level=[2,2]", "eval.large_hidden_size=256",
                                 "eval.large_n_layers=12"])
-    per_path = config.train.rounds * config.inner.steps
-    assert baseline_budgets(config, 4) == {"dense-equal-steps": per_path, "dense-equal-compute": 4 * per_path,
-                                           "dense-large": per_path}
+    per_path, warm = config.run.rounds * config.inner.steps, config.pretrain_steps  # the warm start counts
+    assert baseline_budgets(config, 4) == {"dense-equal-steps": warm + per_path, "dense-equal-compute": warm + 4 * per_path,
+                                           "dense-large": warm + per_path}
     large = baseline_model_config(config.model, config.eval, "dense-large")
     assert large.hidden_size // large.n_heads == 32
     assert baseline_model_config(config.model, config.eval, "dense-equal-steps") == config.model
@@ -93,7 +93,7 @@ def test_dense_large_is_about_eight_times_a_path():
 
 
 def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
-    """With `pretrain.steps` P the paths start from a dense model trained P steps, and every budget counts
+    """With a warm start of P steps the paths start from a dense model trained P steps, and every budget counts
     them: by default (`eval.baselines_init: warm-start`) a baseline continues from that very model for the
     rest of its budget; with `scratch` it trains P steps more than the grid's share from a fresh model.
     The eval table gives each model's warm start, steps and tokens in all."""
@@ -110,8 +110,8 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     from dipaco.stages.train import train
 
     tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
-    overrides = ["pretrain.steps=3", "train.rounds=1", "inner.steps=2", "eval.modes=[]", "train.device=cpu",
-                 "eval.device=cpu"]
+    overrides = [f"warm_start.fraction={3 / (3 + 4 * 1 * 2)!r}", "run.rounds=1", "inner.steps=2", "eval.modes=[]",
+                 "hardware.device=cpu"]  # 3 warm-start steps before 4 paths x 1 round x 2 steps
     config = load_config(tiny, overrides)
     assert config.eval.baselines_init == "warm-start"
     run = RunDir(tmp_path / "run")
@@ -158,7 +158,7 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     assert continued["schedule"] == {"name": "wsd", "first_step": 3, "total_steps": 11}
     assert not continued["continued_optimizer"]
     shutil.rmtree(run.baselines)
-    resumed = load_config(tiny, [*overrides, "inner.schedule=wsd", "pretrain.continue_optimizer=true"])
+    resumed = load_config(tiny, [*overrides, "inner.schedule=wsd", "warm_start.continue_optimizer=true"])
     assert train_baseline(resumed, run, name="dense-equal-steps")["continued_optimizer"]
     (run.pretrain / "optimizer.safetensors").unlink()
     with pytest.raises(ValueError, match="optimizer.safetensors is missing"):
@@ -210,7 +210,7 @@ def _schedule(monkeypatch, tmp_path, *, fail: bool):
     monkeypatch.setattr(stage, "WorkerPool", Pool)
     monkeypatch.setattr(stage, "run_tasks", lambda tasks, *, processes, threads, desc:
                         events.append(("after", [t.name for t in tasks], processes)))
-    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml", ["train.islands=2"])
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml", ["hardware.islands=2"])
     run = RunDir(tmp_path / "run")
     run.root.mkdir(parents=True)
     if fail:

@@ -87,9 +87,9 @@ def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[
 
 
 def test_routed_eval_and_every_mode_match_a_direct_computation(run):
-    # an fp32 reference checks an fp32 eval; `eval.precision: auto` would be bf16 on a CPU with
+    # an fp32 reference checks an fp32 eval; `hardware.precision: auto` would be bf16 on a CPU with
     # AVX512-BF16 (per-token losses off by up to ~7e-3, a path's perplexity by ~1e-4)
-    assert load_config(run.config).eval.precision == "fp32"
+    assert load_config(run.config).hardware.precision == "fp32"
     results = json.loads(run.eval_results.read_text())
     rows = {(r["mode"], r["checkpoints"]): r for r in results["modes"]["rows"]}
     assert all(r["tokens"] == results["scored_tokens"] for r in rows.values())

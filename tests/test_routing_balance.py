@@ -62,7 +62,7 @@ def test_product_paths_are_the_tuple_of_per_slice_nearest_centroids():
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     ks = [3, 4]
     centroids, _ = product_kmeans(x, ks, seed=0, niter=5)
-    cfg = RoutingConfig(method="product", svd_dim=7)
+    cfg = RoutingConfig(featurizer="tfidf", method="product", svd_dim=7)
     feat = TfidfSvdFeaturizer.__new__(TfidfSvdFeaturizer)  # only .dim is used by assign
     feat.components = np.zeros((7, 1))
     router = Router(levels=ks, method="product", featurizer=feat, centroids=centroids, config=cfg)
@@ -81,7 +81,7 @@ def test_router_fit_with_balance_balances_product_paths():
     # a Zipf-like mix of topics: product k-means alone leaves small paths
     docs = [" ".join(rng.choice(words[(t % 6) * 10:(t % 6) * 10 + 10], 10))
             for t in rng.zipf(1.6, size=900)]
-    cfg = RoutingConfig(svd_dim=8, max_features=500, kmeans_iters=10, balance=1.2, method="product")
+    cfg = RoutingConfig(featurizer="tfidf", svd_dim=8, max_features=500, kmeans_iters=10, balance=1.2, method="product")
     router, stats = Router.fit(docs, levels=[2, 3], config=cfg)
     unbalanced = np.array(stats["balance"]["unbalanced_sizes"])
     assert unbalanced.max() > 2 * unbalanced.min()  # plain product k-means is unbalanced here

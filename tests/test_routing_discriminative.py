@@ -59,7 +59,7 @@ def test_collapsed_labels_are_spread_to_the_target_sizes():
 
 def test_router_with_linear_head_routes_by_argmax_and_round_trips(tmp_path):
     docs = [f"alpha beta {i % 7} gamma" if i % 2 else f"delta epsilon {i % 5} zeta" for i in range(80)]
-    router, _ = Router.fit(docs, levels=[2], config=RoutingConfig(svd_dim=4, max_features=100, method="flat"))
+    router, _ = Router.fit(docs, levels=[2], config=RoutingConfig(featurizer="tfidf", svd_dim=4, max_features=100, method="flat"))
     x = router.features(docs)
     y = (np.arange(80) % 2).astype(np.int64)
     (w, b), _ = fit_discriminative(x, y, n_paths=2, target=None)

@@ -32,7 +32,7 @@ def _docs(n: int, seed: int = 0) -> list[str]:
     return docs
 
 
-CONFIG = RoutingConfig(svd_dim=8, max_features=1000, kmeans_iters=10, seed=0)
+CONFIG = RoutingConfig(featurizer="tfidf", method="product", svd_dim=8, max_features=1000, kmeans_iters=10, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_featurizer_clamps_dim_to_the_data(caplog):
 
 @pytest.mark.parametrize("method,levels", [("product", [2, 3]), ("flat", [2, 3]), ("product", [4])])
 def test_fit_routes_to_valid_paths(docs, method, levels):
-    config = RoutingConfig(svd_dim=8, max_features=1000, kmeans_iters=10, method=method)
+    config = RoutingConfig(featurizer="tfidf", svd_dim=8, max_features=1000, kmeans_iters=10, method=method)
     router, stats = Router.fit(docs, levels=levels, config=config)
     paths = router.route(docs)
     assert paths.dtype == np.int64 and paths.shape == (len(docs),)

@@ -78,7 +78,7 @@ def s3_env():
 def test_an_s3_store_publishes_once_and_an_island_with_only_the_url_trains_its_path(s3_env, tiny_routed, tmp_path):
     url = f"s3://{BUCKET}/short"
     run = copy_run(tiny_routed, tmp_path / "coordinator")
-    config = load_config(TINY, [f"train.store_url={url}", "train.device=cpu"])
+    config = load_config(TINY, [f"store.url={url}", "hardware.device=cpu"])
     save_config(config, run.config)
     factory = PathFactory(config, run)
     initialise_store(factory)
@@ -88,7 +88,7 @@ def test_an_s3_store_publishes_once_and_an_island_with_only_the_url_trains_its_p
 
     cache = tmp_path / "cache"
     code, log = dipaco_in_process("island", "--store", url, "--path", "3", "--run", tmp_path / "island",
-                                  f"train.cache_dir={cache}")
+                                  f"store.cache_dir={cache}")
     assert code == 0, log
     path3 = {d for f, d in shard_files(run.shards / "index.json").items() if f.startswith("path-0003/")}
     assert set(ObjectCache(cache, max_bytes=0).contents()) == path3
@@ -189,15 +189,15 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
     and b (each in an empty directory with its own cache) get only the URL; b is killed mid-task and a
     third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local run's."""
     reference = copy_run(tiny_routed, tmp_path / "reference")
-    dipaco("train", "--config", str(TINY), "--run", str(reference.root), "train.islands=2", "train.device=cpu")
+    dipaco("train", "--config", str(TINY), "--run", str(reference.root), "hardware.islands=2", "hardware.device=cpu")
 
     url = f"s3://{BUCKET}/run"
     env = {**ENV, **s3_env}
     run = copy_run(tiny_routed, tmp_path / "coordinator-1" / "run")
     logs = tmp_path / "logs"
     logs.mkdir()
-    coordinator = start(["coordinator", "--config", str(TINY), "--run", "run", f"train.store_url={url}",
-                         "train.device=cpu", "train.heartbeat_timeout=4", "train.stop_after_round=1"],
+    coordinator = start(["coordinator", "--config", str(TINY), "--run", "run", f"store.url={url}",
+                         "hardware.device=cpu", "resilience.heartbeat_timeout=4", "run.stop_after_round=1"],
                         cwd=run.root.parent, env=env, log=logs / "coordinator-1.log")
     store = ModuleStore(url)
     wait_for(lambda: store.exists("published.json") and store.exists("state.json"), timeout=120,
@@ -221,7 +221,7 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
     finish(coordinator, logs / "coordinator-1.log", timeout=180)
 
     second = tmp_path / "coordinator-2"
-    coordinator = start(["coordinator", "--store", url, "--run", "run", "train.stop_after_round=0"],
+    coordinator = start(["coordinator", "--store", url, "--run", "run", "run.stop_after_round=0"],
                         cwd=second, env={**env, "XDG_CACHE_HOME": str(second / "cache")}, log=logs / "coordinator-2.log")
     finish(coordinator, logs / "coordinator-2.log", timeout=180)
     for name, proc in (("island-a", a), ("island-c", c)):

@@ -47,8 +47,8 @@ def wait_for(condition, timeout: float, what: str) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_stopped_train_leaves_no_island_running_and_resumes(sig, tiny_routed, tmp_path):
     run = copy_run(tiny_routed, tmp_path / "run")
-    args = ("train", "--config", str(TINY), "--run", str(run.root), "train.device=cpu", "train.islands=2",
-            "train.rounds=40", "inner.val_batches=0")
+    args = ("train", "--config", str(TINY), "--run", str(run.root), "hardware.device=cpu", "hardware.islands=2",
+            "run.rounds=40", "inner.val_batches=0")
     train = start_dipaco(*args)
     islands: list[int] = []
     try:
@@ -66,6 +66,6 @@ def test_a_stopped_train_leaves_no_island_running_and_resumes(sig, tiny_routed, 
                 os.kill(pid, signal.SIGKILL)
         train.wait()
     done = ModuleStore(str(run.root / "store")).current_round()
-    result = dipaco(*args[:-3], "train.rounds=40", "inner.val_batches=0", "train.islands=1",
-                    f"train.stop_after_round={done + 1}")
+    result = dipaco(*args[:-3], "run.rounds=40", "inner.val_batches=0", "hardware.islands=1",
+                    f"run.stop_after_round={done + 1}")
     assert ModuleStore(str(run.root / "store")).current_round() == done + 1, result.stdout[-2000:]

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from dipaco.config import OuterConfig, SimulateConfig, TrainConfig
-from dipaco.islands.coordinator import Coordinator
+from dipaco.config import OuterConfig, ResilienceConfig, RoundsConfig, SimulateConfig
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.optim.weighting import PathSizes
 from dipaco.simulate.data_parallel import simulate_data_parallel
 from dipaco.simulate.failures import FailureModel
@@ -24,11 +24,12 @@ INSTANT = 1e30  # Gbit/s: transfers take ~1e-29 s, which vanishes next to any ti
 
 def hand_settings(**changes) -> Settings:
     """One learner of 10 chips, 2 s steps, a checkpoint every 5 steps, 30 s restarts, no stragglers."""
-    fields = dict(learners=1, chips_per_learner=10, step_seconds=2.0, checkpoint_steps=5, restart_seconds=30.0,
+    inner_steps = changes.pop("inner_steps", 100)
+    fields = dict(learners=1, chips_per_learner=10, step_seconds=2.0, checkpoint_interval=5, restart_seconds=30.0,
                   reconfigure_seconds=3.0, speed_sigma=0.0, link_gbit_per_s=INSTANT, model_parameters=1,
                   learner_failure="restart")
     sim = SimulateConfig(**{**fields, **changes})
-    return Settings(sim=sim, outer=OuterConfig())
+    return Settings(sim=sim, inner_steps=inner_steps)
 
 
 def trace(times: list[float]) -> FailureModel:
@@ -90,7 +91,7 @@ def test_without_failures_goodput_is_one(strategy):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_goodput_grows_with_the_chips_mean_time_between_interruptions(strategy):
     base = SimulateConfig(learners=4, chips_per_learner=20_000, horizon_hours=2.0, speed_sigma=0.05, seed=3)
-    goodputs = [run_strategy(Settings(sim=dataclasses.replace(base, chip_mtbi_hours=mtbi), outer=OuterConfig()),
+    goodputs = [run_strategy(Settings(sim=dataclasses.replace(base, chip_mtbi_hours=mtbi)),
                              strategy)["goodput"] for mtbi in (200.0, 1000.0, 10_000.0)]
     assert goodputs[0] < goodputs[1] < goodputs[2] <= 1.0
 
@@ -115,10 +116,11 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000
         store.write_module(0, name, {"w": torch.zeros(2)})
     store.commit(round=0, levels=list(topology.levels), modules=topology.modules)
     clock = Clock()
-    train = TrainConfig(rounds=rounds, heartbeat_timeout=1e12, keep_rounds=0)
+    settings = CoordinatorSettings(outer=OuterConfig(decay="keep"), rounds=sim.closing,
+                                   resilience=ResilienceConfig(heartbeat_timeout=1e12), run_rounds=rounds,
+                                   inner_steps=sim.settings.inner_steps, keep_versions=0)
     equal = PathSizes(shard_tokens=(1,) * topology.n_paths, task_tokens=1)  # the replay compares plans, not weights
-    coordinator = Coordinator(store, topology, train=train, outer=sim.outer, inner_steps=sim.settings.sim.inner_steps,
-                              sizes=equal, clock=clock)
+    coordinator = Coordinator(store, topology, settings=settings, sizes=equal, clock=clock)
     seq = {i: 0 for i in range(learners)}
     status = {i: ("idle", None) for i in range(learners)}
 
@@ -177,10 +179,10 @@ def straggler_trace_simulation(mode: str, rounds: int | None = None) -> RoundsSi
     shorter than the spread of task times: rounds close on quorum + grace, results go stale and some
     are dropped (max_staleness 1)."""
     sim_config = SimulateConfig(learners=4, chips_per_learner=1000, chip_mtbi_hours=50.0, restart_seconds=30.0,
-                                reconfigure_seconds=3.0, step_seconds=2.0, inner_steps=10, speed_sigma=0.4,
+                                reconfigure_seconds=3.0, step_seconds=2.0, speed_sigma=0.4,
                                 model_parameters=1000, link_gbit_per_s=1.0, horizon_hours=0.1, seed=5)
-    outer = OuterConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
-    return RoundsSimulation(Settings(sim=sim_config, outer=outer), FailureModel(
+    closing = RoundsConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
+    return RoundsSimulation(Settings(sim=sim_config, rounds=closing, inner_steps=10), FailureModel(
         chip_mtbi_hours=sim_config.chip_mtbi_hours, speed_sigma=sim_config.speed_sigma, seed=sim_config.seed),
         mode=mode, rounds=rounds)
 
@@ -189,7 +191,7 @@ def straggler_trace_simulation(mode: str, rounds: int | None = None) -> RoundsSi
 def test_a_run_of_n_rounds_applies_n_results_per_path_and_discards_nothing_at_its_end(mode, tmp_path):
     # the run's length is applied work: async applies as many results as sync (rounds x paths), its
     # last commit waits for the last tasks in flight (no result is left undecided), and the real
-    # coordinator, told train.rounds, makes the same decisions up to the same end
+    # coordinator, told run.rounds, makes the same decisions up to the same end
     sim = straggler_trace_simulation(mode, rounds=4)
     sim.run()
     applied = [v for log in sim.rounds for v in log.plan.applied]
@@ -213,10 +215,10 @@ def test_the_simulator_and_the_real_coordinator_decide_the_same_on_the_same_trac
     # shorter than the spread of task times: rounds close on quorum + grace, results go stale and some
     # are dropped (max_staleness 1)
     sim_config = SimulateConfig(learners=4, chips_per_learner=1000, chip_mtbi_hours=50.0, restart_seconds=30.0,
-                                reconfigure_seconds=3.0, step_seconds=2.0, inner_steps=10, speed_sigma=0.4,
+                                reconfigure_seconds=3.0, step_seconds=2.0, speed_sigma=0.4,
                                 model_parameters=1000, link_gbit_per_s=1.0, horizon_hours=0.1, seed=5)
-    outer = OuterConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
-    sim = RoundsSimulation(Settings(sim=sim_config, outer=outer), FailureModel(
+    closing = RoundsConfig(quorum=0.5, grace_seconds=4.0, max_staleness=1, staleness_power=1.0)
+    sim = RoundsSimulation(Settings(sim=sim_config, rounds=closing, inner_steps=10), FailureModel(
         chip_mtbi_hours=sim_config.chip_mtbi_hours, speed_sigma=sim_config.speed_sigma, seed=sim_config.seed),
         mode=mode)
     sim.run()
@@ -250,8 +252,8 @@ def test_a_task_cancelled_while_uploading_is_ignored_and_the_coordinator_agrees(
     on the same trace."""
     settings = hand_settings(learners=2, inner_steps=10, link_gbit_per_s=1.0, model_parameters=625_000_000,
                              learner_failure="elastic", horizon_hours=60 / 3600)
-    settings = Settings(sim=settings.sim, outer=OuterConfig(mode="async", quorum=0.5, grace_seconds=0.0,
-                                                            max_staleness=0, compression="int8"))
+    settings = Settings(sim=settings.sim, rounds=RoundsConfig(mode="async", quorum=0.5, grace_seconds=0.0, max_staleness=0),
+                        codec="int8", inner_steps=settings.inner_steps)
     download, upload = (settings.transfer_seconds(b) for b in (settings.download_bytes, settings.upload_bytes))
     first_result = download + settings.task_seconds + upload
     failure = download + 3.0  # inside learner 1's second step: it loses a second and pauses to re-shard
@@ -301,7 +303,7 @@ def test_dipaco_simulate_writes_the_table_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("simulate.learner_failure=crash", "simulate.learner_failure must be 'elastic' or 'restart'"),
+    ("simulate.learner_failure=crash", r"simulate.learner_failure must be one of \['elastic', 'restart'\]"),
     ("simulate.chip_mtbi_hours=0", "simulate.chip_mtbi_hours must be > 0"),
     ("simulate.sweep_learners=[]", "simulate.sweep_learners must be a non-empty list"),
 ])

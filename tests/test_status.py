@@ -7,7 +7,7 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.island import IslandWorker
 from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
@@ -28,7 +28,7 @@ def status_of(capsys, *args) -> tuple[str, dict]:
 def test_status_of_a_finished_run(tiny_trained, capsys):
     text, status = status_of(capsys, "--run", tiny_trained.root)
     assert status["finished"] and "round 3 committed, finished" in text
-    assert status["results_applied"] == status["results_target"] == 12  # train.rounds=3 x 4 paths
+    assert status["results_applied"] == status["results_target"] == 12  # run.rounds=3 x 4 paths
     train = json.loads(tiny_trained.train_summary.read_text())
     assert status["goodput"]["value"] == pytest.approx(train["goodput"]["goodput"])
     assert status["bytes_up"] == train["bytes_up"]
@@ -52,12 +52,12 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
 def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
     """A coordinator has handed out tasks; one island has reported, the other is running its task."""
     run = copy_run(tiny_routed, tmp_path / "run", parts=("tokenizer", "routing", "shards"))
-    config = load_config(TINY, ["train.device=cpu"])
+    config = load_config(TINY, ["hardware.device=cpu"])
     save_config(config, run.config)
     initialise_store(PathFactory(config, run))
     setup = island_setup(config, run)
-    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps, sizes=PathFactory(config, run).path_sizes)
+    coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
+                              sizes=PathFactory(config, run).path_sizes)
     try:
         fast, busy = IslandWorker(setup, name="fast"), IslandWorker(setup, name="busy")
         fast.heartbeat()
@@ -108,7 +108,7 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
 
 
 def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):
-    """train.tensorboard: false: the round hook writes nothing (and on, the same call writes the round)."""
+    """run.tensorboard: false: the round hook writes nothing (and on, the same call writes the round)."""
     from dipaco.islands.coordinator import committed_record
     from dipaco.islands.metrics import RunMetrics
 

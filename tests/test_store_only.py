@@ -28,7 +28,7 @@ def sha(data: bytes) -> str:
 def published_run(tiny_routed, tmp_path, overrides=()):
     """The coordinator's side: a routed run whose store (a directory elsewhere) is initialised and published."""
     run = copy_run(tiny_routed, tmp_path / "coordinator")
-    config = load_config(TINY, [f"train.store_url={tmp_path / 'store'}", "train.device=cpu", *overrides])
+    config = load_config(TINY, [f"store.url={tmp_path / 'store'}", "hardware.device=cpu", *overrides])
     save_config(config, run.config)
     factory = PathFactory(config, run)
     initialise_store(factory)
@@ -85,7 +85,7 @@ def test_publishing_is_content_addressed_and_uploads_nothing_unchanged(tiny_rout
     again = publish_run(store, run)
     assert (again.uploaded, again.uploaded_bytes, again.manifest_written) == (0, 0, False)
 
-    config = load_config(run.config, ["train.rounds=3"])  # one changed file: only it is uploaded
+    config = load_config(run.config, ["run.rounds=3"])  # one changed file: only it is uploaded
     save_config(config, run.config)
     changed = publish_run(store, run)
     assert changed.uploaded == 1 and changed.manifest_written
@@ -97,7 +97,7 @@ def test_an_island_given_only_the_url_downloads_only_its_paths_shards(tiny_route
     coordinator, store, _ = published_run(tiny_routed, tmp_path)
     cache = tmp_path / "island-cache"
     code, log = dipaco_in_process("island", "--store", store.url, "--path", "2", "--run", tmp_path / "island",
-                                  f"train.cache_dir={cache}")
+                                  f"store.cache_dir={cache}")
     assert code == 0, log
     wanted = path_shards(coordinator, 2)
     assert set(ObjectCache(cache, max_bytes=0).contents()) == set(wanted.values())  # path 2's train + val, no other
@@ -108,10 +108,10 @@ def test_an_island_given_only_the_url_downloads_only_its_paths_shards(tiny_route
 
 
 def test_a_store_only_island_takes_the_published_config_with_its_own_overrides(tiny_routed, tmp_path):
-    _, store, _ = published_run(tiny_routed, tmp_path, ["train.cache_dir=/coordinator/only"])
+    _, store, _ = published_run(tiny_routed, tmp_path, ["store.cache_dir=/coordinator/only"])
     config, run = fetch_run(store.url, run_root=tmp_path / "island", overrides=["inner.steps=2"])
     assert config.inner.steps == 2 and config.model.hidden_size == load_config(TINY).model.hidden_size
-    assert config.train.store_url == store.url and config.train.cache_dir == ""  # the machine's, not the publisher's
+    assert config.store.url == store.url and config.store.cache_dir == ""  # the machine's, not the publisher's
 
 
 def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_downloaded_again(tiny_routed,
@@ -124,7 +124,7 @@ def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_
     data[len(data) // 2] ^= 0xFF
     open(obj, "wb").write(bytes(data))
     cache = tmp_path / "cache"
-    args = ("island", "--store", store.url, "--path", "1", "--run", tmp_path / "island", f"train.cache_dir={cache}")
+    args = ("island", "--store", store.url, "--path", "1", "--run", tmp_path / "island", f"store.cache_dir={cache}")
     code, log = dipaco_in_process(*args)
     assert code == 1 and f"store object {obj} ({name}) is corrupt" in log and "Delete that object" in log
     assert digest not in ObjectCache(cache, max_bytes=0).contents()  # nothing bad was cached
@@ -136,7 +136,7 @@ def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_
 
     cached = ObjectCache(cache, max_bytes=0).path_of(digest)
     cached.write_bytes(b"\0" * cached.stat().st_size)  # the cached copy goes bad: downloaded again
-    config, run = fetch_run(store.url, run_root=tmp_path / "island", overrides=[f"train.cache_dir={cache}"])
+    config, run = fetch_run(store.url, run_root=tmp_path / "island", overrides=[f"store.cache_dir={cache}"])
     reader = PathFactory(config, run).reader
     assert reader.blocks(1, "train").shape[0] == reader.num_blocks(1, "train")
     assert reader.fetch.cache.stats.redownloads == 1 and sha(cached.read_bytes()) == digest

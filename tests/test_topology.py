@@ -9,7 +9,7 @@ from dipaco.model.topology import EMBEDDINGS, Topology
 
 
 def make(levels, n_layers=4, **kw):
-    return Topology.from_config(TopologyConfig(levels=levels, **kw), n_layers=n_layers)
+    return Topology.from_config(TopologyConfig(levels=levels, **{"private_embeddings": False, **kw}), n_layers=n_layers)
 
 
 def test_path_ids_follow_ravel_multi_index():

@@ -19,7 +19,7 @@ from cli_helpers import copy_run
 from safetensors.torch import load_file, save_file
 
 from dipaco.config import load_config
-from dipaco.islands.coordinator import Coordinator
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.island import push_result, train_task
 from dipaco.islands.validation import ResultValidator
 from dipaco.stages.context import PathFactory
@@ -56,14 +56,14 @@ def trained(tiny_routed, tmp_path_factory):
 def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     """A copy of the routed tiny run with version 0 in its store, and a coordinator that opened round 1's tasks."""
     run = copy_run(tiny_routed, root / "run")
-    config = load_config(run.config, ["train.device=cpu", "train.rounds=2", *overrides])
+    config = load_config(run.config, ["hardware.device=cpu", "run.rounds=2", *overrides])
     factory = PathFactory(config, run)
     initialise_store(factory)
     setup = island_setup(config, run)
     tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
-    validator = ResultValidator(setup.store, setup.topology, outer=config.outer, tokens_per_task=tokens)
-    coordinator = Coordinator(setup.store, setup.topology, train=config.train, outer=config.outer,
-                              inner_steps=config.inner.steps, sizes=factory.path_sizes, validator=validator)
+    validator = ResultValidator(setup.store, setup.topology, resilience=config.resilience, tokens_per_task=tokens)
+    coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
+                              sizes=factory.path_sizes, validator=validator)
     coordinator.tick()  # opens a task for every path
     tasks = {t.path: t for t in coordinator.tasks.values()}
     return Case(setup.store, coordinator, validator, setup, tasks, root)
@@ -145,13 +145,13 @@ def test_a_tampered_result_is_rejected_requeued_and_never_applied(probe, trained
 
 def test_an_outlier_norm_against_the_paths_history_is_rejected(trained, tiny_routed, tmp_path):
     results, _ = trained
-    case = fresh(tiny_routed, tmp_path, ("outer.max_grad_norm_ratio=10",))
+    case = fresh(tiny_routed, tmp_path, ("resilience.max_norm_ratio=10",))
     norm = math.sqrt(sum(float(t.double().square().sum()) for t in results[TAMPERED].pseudo_gradient.values()))
     case.validator.norms[TAMPERED] = [norm / 20]  # its earlier results were 20 times smaller
     for p, task in case.tasks.items():
         push_result(case.setup, task, results[p], island="i")
     case.coordinator.tick()
-    assert "outer.max_grad_norm_ratio 10" in case.validator.verdicts[(task_key(TAMPERED, 0), 0)]
+    assert "resilience.max_norm_ratio 10" in case.validator.verdicts[(task_key(TAMPERED, 0), 0)]
     assert case.coordinator.committed == 0
     case.validator.norms[TAMPERED] = [norm / 5]  # within the ratio
     push_result(case.setup, case.coordinator.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="j")
@@ -161,7 +161,7 @@ def test_an_outlier_norm_against_the_paths_history_is_rejected(trained, tiny_rou
 
 def test_a_task_rejected_again_and_again_stops_the_run_with_the_reasons(trained, tiny_routed, tmp_path):
     results, _ = trained
-    case = fresh(tiny_routed, tmp_path, ("outer.max_rejections=2",))
+    case = fresh(tiny_routed, tmp_path, ("resilience.max_rejections=2",))
     tamper = edit_meta(tokens=7)
     for p, task in case.tasks.items():
         push_result(case.setup, task, results[p], island="i")

@@ -28,9 +28,9 @@ from dipaco.stages.train import initialise_store
 from routing.router import Assignments, Router
 from sharding.reader import ShardReader
 
-OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "pretrain.steps=4",
+OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "warm_start.fraction=0.2",  # 4 warm-start steps
              "routing.featurizer=base-model", "routing.balance=1.2", "routing.train_top_k=2",
-             "routing.reroute_candidates=2", "routing.fit_sample=200", "train.rounds=1"]
+             "reroute.candidates=2", "routing.fit_sample=200", "run.rounds=1"]
 
 
 
@@ -91,7 +91,7 @@ def test_a_warm_start_is_continued_only_under_the_schedule_it_was_trained_with(r
     """The cosine warm start decayed; a `wsd` run would continue it as if it had not: refused, naming the file."""
     summary = json.loads((routed.root / "pretrain" / "summary.json").read_text())
     assert summary["schedule"] == {"name": "cosine", "first_step": 0, "total_steps": 4}
-    config = load_config(routed.config, ["inner.schedule=wsd", f"train.store_url={tmp_path / 'store'}"])
+    config = load_config(routed.config, ["inner.schedule=wsd", f"store.url={tmp_path / 'store'}"])
     with pytest.raises(ValueError, match=r"pretrain/summary.json.*'cosine'.*inner.schedule is 'wsd'"):
         initialise_store(PathFactory(config, routed))
 
@@ -99,7 +99,7 @@ def test_a_warm_start_is_continued_only_under_the_schedule_it_was_trained_with(r
 @pytest.mark.slow
 def test_reroute_phase_is_recorded_and_training_continues(routed):
     args = ["--config", str(TINY), "--run", str(routed.root), *OVERRIDES]
-    dipaco("train", *args[:-1], "train.rounds=2", "train.stop_after_round=1")
+    dipaco("train", *args[:-1], "run.rounds=2", "run.stop_after_round=1")
     assert json.loads((routed.root / "train.json").read_text())["rounds_completed"] == 1
     before = Router.load(routed.routing).fingerprint()
     dipaco("reroute", *args)
@@ -110,7 +110,7 @@ def test_reroute_phase_is_recorded_and_training_continues(routed):
     assert router.linear is not None and router.fingerprint() != before
     assert ShardReader(routed.shards).router_fingerprint == router.fingerprint()
     assert Router.load(routed.routing / "phase-0").fingerprint() == before
-    dipaco("train", *args[:-1], "train.rounds=2")
+    dipaco("train", *args[:-1], "run.rounds=2")
     assert json.loads((routed.root / "train.json").read_text())["rounds_completed"] == 2
     dipaco("eval", *args, "eval.baselines=false")
     assert json.loads((routed.root / "eval.json").read_text())["routing_agrees_with_shards"] == 1.0

@@ -1,7 +1,7 @@
 """The dense baselines DiPaCo is compared with: their names, step budgets and architectures.
 
     budgets = baseline_steps(steps_per_path=rounds * H, n_paths=4, large=cfg.eval.large_hidden_size > 0,
-                             pretrain_steps=cfg.pretrain.steps)
+                             pretrain_steps=cfg.pretrain_steps)
     model_config = baseline_model_config(cfg.model, cfg.eval, "dense-large")
 
 - `dense-equal-steps`: as many inner steps as each path took (rounds x H): equal wall-clock when
@@ -10,7 +10,7 @@
 - `dense-large` (when `eval.large_hidden_size` is set): a wider / deeper dense model (the paper's
   1.3B against 150M paths: about 8x a path's parameters) for as many steps as each path.
 
-The warm start counts: with `pretrain.steps` = P, DiPaCo's paths start from a dense model trained for P
+The warm start counts: with P warm-start steps (`Config.pretrain_steps`), DiPaCo's paths start from a dense model trained for P
 steps, so every budget is P + the grid's share above: a path's P + rounds x H, all paths' P + paths x
 rounds x H (docs/evaluation.md, "Warm start"). With `eval.baselines_init: warm-start` (the default, as
 in the DiLoCo / DiPaCo papers, where every model starts from the same pretrained checkpoint) the

@@ -11,7 +11,7 @@ the last round can win. The store's best.json (written by the coordinator) holds
      "best": {"3": {"round": 6, "val_loss": 5.41}},    # lowest loss so far (the earliest on ties)
      "kept_bytes": 123456}                             # disk held only for best versions
 
-Pruning (`dipaco.store.retention`, `train.keep_rounds`) keeps the modules `needed_modules` names: in
+Pruning (`dipaco.store.retention`, `store.keep_versions`) keeps the modules `needed_modules` names: in
 a version that is some path's best, the modules of that path.
 """
 
@@ -41,7 +41,7 @@ class ValidationData:
     reader: ShardReader
     batch_size: int  # inner.batch_size
     max_batches: int  # inner.val_batches
-    precision: str  # train.precision
+    precision: str  # hardware.precision
     _read: dict[int, list[np.ndarray]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def batches(self, path: int) -> list[np.ndarray]:
@@ -144,5 +144,5 @@ def best_of_run(store: ModuleStore, topology: Topology, spec: PathSpec, validati
         for module in topology.modules_of_path(path):
             if not store.has_module(v, module):
                 raise ValueError(f"path {path}'s best version {v} lost module {module} to pruning in {store.url}; "
-                                 f"this store was pruned before best versions were kept (train.keep_rounds=0 keeps all)")
+                                 f"this store was pruned before best versions were kept (store.keep_versions=0 keeps all)")
     return best, history

@@ -1,6 +1,6 @@
-"""An island's inner checkpoint: a task's progress on the island's local disk (`train.checkpoint_steps`).
+"""An island's inner checkpoint: a task's progress on the island's local disk (`resilience.checkpoint_steps`).
 
-Every `train.checkpoint_steps` inner steps the island writes, atomically, one safetensors file
+Every `resilience.checkpoint_steps` inner steps the island writes, atomically, one safetensors file
 `<run>/islands/<island>.safetensors` holding the path model's parameters, the AdamW moments, and in
 its header the task it belongs to and how far it got: steps done (the data position and the LR
 schedule follow from them), the losses, tokens and inner-loop seconds so far and the validation

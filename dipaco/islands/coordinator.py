@@ -5,7 +5,7 @@
 
 `Coordinator.tick()` does one pass, and everything it decides it reads back from the store:
 1. reads the islands' heartbeats (one listing; only the files that changed since the last pass are
-   read); an island whose `seq` has not changed for `train.heartbeat_timeout` seconds (coordinator
+   read); an island whose `seq` has not changed for `resilience.heartbeat_timeout` seconds (coordinator
    clock), or that came back as a new incarnation, has lost its task;
 2. picks up finished results (one listing per results folder, not a check per task; one attempt per
    task is accepted: the current one when it has reported, else an older one that reported late);
@@ -24,20 +24,20 @@
    (its inner optimiser state is then already local).
 
 **Cancellation** (async; the rule is `RoundPolicy.cancel`'s). When a commit leaves a running task
-more than `outer.max_staleness` versions behind, its result could only be dropped, so in the same
+more than `rounds.max_staleness` versions behind, its result could only be dropped, so in the same
 settling of the board the task gets status `cancelled` and its path an open task from the newest
 version (continuing the path's steps and inner state, as any new task). Why this way: the board is
 the one channel the coordinator has to an island, so the cancellation is written there, inside the
 commit's board (a restart sees it); the island, which reads the board every
-`train.heartbeat_seconds` while it trains in async mode, stops at its next look, heart-beats idle and
+`resilience.heartbeat_seconds` while it trains in async mode, stops at its next look, heart-beats idle and
 asks for work. The fresh task is left open rather than handed to that island directly, so `assign`
 decides as for any task: an idle island takes it at once, paths further behind go first, and the
 island that stopped is preferred for it when it trained that path last (its inner state is local).
 A cancelled task's result is never received (only open and assigned tasks are), its base is no
 longer kept by retention, and it leaves the board at the next commit, as lost tasks do.
 
-The run ends when the policy says every path has had `train.rounds` results applied (`done`; in sync
-mode after round `train.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
+The run ends when the policy says every path has had `run.rounds` results applied (`done`; in sync
+mode after round `run.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
 
 Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
 a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
@@ -60,10 +60,8 @@ After each round it records the validation losses the islands reported (`dipaco.
 and applies retention (`dipaco.store.retention`); `finish_run` does the same for the last version.
 
     store = ModuleStore("runs/tiny/store")
-    coordinator = Coordinator(store, topology, train=cfg.train, outer=cfg.outer, inner_steps=cfg.inner.steps,
-                              sizes=factory.path_sizes,   # shard sizes for outer.weighting: shard
-                              decay_from=path_decay_from(cfg.inner, rounds=cfg.train.rounds,
-                                                         warm_start_steps=warm_start_steps(cfg)))  # outer.decay
+    coordinator = Coordinator(store, topology, settings=CoordinatorSettings.from_config(cfg),
+                              sizes=factory.path_sizes)   # shard sizes for outer.weighting: shard
     while not coordinator.tick(): time.sleep(0.1)
 """
 
@@ -78,7 +76,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dipaco.config import OuterConfig, TrainConfig
+from dipaco.config import Config, OuterConfig, ResilienceConfig, RoundsConfig
 from dipaco.eval.early_stopping import (
     ValidationData,
     best_rounds,
@@ -94,7 +92,7 @@ from dipaco.islands.rounds import apply_round
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
-from dipaco.optim.outer import round_outer_step
+from dipaco.optim.outer import path_decay_from, round_outer_step
 from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.store.board import (
     HeartbeatCache,
@@ -135,7 +133,7 @@ def committed_round(store: ModuleStore, topology: Topology) -> int | None:
     if state.get("levels") != list(topology.levels) or state.get("modules") != topology.modules:
         raise ValueError(
             f"store {store.url} holds a run with levels {state.get('levels')}, "
-            f"but the config asks for {list(topology.levels)}; use another --run or train.store_url"
+            f"but the config asks for {list(topology.levels)}; use another --run or store.url"
         )
     return int(state["round"])
 
@@ -180,7 +178,7 @@ def committed_record(store: ModuleStore) -> tuple[Board | None, RoundStats | Non
 
 
 def run_finished(store: ModuleStore) -> bool:
-    """Has the coordinator committed the run's last round (every path has had train.rounds results applied)?"""
+    """Has the coordinator committed the run's last round (every path has had run.rounds results applied)?"""
     state = store.state()
     return bool(state and state.get("finished"))
 
@@ -193,27 +191,48 @@ class Seen:
     changed_at: float
 
 
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """What a coordinator reads from the config, unpacked once (`from_config`)."""
+
+    outer: OuterConfig  # the outer step
+    rounds: RoundsConfig  # when a round closes (sync / async)
+    resilience: ResilienceConfig  # heartbeat timeout, lease timeout, result checks
+    run_rounds: int  # the run's length: results applied per path (run.rounds)
+    inner_steps: int  # steps per task
+    keep_versions: int = 2  # module versions retention keeps (store.keep_versions)
+    decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
+
+    @classmethod
+    def from_config(cls, config: Config) -> CoordinatorSettings:
+        return cls(outer=config.outer, rounds=config.rounds, resilience=config.resilience,
+                   run_rounds=config.run.rounds, inner_steps=config.inner.steps,
+                   keep_versions=config.store.keep_versions,
+                   decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
+                                              warm_start_steps=config.warm_start_steps))
+
+
 class Coordinator:
-    def __init__(self, store: ModuleStore, topology: Topology, *, train: TrainConfig, outer: OuterConfig,
-                 inner_steps: int, sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic,
-                 validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False,
-                 decay_from: int | None = None):
+    def __init__(self, store: ModuleStore, topology: Topology, *, settings: CoordinatorSettings,
+                 sizes: PathSizes | None = None, clock: Callable[[], float] = time.monotonic,
+                 validator: ResultValidator | None = None, lease: Lease | None = None, force: bool = False):
         """Resume from the store's committed round (`initialise_store` must have run), holding the
         store's lease (`lease`, else taken here: `LeaseHeld` when another coordinator holds it, unless
         `force`). `sizes` (each path's training-shard tokens, `PathFactory.path_sizes`) is needed by
         `outer.weighting: shard`. Results are checked by `validator` (`dipaco.islands.validation`)
-        before they are received. `decay_from`: the path step where the inner lr starts to decay
-        (`dipaco.optim.outer.path_decay_from`), for `outer.decay`; None = it never does."""
+        before they are received."""
+        outer, decay_from = settings.outer, settings.decay_from
         if needs_sizes(outer) and (sizes is None or len(sizes.shard_tokens) != topology.n_paths):
             raise ValueError(f"outer.weighting {outer.weighting!r} needs the shard size of each of the "
                              f"{topology.n_paths} paths, got {None if sizes is None else list(sizes.shard_tokens)}")
         if outer.decay != "keep" and decay_from is None:
             raise ValueError(f"outer.decay {outer.decay!r} needs decay_from, the path step where the inner lr "
                              f"starts to decay (dipaco.optim.outer.path_decay_from)")
-        self.lease = lease or Lease.acquire(store, timeout=train.lease_timeout, force=force)
+        self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
         self.store, self.topology, self.sizes = store, topology, sizes
-        self.validator = validator or ResultValidator(store, topology, outer=outer, tokens_per_task=None)
-        self.train, self.outer, self.inner_steps, self.decay_from = train, outer, inner_steps, decay_from
+        self.validator = validator or ResultValidator(store, topology, resilience=settings.resilience,
+                                                      tokens_per_task=None)
+        self.settings, self.outer, self.inner_steps, self.decay_from = settings, outer, settings.inner_steps, decay_from
         self.clock = clock
         self.committed = store.current_round()
         board = on_disk = read_board(store)
@@ -237,7 +256,7 @@ class Coordinator:
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
         self.metas: dict[str, ResultMeta] = {}  # task key -> its received result's metadata, until applied
         self.beats = HeartbeatCache()  # heartbeat files unchanged since the last tick are not read again
-        self.policy = RoundPolicy(Grid.of(topology), outer, rounds=train.rounds, committed=self.committed,
+        self.policy = RoundPolicy(Grid.of(topology), settings.rounds, rounds=settings.run_rounds, committed=self.committed,
                                   applied=applied)
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
@@ -280,8 +299,8 @@ class Coordinator:
 
     @property
     def done(self) -> bool:
-        """The run is over: every path has had train.rounds results applied (the policy's count; in sync
-        mode that is round train.rounds)."""
+        """The run is over: every path has had run.rounds results applied (the policy's count; in sync
+        mode that is round run.rounds)."""
         return self.policy.done
 
     def run_round(self, round: int, *, poll_seconds: float = 0.1, check: Callable[[], None] | None = None) -> RoundStats:
@@ -302,7 +321,7 @@ class Coordinator:
     # --- steps ---------------------------------------------------------------------------------------
     def alive(self, island: str, now: float) -> bool:
         seen = self.seen.get(island)
-        return seen is not None and now - seen.changed_at < self.train.heartbeat_timeout
+        return seen is not None and now - seen.changed_at < self.settings.resilience.heartbeat_timeout
 
     def _receive(self) -> None:
         reported: dict[int, dict[int, set[int]]] = {}  # round -> path -> attempts: one listing per round folder
@@ -390,9 +409,9 @@ class Coordinator:
             self.started.pop(key, None)
             fresh = self._new_task(task.path)
             self.tasks[fresh.key] = fresh
-            log.warning("%s: cancelled on island %s (%d versions behind version %d, outer.max_staleness %d); "
+            log.warning("%s: cancelled on island %s (%d versions behind version %d, rounds.max_staleness %d); "
                         "path %d trains on as %s", key, task.island, self.committed - task.base, self.committed,
-                        self.outer.max_staleness, task.path, fresh.key)
+                        self.settings.rounds.max_staleness, task.path, fresh.key)
         return len(doomed)
 
     def _reassign_lost(self, now: float) -> None:
@@ -483,7 +502,7 @@ class Coordinator:
 
     def _retain(self, round: int, applied: tuple[ManifestEntry, ...]) -> None:
         """Record each applied result's validation loss for the version it started from, then apply
-        retention: versions older than the policy's oldest kept one (`train.keep_rounds`, in async mode
+        retention: versions older than the policy's oldest kept one (`store.keep_versions`, in async mode
         the versions a stale result may still start from, and every open or running task's base; not a
         cancelled task's: its island read its modules when it started, and its result is never read) except
         the modules some path's best version needs, and the inner states no task or path state names."""
@@ -493,7 +512,7 @@ class Coordinator:
         if losses:
             record_val_losses(self.store, losses)
         bases = [t.base for t in self.tasks.values() if t.status in ("open", "assigned")]
-        keep = self.policy.keep_from(keep_rounds=self.train.keep_rounds, bases=bases)
+        keep = self.policy.keep_from(keep_rounds=self.settings.keep_versions, bases=bases)
         if keep is None:
             return
         prune_keeping_best(self.store, self.topology, keep_from=keep)

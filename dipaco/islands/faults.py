@@ -2,13 +2,13 @@
 
     dipaco island --config configs/tiny.yaml --run runs/tiny --fail-mtbf 120 --return-after 30
 
-Failure times are drawn from an exponential distribution with mean `train.fail_mtbf` seconds of the
-island's up-time, from a generator seeded by `train.seed` and the island's name, so the same island
-fails on the same schedule in every run. What a failure does (`train.fail_mode`):
+Failure times are drawn from an exponential distribution with mean `faults.mtbf` seconds of the
+island's up-time, from a generator seeded by `run.seed` and the island's name, so the same island
+fails on the same schedule in every run. What a failure does (`faults.mode`):
 - `die`: the island drops its task (no result, no inner state), stops heart-beating, and after
-  `train.return_after` seconds comes back as a new incarnation that asks for work again with nothing
+  `faults.return_after` seconds comes back as a new incarnation that asks for work again with nothing
   cached (its old task has by then been handed to another island, or is re-offered to it);
-- `stall`: the island stops heart-beating for `train.return_after` seconds, then finishes its task
+- `stall`: the island stops heart-beating for `faults.return_after` seconds, then finishes its task
   late (its result may arrive after the task was handed to another island: only one is applied; in
   async mode, when the task was replaced meanwhile, it stops at its next look at the board instead:
   `dipaco.islands.island.result_wanted`).

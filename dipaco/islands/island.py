@@ -6,7 +6,7 @@
     torchrun --nproc-per-node 2 -m dipaco -- island ...                         # DDP inside the island
 
 The island writes only its `Heartbeat` (a background thread bumps `seq` every
-`train.heartbeat_seconds`; status idle / training / done), its results and its inner optimiser
+`resilience.heartbeat_seconds`; status idle / training / done), its results and its inner optimiser
 states (`dipaco.store.board` names the files). It reads the task board, and runs the task assigned
 to it (by name and incarnation) that it has not finished yet:
 
@@ -15,9 +15,9 @@ to it (by name and incarnation) that it has not finished yet:
 - train `inner.steps` steps on the path's shard, continuing its data order and learning-rate
   schedule at the task's `step_offset` (after the warm start's steps under `inner.schedule: wsd`);
 - upload the inner state, then the pseudo-gradient Δ = θ_base − θ_end compressed per
-  `outer.compression`, then the result JSON (the commit), with the bytes it moved.
+  `compression.codec`, then the result JSON (the commit), with the bytes it moved.
 
-While it trains in async mode it looks at the board at most every `train.heartbeat_seconds` (between
+While it trains in async mode it looks at the board at most every `resilience.heartbeat_seconds` (between
 inner steps, in the training thread; `result_wanted`): when the board no longer holds its task open or
 assigned — the coordinator cancelled it because its result could no longer be applied
 (`RoundPolicy.cancel`), or it was lost and replaced, or another attempt's result was taken — it stops
@@ -29,8 +29,8 @@ coordinator ignores the result).
 It stops when the store has committed the run's last round. In Python (the `dipaco island` stage
 builds the `IslandSetup` from the config):
 
-    setup = IslandSetup(store=store, topology=topology, spec=spec, reader=reader,
-                        inner=cfg.inner, outer=cfg.outer, train=cfg.train)
+    setup = IslandSetup(store=store, topology=topology, spec=spec, reader=reader, inner=cfg.inner,
+                        compression=cfg.compression, hardware=cfg.hardware, run=cfg.run, resilience=cfg.resilience)
     IslandWorker(setup, name="island-0").run()          # or, once: run_pinned_task(setup, path=3, island="x")
 """
 
@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dipaco.config import InnerConfig, OuterConfig, TrainConfig
+from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, ResilienceConfig, RunConfig
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
@@ -91,16 +91,20 @@ InnerState = tuple[dict[str, torch.Tensor], dict]  # an AdamW state: tensors and
 @dataclass(frozen=True)
 class IslandSetup:
     """What an island needs to train paths: the store, the grid, the shape of a path model, the shards,
-    and the settings it reads from three config sections."""
+    and the settings it reads from the config."""
 
     store: ModuleStore
     topology: Topology
     spec: PathSpec
     reader: ShardReader
     inner: InnerConfig  # steps, batch size, AdamW, validation batches
-    outer: OuterConfig  # compression of the pseudo-gradients it uploads
-    train: TrainConfig  # device, precision, compile / fused AdamW / TF32, rounds (LR schedule), seed, heartbeats
-    checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (train.checkpoint_steps)
+    compression: CompressionConfig  # how it uploads pseudo-gradients
+    hardware: HardwareConfig  # device, precision, compile, TF32
+    run: RunConfig  # rounds (the lr schedule's length), seed (data order)
+    resilience: ResilienceConfig  # heartbeats, inner checkpoints
+    cancellable: bool = False  # watch the board for the cancellation of its task (rounds.mode async)
+    slowdown: float = 1.0  # an injected straggler: every inner step takes this many times longer (faults.slowdown)
+    checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (resilience.checkpoint_steps)
     warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
@@ -108,7 +112,7 @@ class IslandSetup:
     def validation(self) -> ValidationData:
         """Each path's validation batches (read once per island)."""
         return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
-                              max_batches=self.inner.val_batches, precision=self.train.precision)
+                              max_batches=self.inner.val_batches, precision=self.hardware.precision)
 
 
 class TaskCancelled(RuntimeError):
@@ -149,27 +153,27 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state.
 
     `checkpoint`: the island's inner checkpoint file (`dipaco.islands.checkpoint`), resumed from when it
-    holds this task and written every `train.checkpoint_steps` steps (not inside a DDP island).
-    `train.slowdown` F > 1 sleeps (F − 1) × each step's time after it (an injected straggler).
+    holds this task and written every `resilience.checkpoint_steps` steps (not inside a DDP island).
+    `setup.slowdown` F > 1 sleeps (F − 1) × each step's time after it (an injected straggler).
     `timings`, when given, receives the seconds of each phase (`PHASES`; bench/bench_speed.py)."""
-    store, inner, train = setup.store, setup.inner, setup.train
+    store, inner, hardware, resilience = setup.store, setup.inner, setup.hardware, setup.resilience
     read_before = store.bytes_read
-    device = _device(train, ctx)
+    device = _device(hardware, ctx)
     path = task.path
     with _timed(timings, "load_modules", device):
         start = store.read_modules(task.base, setup.topology.modules_of_path(path))
         module_bytes = store.bytes_read - read_before
-        model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=train.compile,
+        model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
                                            wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
     names = {param: name for name, param in params.items()}
-    if ctx is not None or not train.checkpoint_steps:
+    if ctx is not None or not resilience.checkpoint_steps:
         checkpoint = None
     resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
     if resume is not None and not resume.matches(task):
         resume = None  # another task's: this one starts afresh and replaces it
     with _timed(timings, "restore_inner", device):
-        optimizer = make_optimizer(model, inner, fused=train.fused_adamw)
+        optimizer = make_optimizer(model, inner, fused=inner.fused)
         inner_local = False
         if resume is not None:
             with torch.no_grad():
@@ -192,11 +196,11 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
         nonlocal last_seconds, saving
         seconds -= saving
-        if train.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
-            time.sleep((train.slowdown - 1) * (seconds - last_seconds))
-            seconds += (train.slowdown - 1) * (seconds - last_seconds)
+        if setup.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
+            time.sleep((setup.slowdown - 1) * (seconds - last_seconds))
+            seconds += (setup.slowdown - 1) * (seconds - last_seconds)
         last_seconds = seconds
-        if checkpoint is not None and (done + steps) % train.checkpoint_steps == 0 and done + steps < inner.steps:
+        if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < inner.steps:
             save_started = time.perf_counter()
             adam, adam_meta = optimizer_state(optimizer, names)
             InnerCheckpoint(task=task_identity(task), steps=done + steps,
@@ -209,7 +213,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
             saving += time.perf_counter() - save_started
 
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
-                                                              seed=data_seed(train.seed, path=path),
+                                                              seed=data_seed(setup.run.seed, path=path),
                                                               skip_batches=task.step_offset + done)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
@@ -217,12 +221,12 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         with _timed(timings, "validation", device):
             val_loss = resume.val_loss_start if resume is not None else setup.validation.loss(model, path=path)
         with _timed(timings, "inner_loop", device):
-            first, total = phase_steps(inner, steps=train.rounds * inner.steps, after=setup.warm_start_steps)
+            first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
             stats = train_steps(trained, optimizer, _checked(_waited(ahead, timings), check),
                                 start_step=first + task.step_offset + done, steps=inner.steps - done,
                                 total_steps=total, config=inner, device=device,
-                                precision=train.precision,
-                                after_step=after_step if checkpoint is not None or train.slowdown > 1 else None)
+                                precision=hardware.precision,
+                                after_step=after_step if checkpoint is not None or setup.slowdown > 1 else None)
     setup.models.release_gradients()
     losses = stats["losses"]
     tokens, seconds = stats["tokens"], stats["seconds"] - saving
@@ -264,8 +268,8 @@ def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str
         inner_bytes = write_inner(setup.store, ref, *out.inner)
     meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
     with _timed(timings, "write_result"):
-        meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.outer.compression,
-                                   level=setup.outer.zstd_level)
+        meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.compression.codec,
+                                   level=setup.compression.zstd_level)
     return meta, stats, ref
 
 
@@ -277,8 +281,8 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
     store = setup.store
     committed = store.current_round()
     if run_finished(store):
-        raise ValueError(f"the run in {store.url} is finished (every path has had train.rounds = "
-                         f"{setup.train.rounds} results applied); nothing to train")
+        raise ValueError(f"the run in {store.url} is finished (every path has had run.rounds = "
+                         f"{setup.run.rounds} results applied); nothing to train")
     if result_exists(store, round=committed + 1, path=path, attempt=0):
         log.info("round %d path %d already has a result; nothing to do", committed + 1, path)
         return read_result_meta(store, round=committed + 1, path=path, attempt=0)
@@ -321,13 +325,13 @@ def _sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def _device(train: TrainConfig, ctx: ddp_mod.DDPContext | None) -> torch.device:
-    """The device this island (or DDP rank) trains on; on CUDA, fp32 matmuls on TF32 as `train.tf32` says."""
-    device = resolve_device(train.device)
+def _device(hardware: HardwareConfig, ctx: ddp_mod.DDPContext | None) -> torch.device:
+    """The device this island (or DDP rank) trains on; on CUDA, fp32 matmuls on TF32 as `hardware.tf32` says."""
+    device = resolve_device(hardware.device)
     if ctx is not None:
         device = ddp_mod.local_device(device)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = train.tf32
+        torch.backends.cuda.matmul.allow_tf32 = hardware.tf32
     return device
 
 
@@ -371,7 +375,7 @@ class IslandWorker:
         self.down_until: float | None = None
         self.tasks_done = 0
         self.checkpoint = (setup.checkpoints / f"{name}.safetensors"
-                           if setup.checkpoints is not None and setup.train.checkpoint_steps else None)
+                           if setup.checkpoints is not None and setup.resilience.checkpoint_steps else None)
         self.resumed: list[tuple[str, int]] = []  # (task key, steps) of the tasks resumed from the checkpoint
         self.cancelled: list[str] = []  # "key#attempt" of the tasks it stopped because the board no longer wanted them
         self._ask_for_checkpointed_path()
@@ -469,11 +473,11 @@ class IslandWorker:
 
     def _watch(self, task: Task) -> Callable[[], None]:
         """The check, before each inner step, that the board still wants `task`'s result: it reads the
-        board at most every `train.heartbeat_seconds` (island clock), in async mode only (sync never
+        board at most every `resilience.heartbeat_seconds` (island clock), in async mode only (sync never
         cancels), not in a DDP island (its ranks would part ways); raises `TaskCancelled`."""
-        if self.setup.outer.mode != "async" or self.ctx is not None:
+        if not self.setup.cancellable or self.ctx is not None:
             return lambda: None
-        every, last = self.setup.train.heartbeat_seconds, self.clock()
+        every, last = self.setup.resilience.heartbeat_seconds, self.clock()
 
         def watch() -> None:
             nonlocal last
@@ -529,7 +533,7 @@ class IslandWorker:
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(self.setup.train.heartbeat_seconds):
+            while not stop.wait(self.setup.resilience.heartbeat_seconds):
                 try:
                     self.heartbeat()
                 except Exception as err:  # a transient store error must not kill the island

@@ -1,16 +1,16 @@
-"""The coordinator and the islands as Ray tasks: `dipaco train train.launcher=ray`.
+"""The coordinator and the islands as Ray tasks: `dipaco train launcher.kind=ray`.
 
-    dipaco train --config configs/demo.yaml --run runs/demo train.launcher=ray                      # a local Ray instance
-    dipaco train --config configs/demo.yaml --run runs/demo train.launcher=ray train.ray_address=auto  # the running cluster
+    dipaco train --config configs/demo.yaml --run runs/demo launcher.kind=ray                      # a local Ray instance
+    dipaco train --config configs/demo.yaml --run runs/demo launcher.kind=ray launcher.ray_address=auto  # the running cluster
 
-`dipaco train` (the driver) connects to Ray (`ray.init(address=train.ray_address)`: "" starts a local
+`dipaco train` (the driver) connects to Ray (`ray.init(address=launcher.ray_address)`: "" starts a local
 instance, "auto" joins the cluster this node belongs to) and places one Ray task, asking for
-`train.ray_coordinator_cpus` CPUs, that runs the coordinator: `dipaco train` over the run's
+`launcher.ray_coordinator_cpus` CPUs, that runs the coordinator: `dipaco train` over the run's
 `config.yaml`, the very round loop of a local run (`dipaco.stages.train`). That coordinator places its
-`train.islands` islands as Ray tasks (`RayIslands`), each asking for `train.ray_island_cpus` CPUs
-(its torch threads) and `train.ray_island_gpus` GPUs (Ray sets CUDA_VISIBLE_DEVICES), and each
+`hardware.islands` islands as Ray tasks (`RayIslands`), each asking for `launcher.ray_island_cpus` CPUs
+(its torch threads) and `launcher.ray_island_gpus` GPUs (Ray sets CUDA_VISIBLE_DEVICES), and each
 running `dipaco island` (pull-based, unpinned, named island-0, island-1, ...), the command a
-machine of any cluster runs. `train.islands: 0` places as many islands as the cluster's CPUs (less
+machine of any cluster runs. `hardware.islands: 0` places as many islands as the cluster's CPUs (less
 the coordinator's) hold, at most one per path.
 
 A Ray task runs its command as a child process (`dipaco.islands.processes.run_one`): its own process
@@ -18,7 +18,7 @@ group, its log in `<run>/logs/<name>.log` as with local processes, and it exits 
 its Ray worker's death (`exit_with_parent`). Failures are handled as for local island processes
 (`WorkerPool`): the coordinator hands a lost island's task to another island (heartbeats, new
 incarnations); an island whose process was killed (a signal: OOM killer, preemption) or whose Ray
-worker or node died is placed again by Ray, up to `train.ray_island_restarts` times, and comes back
+worker or node died is placed again by Ray, up to `launcher.ray_island_restarts` times, and comes back
 as a new incarnation of the same island; an island that exits with an error is reported with its log
 and the others carry on; the run fails when every island has exited. Stopping the driver (Ctrl-C,
 SIGTERM) cancels the coordinator task, which stops its islands (`ray.cancel`) and releases the lease;
@@ -47,7 +47,7 @@ POLL_SECONDS = 1.0
 
 
 class IslandKilled(RuntimeError):
-    """An island's process was killed by a signal: Ray places it again (`train.ray_island_restarts`)."""
+    """An island's process was killed by a signal: Ray places it again (`launcher.ray_island_restarts`)."""
 
 
 def require_ray():
@@ -55,8 +55,8 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise RuntimeError("train.launcher=ray needs Ray, which is not installed: pip install 'dipaco[ray]' "
-                           "(or pip install ray), or use train.launcher=local") from None
+        raise RuntimeError("launcher.kind=ray needs Ray, which is not installed: pip install 'dipaco[ray]' "
+                           "(or pip install ray), or use launcher.kind=local") from None
     return ray
 
 
@@ -72,13 +72,13 @@ def connect(address: str):
         else:
             ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # this machine only
     except (ConnectionError, RuntimeError, ValueError) as err:
-        where = f"the Ray cluster at train.ray_address={address!r}" if address else "a local Ray instance"
+        where = f"the Ray cluster at launcher.ray_address={address!r}" if address else "a local Ray instance"
         raise RuntimeError(f"cannot connect to {where}: {err}") from None
     return ray, True
 
 
 def in_coordinator_task() -> bool:
-    """Is this process the coordinator that a `train.launcher=ray` driver placed on Ray?"""
+    """Is this process the coordinator that a `launcher.kind=ray` driver placed on Ray?"""
     return os.environ.get(COORDINATOR_ENV) == "1"
 
 

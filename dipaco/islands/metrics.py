@@ -3,7 +3,7 @@
     tensorboard --logdir runs/demo/tensorboard        # while `dipaco train` runs, or after
 
 The round loop (`dipaco.stages.train`) calls `RunMetrics.round` after each committed round and
-`RunMetrics.final` after the run's last version is scored; `train.tensorboard: false` turns it off.
+`RunMetrics.final` after the run's last version is scored; `run.tensorboard: false` turns it off.
 Everything comes from what the round already wrote (its `RoundStats`, its manifest and the applied
 results' metadata in the store) and the outer step's norms the coordinator kept; the step of every
 scalar is the module version (round) it belongs to. Tags:
@@ -49,8 +49,8 @@ class RunMetrics:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
-            log.warning("train.tensorboard: the tensorboard package is not installed (%s); no event files are "
-                        "written (pip install tensorboard, or set train.tensorboard=false)", err)
+            log.warning("run.tensorboard: the tensorboard package is not installed (%s); no event files are "
+                        "written (pip install tensorboard, or set run.tensorboard=false)", err)
             return
         self.writer = SummaryWriter(log_dir=str(logdir))
 

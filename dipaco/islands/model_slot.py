@@ -3,7 +3,7 @@
 A task used to build a fresh `LlamaForCausalLM` (initialising every weight at random), overwrite
 every weight with the modules it read from the store, then move the model to the device. The slot
 builds the model on the device once per island (with its DDP wrapper under torchrun, and compiled
-when `train.compile` is set, so the compile is paid once per island, not per task); each task then
+when `hardware.compile` is set, so the compile is paid once per island, not per task); each task then
 copies its modules straight into the parameters on the device.
 
     slot = ModelSlot()

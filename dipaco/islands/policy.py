@@ -4,7 +4,7 @@ The coordinator (`dipaco.islands.coordinator`) is the I/O around it; `dipaco sim
 same object on a virtual clock. Everything it knows comes in as events, everything it decides goes out
 as plain dataclasses:
 
-    policy = RoundPolicy(Grid.of(topology), cfg.outer, rounds=cfg.train.rounds)  # committed=t, applied=... on a restart
+    policy = RoundPolicy(Grid.of(topology), cfg.rounds, rounds=cfg.run.rounds)  # committed=t, applied=... on a restart
     policy.received(Result(key, path=2, base=4, tokens=51200, arrived=t, started=t0))   # a result came in
     policy.close_due(now, running=[Running(...)], idle=[IdleIsland(...)])   # may round committed+1 close?
     plan = policy.plan()                                         # what its outer step applies, per module
@@ -27,31 +27,31 @@ Driving it (the coordinator's `tick`, which a simulator repeats to make the same
    for work again), then step 2 again;
 5. `assign(open, idle)`: the hand-outs, after any commit.
 
-The rules (`outer.mode`):
+The rules (`rounds.mode`):
 
 - **sync** (the paper): round t closes once every path has reported from version t − 1; every result
   is applied with weight 1. Nothing else differs from async below (the same code decides).
 - **async** (Decoupled DiLoCo), per module. A module m is *ready* when at least
-  ceil(outer.quorum × |P(m)|) of its own paths P(m) have a result based on its current version, and
+  ceil(rounds.quorum × |P(m)|) of its own paths P(m) have a result based on its current version, and
   then either all of P(m) have reported or its grace window (below) has passed. A round closes when
   every *shared* module (|P(m)| > 1) is ready; a path-private module is never waited for: it advances
   in every round in which its path has a result, so `private_blocks` / `private_embeddings` do not make
   async sync. (Without shared modules, a round closes as soon as any result is in.)
 - **Adaptive grace window.** After module m's quorum is reached at time q_m, the round waits only for
-  the paths of m whose running task is expected to finish by q_m + outer.grace_seconds, expecting
+  the paths of m whose running task is expected to finish by q_m + rounds.grace_seconds, expecting
   each at its start + the median measured task time (arrival − start of the last 16 results; until
-  one is measured, the whole outer.grace_seconds). So it never waits for a path that is not running,
+  one is measured, the whole rounds.grace_seconds). So it never waits for a path that is not running,
   nor for one not expected in time, and the window shrinks to nothing when tasks are long. It also
   ends at once when a live island is idle with no task it may take: an island never idles while a
   commit would give its path new work.
 - **Staleness, per module.** A result based on version b, applied in round t: for the shared modules
   s = t − 1 − b (every shared module advances in every round); for a private module, s = how many
   results of its path were applied in rounds b+1 … t−1 (normally 0). Weight (`dipaco.optim.weighting`:
-  shard size, tokens or 1) × (1 + s) ^ −outer.staleness_power; a result whose shared staleness exceeds outer.max_staleness is dropped whole.
+  shard size, tokens or 1) × (1 + s) ^ −rounds.staleness_power; a result whose shared staleness exceeds rounds.max_staleness is dropped whole.
   Sync: weight 1 for s = 0, nothing else exists.
 - **Cancellation** (async). A running task based on version b can report at the earliest into the
   round after the newest one, committed + 1, where its staleness is committed − b, and staleness only
-  grows. So once committed − b ≥ outer.max_staleness + 1 its result can never be applied: `cancel`
+  grows. So once committed − b ≥ rounds.max_staleness + 1 its result can never be applied: `cancel`
   names it right after the commit that makes it so (the commit of version b + max_staleness + 1), and
   it is replaced by an open task for its path from the newest version (continuing the path's steps
   and inner state); its island stops it and takes new work. With it no result is ever dropped in a
@@ -60,7 +60,7 @@ The rules (`outer.mode`):
   existed). The same test as `on_lost`'s. Sync never cancels (a sync round waits for every path).
 - **√ rescale** (`outer.rescale_by_paths`): by √|P(m)|, the number of paths through the module, not the
   number of results applied (a path with a stale and a fresh result counts once; a private module ×1).
-- **The run's length** (`rounds`, = `train.rounds`; None = no end): applied work, not versions. The
+- **The run's length** (`rounds`, = `run.rounds`; None = no end): applied work, not versions. The
   run is `done` when every path has had `rounds` results applied (sync: after round `rounds`, as
   before; async: usually more versions, the same work). `outstanding(p)` = rounds − p's applied
   results − its pending results the next round applies. A path that owes nothing gets no task and
@@ -73,7 +73,7 @@ The rules (`outer.mode`):
   can no longer be applied is cancelled (above). A lost task in async
   mode is replaced by one from the newest version when its base is older (sync: retried as is), unless
   its island is back with the task's inner checkpoint and its result could still be applied (at most
-  outer.max_staleness versions behind): then it is retried, and resumed there.
+  rounds.max_staleness versions behind): then it is retried, and resumed there.
   Idle islands take open tasks oldest base first, then the path that has trained fewest steps (no path
   starves when every open task is rebased), then the lowest path: an island pinned to paths only takes
   those; an island prefers the path it trained last (its inner state is local). A fast island simply
@@ -88,7 +88,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dipaco.config import OuterConfig
+from dipaco.config import RoundsConfig
 from dipaco.model.topology import Topology
 
 TASK_TIMES_KEPT = 16  # measured task times the grace window's median is taken over
@@ -197,7 +197,7 @@ class RoundPlan:
         return [v for v in self.verdicts if v.factor is None]
 
 
-def staleness_weight(staleness: int, *, config: OuterConfig) -> float | None:
+def staleness_weight(staleness: int, *, config: RoundsConfig) -> float | None:
     """Multiplier for a result `staleness` versions old; None when it is to be dropped."""
     if staleness < 0:
         raise ValueError(f"a result cannot start from a version newer than the one it is applied to (staleness {staleness})")
@@ -212,13 +212,13 @@ class RoundPolicy:
     """The round policy's state: the committed version, the results not yet used, which rounds applied
     each path's results (private modules' versions), the measured task times and the quorum clocks."""
 
-    def __init__(self, grid: Grid, config: OuterConfig, *, rounds: int | None = None, committed: int = 0,
+    def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, committed: int = 0,
                  applied: Iterable[tuple[int, int]] = ()):
-        """`rounds`: the run's length, in results applied per path (`train.rounds`; None = no end, e.g.
+        """`rounds`: the run's length, in results applied per path (`run.rounds`; None = no end, e.g.
         a simulation to a horizon). `applied`: (round, path) of every result applied by committed rounds
         (from their manifests)."""
         if rounds is not None and rounds < 1:
-            raise ValueError(f"a run's length must be >= 1 result per path (train.rounds), got {rounds}")
+            raise ValueError(f"a run's length must be >= 1 result per path (run.rounds), got {rounds}")
         self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
         self.pending: dict[str, Result] = {}
         self.applied_rounds: dict[int, list[int]] = {p: [] for p in range(grid.n_paths)}
@@ -399,7 +399,7 @@ class RoundPolicy:
 
     def cancel(self, running: Iterable[Running]) -> list[str]:
         """The keys of the running tasks to cancel now (after a commit): async, those whose result could
-        no longer be applied when it arrives, committed − base > outer.max_staleness (module docstring,
+        no longer be applied when it arrives, committed − base > rounds.max_staleness (module docstring,
         Cancellation); sync never cancels."""
         if self.config.mode != "async":
             return []
@@ -409,7 +409,7 @@ class RoundPolicy:
         """A task's island was lost: "retry" it (next attempt, same base) or "replace" it by a task from
         the newest version. `resumable`: the island is back and holds the task's inner checkpoint, so the
         task is still its own (its result, if stale, is weighted like any other) — unless its result
-        could no longer be applied (more than outer.max_staleness versions since its base): resuming
+        could no longer be applied (more than rounds.max_staleness versions since its base): resuming
         it would only train a result that is dropped."""
         if self.config.mode != "async" or base == self.committed:
             return "retry"

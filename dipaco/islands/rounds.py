@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from dipaco.config import OuterConfig
+from dipaco.config import OuterConfig, RoundsConfig
 from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
@@ -45,7 +45,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
-    only `pending`. `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
+    only `pending` (sync). `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
     results' metadata by task key where the caller has read it already (the coordinator, when it validated
     them); the others are read here. Streams module by module (module docstring): memory holds a few copies of one module.
     `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm)."""
@@ -55,7 +55,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                                                                attempt=task.result_attempt)
              for task in sorted(pending, key=lambda t: (t.path, t.base))}
     if plan is None:
-        policy = RoundPolicy(Grid.of(topology), config, committed=round - 1)
+        policy = RoundPolicy(Grid.of(topology), RoundsConfig(), committed=round - 1)
         for key, meta in metas.items():
             policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0))
         plan = policy.plan()

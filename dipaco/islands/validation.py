@@ -1,6 +1,6 @@
 """Island results are checked before any shared module sees them: the coordinator trusts no island.
 
-    validator = ResultValidator(store, topology, outer=cfg.outer, tokens_per_task=steps * batch * seq_len)
+    validator = ResultValidator(store, topology, resilience=cfg.resilience, tokens_per_task=steps * batch * seq_len)
     reason = validator.check(task, attempt)          # None: apply it; else why it is rejected
     task = validator.requeue(task, reason)           # the task as the next attempt (logged)
     validator.moved(task, fresh)                     # ... replaced by one from a newer version (async)
@@ -14,12 +14,12 @@ A result (its `ResultMeta` JSON and its pseudo-gradient file) is accepted only w
 - its token count is the coordinator's own, inner.steps × inner.batch_size × sharding.seq_len (what
   every task trains; data-parallel ranks split the batch), so a claimed 1e15 cannot dominate the
   weighted average; its losses and seconds are finite;
-- its norm is not an outlier: at most `outer.max_grad_norm_ratio` times the median norm of the path's
+- its norm is not an outlier: at most `resilience.max_norm_ratio` times the median norm of the path's
   last accepted results (none to compare with: accepted; the history lives in the coordinator's
   memory and starts again after a restart).
 
 A rejected result is logged with its reason and its task handed out again as the next attempt; after
-`outer.max_rejections` rejections of one task the run stops with the reasons (a deterministic island
+`resilience.max_rejections` rejections of one task the run stops with the reasons (a deterministic island
 would only repeat them). Each (task, attempt) is checked once, and the `ResultMeta` an accepted one was
 checked with is handed to the coordinator (`accepted_meta`), so its JSON is read once per result.
 """
@@ -35,7 +35,7 @@ import statistics
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dipaco.config import OuterConfig
+from dipaco.config import ResilienceConfig
 from dipaco.model.topology import Topology
 from dipaco.store.board import read_result_meta, result_file
 from dipaco.store.compress import decompress
@@ -48,8 +48,9 @@ HISTORY = 8  # accepted norms per path the outlier test compares with
 
 
 class ResultValidator:
-    def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, tokens_per_task: int | None):
-        self.store, self.topology, self.outer = store, topology, outer
+    def __init__(self, store: ModuleStore, topology: Topology, *, resilience: ResilienceConfig,
+                 tokens_per_task: int | None):
+        self.store, self.topology, self.resilience = store, topology, resilience
         self.tokens_per_task = tokens_per_task  # None: not checked (a caller that does not know the batch shape)
         self.norms: dict[int, list[float]] = {}  # path -> norms of its accepted results, oldest first
         self.verdicts: dict[tuple[str, int], str | None] = {}  # (task key, attempt) -> None or the reason
@@ -80,18 +81,18 @@ class ResultValidator:
         return self._accepted.pop((task.key, attempt), None)
 
     def requeue(self, task: Task, reason: str) -> Task:
-        """`task` open again as its next attempt; the run stops after `outer.max_rejections` rejections."""
+        """`task` open again as its next attempt; the run stops after `resilience.max_rejections` rejections."""
         reasons = self.rejections.setdefault(task.key, [])
         reasons.append(reason)
-        if len(reasons) >= self.outer.max_rejections:
-            raise RuntimeError(f"{len(reasons)} results of {task.key} were rejected (outer.max_rejections): "
+        if len(reasons) >= self.resilience.max_rejections:
+            raise RuntimeError(f"{len(reasons)} results of {task.key} were rejected (resilience.max_rejections): "
                                + "; ".join(reasons))
         log.warning("%s is open again as attempt %d", task.key, task.attempt + 1)
         return dataclasses.replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
     def moved(self, task: Task, to: Task) -> None:
         """`task`, open again after a rejection, was replaced by `to` from a newer version: its rejections
-        count on (`outer.max_rejections` is per path's piece of work, not per version it starts from)."""
+        count on (`resilience.max_rejections` is per path's piece of work, not per version it starts from)."""
         self.rejections[to.key] = self.rejections.pop(task.key, []) + self.rejections.get(to.key, [])
 
     # --- the checks ----------------------------------------------------------------------------------
@@ -130,13 +131,13 @@ class ResultValidator:
 
     def _outlier(self, path: int, norm: float) -> str | None:
         history = self.norms.get(path)
-        ratio = self.outer.max_grad_norm_ratio
+        ratio = self.resilience.max_norm_ratio
         if not ratio or not history:
             return None
         median = statistics.median(history)
         if median > 0 and norm > ratio * median:
             return (f"pseudo-gradient norm {norm:.4g} is {norm / median:.1f}x the median {median:.4g} of path {path}'s "
-                    f"last {len(history)} accepted results (outer.max_grad_norm_ratio {ratio})")
+                    f"last {len(history)} accepted results (resilience.max_norm_ratio {ratio})")
         return None
 
     def _module_shapes(self, module: str) -> dict[str, tuple[list[int], str]]:

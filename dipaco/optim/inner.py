@@ -77,7 +77,7 @@ def warm_start_total(config: InnerConfig, steps: int) -> int | None:
 
 def make_optimizer(model: torch.nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not norms or biases); `fused` picks torch's fused
-    kernel (`train.fused_adamw`: one kernel over all parameters; it rounds differently from the default)."""
+    kernel (`inner.fused`: one kernel over all parameters; it rounds differently from the default)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

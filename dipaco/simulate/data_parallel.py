@@ -27,7 +27,7 @@ def simulate_data_parallel(settings: Settings, failures: FailureModel, *, elasti
 
     job = Learner(0, settings.total_chips, response="elastic" if elastic else "restart",
                   restart_seconds=sim.restart_seconds, reconfigure_seconds=sim.reconfigure_seconds,
-                  checkpoint_steps=sim.checkpoint_steps, queue=queue, on_done=never_done, on_lost=lost)
+                  checkpoint_steps=sim.checkpoint_interval, queue=queue, on_done=never_done, on_lost=lost)
     job.give(Work(seconds=math.inf, step=sim.step_seconds))
     schedule_failures(queue, failures.failure_times(0, settings.total_chips), job.fail, until=settings.horizon)
     queue.run(settings.horizon)

@@ -8,7 +8,7 @@ pseudo-gradient (`upload seconds`), and is then idle until the policy gives it i
 mode after the round closes (stragglers and transfers block everyone); in async mode when the policy
 says (its quorum, adaptive grace window and idle-island rule), and stale results are weighted or
 dropped by the policy. When a commit leaves a running task's result unappliable the policy cancels it
-(async): the learner stops at once (a real island notices within `train.heartbeat_seconds`) and is
+(async): the learner stops at once (a real island notices within `resilience.heartbeat_seconds`) and is
 handed its path's fresh task from the newest version; one already uploading finishes the upload, and
 its result is ignored.
 A failure rolls the learner's task back to its last inner checkpoint (`restart`) or costs it a step and
@@ -55,13 +55,13 @@ class RoundsSimulation:
                  topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
                  rounds: int | None = None) -> None:
         """`rounds`: stop handing out work once every path has had this many results applied (the real
-        run's `train.rounds`, decided by the same policy); None: train to the horizon."""
+        run's `run.rounds`, decided by the same policy); None: train to the horizon."""
         self.settings, self.failures = settings, failures
-        self.outer = dataclasses.replace(settings.outer, mode=mode)
+        self.closing = dataclasses.replace(settings.rounds, mode=mode)
         self.queue = EventQueue()
         self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
-        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.outer,
-                             inner_steps=settings.sim.inner_steps, rounds=rounds)
+        self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.closing,
+                             inner_steps=settings.inner_steps, rounds=rounds)
         self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
         self.uploading: set[int] = set()
         self.wake_scheduled: set[float] = set()
@@ -77,7 +77,7 @@ class RoundsSimulation:
         sim = settings.sim
         self.learners = [
             Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
-                    reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_steps,
+                    reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_interval,
                     queue=self.queue, on_done=self._task_done, on_lost=self._lost)
             for i in range(sim.learners)]
 
@@ -171,7 +171,7 @@ class RoundsSimulation:
         self.bytes_moved += self.settings.download_bytes
         step = sim.step_seconds * self.failures.speed_factor()
         download = self.settings.transfer_seconds(self.settings.download_bytes)
-        learner.give(Work(seconds=sim.inner_steps * step, step=step, not_before=now + download, tag=task))
+        learner.give(Work(seconds=self.settings.inner_steps * step, step=step, not_before=now + download, tag=task))
 
     def _account(self, plan: RoundPlan, now: float) -> None:
         for verdict in plan.verdicts:

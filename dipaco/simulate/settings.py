@@ -1,25 +1,32 @@
-"""What one simulation runs: the `simulate` config section, the round policy's `outer` section, and the
-quantities derived from them (total chips, horizon, transfer times)."""
+"""What one simulation runs: the `simulate` config section, the round policy's `rounds` section, the codec
+and inner steps of a task, and the quantities derived from them (total chips, horizon, transfer times)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dipaco.config import OuterConfig, SimulateConfig
+from dipaco.config import Config, RoundsConfig, SimulateConfig
 from dipaco.simulate.failures import HOUR
 
-UPLOAD_BITS = {"none": 32, "int8": 8, "int4": 4}  # bits per parameter of an uploaded pseudo-gradient (outer.compression)
+UPLOAD_BITS = {"none": 32, "int8": 8, "int4": 4}  # bits per parameter of an uploaded pseudo-gradient (compression.codec)
 
 
 @dataclass(frozen=True)
 class Settings:
     sim: SimulateConfig
-    outer: OuterConfig
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)  # how the syncer closes rounds (its mode is each strategy's)
+    codec: str = "none"  # how uploaded pseudo-gradients are compressed (compression.codec)
+    inner_steps: int = 100  # inner steps per task (inner.steps)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Settings:
+        return cls(sim=config.simulate, rounds=config.rounds, codec=config.compression.codec,
+                   inner_steps=config.inner.steps)
 
     def with_(self, **changes) -> Settings:
         """The same settings with some `simulate` fields changed (e.g. learners=16)."""
-        return Settings(sim=dataclasses.replace(self.sim, **changes), outer=self.outer)
+        return dataclasses.replace(self, sim=dataclasses.replace(self.sim, **changes))
 
     @property
     def total_chips(self) -> int:
@@ -32,12 +39,12 @@ class Settings:
     @property
     def task_seconds(self) -> float:
         """A task at nominal speed: inner_steps steps."""
-        return self.sim.inner_steps * self.sim.step_seconds
+        return self.inner_steps * self.sim.step_seconds
 
     @property
     def upload_bytes(self) -> float:
-        """One task's pseudo-gradient, compressed as `outer.compression` says."""
-        return self.sim.model_parameters * UPLOAD_BITS[self.outer.compression] / 8
+        """One task's pseudo-gradient, compressed as `compression.codec` says."""
+        return self.sim.model_parameters * UPLOAD_BITS[self.codec] / 8
 
     @property
     def download_bytes(self) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from dipaco.config import OuterConfig
+from dipaco.config import RoundsConfig
 from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPlan, RoundPolicy, Running
 from dipaco.model.topology import Topology
 
@@ -35,9 +35,9 @@ class Pass:
 
 
 class Syncer:
-    def __init__(self, topology: Topology, outer: OuterConfig, *, inner_steps: int, rounds: int | None = None) -> None:
-        """`rounds`: the run's length in results applied per path, as `train.rounds` (None: to the horizon)."""
-        self.policy = RoundPolicy(Grid.of(topology), outer, rounds=rounds)
+    def __init__(self, topology: Topology, closing: RoundsConfig, *, inner_steps: int, rounds: int | None = None) -> None:
+        """`rounds`: the run's length in results applied per path, as `run.rounds` (None: to the horizon)."""
+        self.policy = RoundPolicy(Grid.of(topology), closing, rounds=rounds)
         self.inner_steps = inner_steps
         self.steps_done = {p: 0 for p in range(topology.n_paths)}  # per path, from the results received
         self.open: dict[str, SimTask] = {}

@@ -6,7 +6,7 @@ grid) trained on all paths' data with the same recipe.
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
 its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`). Its budget includes
-the `pretrain.steps` of the warm start the grid started from (`dipaco.eval.baselines`): with
+the steps of the warm start the grid started from (`dipaco.eval.baselines`): with
 `eval.baselines_init: warm-start` (the default) a path-sized baseline continues from that dense model
 (`pretrain/model.safetensors`) for the rest of its budget; with `scratch` it trains the whole budget
 from a fresh model. The summary records which (`init`) and the warm start's steps and tokens.
@@ -40,15 +40,15 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
     if name not in steps:
         raise ValueError(f"unknown baseline {name!r}; baselines are {sorted(steps)}")
     spec = dataclasses.replace(factory.spec, model=baseline_model_config(config.model, config.eval, name))
-    warm = continues_warm_start(name, init=config.eval.baselines_init, pretrain_steps=config.pretrain.steps,
-                                warm_start=config.pretrain.warm_start)
+    warm = continues_warm_start(name, init=config.eval.baselines_init, pretrain_steps=config.pretrain_steps,
+                                warm_start=config.warm_start.init_modules)
     start = warm_start_record(config, run) if warm else {"steps": 0, "tokens": 0}
     info = {"name": name, "init": "warm-start" if warm else "scratch", "pretrain_steps": start["steps"],
-            "pretrain_tokens": start["tokens"], "pretrain_steps_in_budget": config.pretrain.steps}
-    batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
+            "pretrain_tokens": start["tokens"], "pretrain_steps_in_budget": config.pretrain_steps}
+    batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=config.run.seed)
     own = own_steps(steps[name], pretrain_steps=start["steps"], warm_started=warm)
-    _, summary = train_dense(spec, batches, steps=own, inner=config.inner, seed=config.train.seed,
-                             device=resolve_device(config.train.device), precision=config.train.precision,
+    _, summary = train_dense(spec, batches, steps=own, inner=config.inner, seed=config.run.seed,
+                             device=resolve_device(config.hardware.device), precision=config.hardware.precision,
                              out=run.baselines / name, info=info, init=run.pretrain / PARAMETERS if warm else None,
                              schedule=phase_steps(config.inner, steps=own, after=start["steps"]),
                              init_optimizer=warm_start_optimizer(config, run) if warm else None)
@@ -57,7 +57,7 @@ def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
 
 def warm_start_record(config: Config, run: RunDir) -> dict:
     """Steps and tokens of the run's dense warm start (`pretrain/summary.json`), which a baseline
-    continues from; an error naming the file when it is missing or trained for other than `pretrain.steps`."""
+    continues from; an error naming the file when it is missing or trained for other than `Config.pretrain_steps`."""
     record, parameters = run.pretrain / SUMMARY, run.pretrain / PARAMETERS
     if not (record.exists() and parameters.exists()):
         raise ValueError(f"the baselines continue from the dense warm start (eval.baselines_init: warm-start), but "
@@ -65,9 +65,9 @@ def warm_start_record(config: Config, run: RunDir) -> dict:
                          f"eval.baselines_init=scratch")
     pretrained = json.loads(record.read_text())
     check_schedule(config, record)
-    if int(pretrained["steps"]) != config.pretrain.steps:
-        raise ValueError(f"{record} records a warm start of {pretrained['steps']} steps, but pretrain.steps is "
-                         f"{config.pretrain.steps}: run `dipaco pretrain` again (or `dipaco run --restart-from pretrain`)")
+    if int(pretrained["steps"]) != config.pretrain_steps:
+        raise ValueError(f"{record} records a warm start of {pretrained['steps']} steps, but this config asks for "
+                         f"{config.pretrain_steps}: run `dipaco pretrain` again (or `dipaco run --restart-from pretrain`)")
     return {"steps": int(pretrained["steps"]), "tokens": int(pretrained["tokens"])}
 
 
@@ -88,7 +88,7 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
     first = None
     if alongside is not None:
         if tasks:
-            islands, _ = plan_parallelism(n_paths, processes=config.train.islands)  # the train stage's rule
+            islands, _ = plan_parallelism(n_paths, processes=config.hardware.islands)  # the train stage's rule
             threads = max(1, available_cores() // (islands + 1))
             log.info("training %s alongside the islands (torch threads: %d)", tasks[0].name, threads)
             first, tasks = WorkerPool(tasks[:1], threads=threads), tasks[1:]
@@ -100,7 +100,7 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
             raise
     try:
         if tasks:
-            processes, threads = plan_parallelism(len(tasks) + (first is not None), threads=config.train.threads_per_island)
+            processes, threads = plan_parallelism(len(tasks) + (first is not None), threads=config.hardware.threads_per_island)
             run_tasks(tasks, processes=max(1, processes - (first is not None)), threads=threads, desc="baselines")
         if first is not None:
             first.wait()

@@ -44,7 +44,7 @@ class PathFactory:
 
     @cached_property
     def store(self) -> ModuleStore:
-        return ModuleStore(self.config.train.store_url or str(self.run.store))
+        return ModuleStore(self.config.store.url or str(self.run.store))
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -83,7 +83,7 @@ class PathFactory:
     def validation(self) -> ValidationData:
         """Each path's validation batches, as the islands score them (early stopping)."""
         return ValidationData(reader=self.reader, batch_size=self.config.inner.batch_size,
-                              max_batches=self.config.inner.val_batches, precision=self.config.train.precision)
+                              max_batches=self.config.inner.val_batches, precision=self.config.hardware.precision)
 
     def new_model(self, *, seed: int | None = None) -> LlamaForCausalLM:
         """A path-shaped model (random weights, seeded when `seed` is given)."""
@@ -103,14 +103,9 @@ def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
 
 def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
     """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`): the
-    warm start's `pretrain.steps` included."""
-    return baseline_steps(steps_per_path=config.train.rounds * config.inner.steps, n_paths=n_paths,
-                          large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain.steps)
-
-
-def warm_start_steps(config: Config) -> int:
-    """The dense warm start's steps the paths continue (`inner.schedule: wsd` counts on from them); 0 without one."""
-    return config.pretrain.steps if config.pretrain.warm_start else 0
+    warm start's steps included."""
+    return baseline_steps(steps_per_path=config.run.rounds * config.inner.steps, n_paths=n_paths,
+                          large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain_steps)
 
 
 def check_schedule(config: Config, record: Path) -> None:
@@ -126,13 +121,13 @@ def check_schedule(config: Config, record: Path) -> None:
 
 
 def warm_start_optimizer(config: Config, run: RunDir) -> Path | None:
-    """The warm start's AdamW state (`pretrain/optimizer.safetensors`) when `pretrain.continue_optimizer`
+    """The warm start's AdamW state (`pretrain/optimizer.safetensors`) when `warm_start.continue_optimizer`
     says to continue it, else None; an error naming the file when it is missing."""
-    if not config.pretrain.continue_optimizer:
+    if not config.warm_start.continue_optimizer:
         return None
     file = run.pretrain / "optimizer.safetensors"
     if not file.exists():
-        raise ValueError(f"pretrain.continue_optimizer is set but {file} is missing (a warm start pretrained before "
-                         f"dipaco saved its AdamW state): run `dipaco pretrain` again, or set pretrain.continue_optimizer=false")
+        raise ValueError(f"warm_start.continue_optimizer is set but {file} is missing (a warm start pretrained before "
+                         f"dipaco saved its AdamW state): run `dipaco pretrain` again, or set warm_start.continue_optimizer=false")
     return file
 

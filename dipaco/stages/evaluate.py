@@ -47,7 +47,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
     check(run, config, ("route", "shard", "train"))  # shards of another router would score nonsense
     factory = PathFactory(config, run)
-    device = resolve_device(config.eval.device)
+    device = resolve_device(config.hardware.device)
     topology, store = factory.topology, factory.store
     round = store.current_round()
     if round == 0:
@@ -55,7 +55,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     docs, _, shard_paths = factory.reader.test_documents()
     prefix = config.routing.prefix_tokens
     router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
-    scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.eval.precision,
+    scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.hardware.precision,
                    pad_id=factory.tokenizer.pad_token_id or 0)
     table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
                       score=partial(token_losses, **scoring))
@@ -89,11 +89,11 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         started = int(info.get("pretrain_steps", 0))  # the warm start it continued from (0: from scratch)
         if started + info["steps"] != budget:
             log.warning("baseline %s in %s trained %d steps (+%d of the warm start), but this config's budget is %d "
-                        "(pretrain.steps %d included): delete the folder and run `dipaco baselines` again", name,
-                        folder, info["steps"], started, budget, config.pretrain.steps)
+                        "(%d warm-start steps included): delete the folder and run `dipaco baselines` again", name,
+                        folder, info["steps"], started, budget, config.pretrain_steps)
         init = "warm-start" if continues_warm_start(name, init=config.eval.baselines_init,
-                                                    pretrain_steps=config.pretrain.steps,
-                                                    warm_start=config.pretrain.warm_start) else "scratch"
+                                                    pretrain_steps=config.pretrain_steps,
+                                                    warm_start=config.warm_start.init_modules) else "scratch"
         if info.get("init", "scratch") != init:
             log.warning("baseline %s in %s was trained from %s, this config asks for %s (eval.baselines_init): "
                         "delete the folder and run `dipaco baselines` again", name, folder,
@@ -120,7 +120,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         from dipaco.eval.early_stopping import best_of_run
 
         best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
-                                  device=resolve_device(config.train.device))[0] if best else None
+                                  device=resolve_device(config.hardware.device))[0] if best else None
         results["modes"] = evaluate_modes(table, route=router, paths=paths, modes=modes, rounds=last,
                                           best=best_rounds, n_paths=topology.n_paths, prefix=prefix)
     broken = non_finite(results)
@@ -146,9 +146,9 @@ def non_finite(obj, where: str = "") -> list[str]:
 
 def warm_start(config: Config, run: RunDir) -> dict:
     """Steps and tokens of the dense warm start the run's paths started from (zeros without one):
-    `pretrain/summary.json` when `pretrain.steps` and `pretrain.warm_start` are set."""
+    `pretrain/summary.json` when there is a warm start and `warm_start.init_modules` is set."""
     record = run.pretrain / "summary.json"
-    if not (config.pretrain.steps and config.pretrain.warm_start and record.exists()):
+    if not (config.pretrain_steps and config.warm_start.init_modules and record.exists()):
         return {"steps": 0, "tokens": 0}
     pretrained = json.loads(record.read_text())
     return {"steps": int(pretrained["steps"]), "tokens": int(pretrained["tokens"])}

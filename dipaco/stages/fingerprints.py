@@ -7,7 +7,7 @@ A stage's record (`routing/fingerprint.json`, `shards/fingerprint.json`, `train-
 the values of the config keys that stage depends on (`STAGE_KEYS`, the one dependency table) and the
 fingerprints of its inputs:
 
-    route   corpus.*, routing.* (but the batch size and the reroute keys), sharding.tokenizer,
+    route   corpus.*, routing.* (but the batch size), sharding.tokenizer,
             sharding.vocab_size, topology.levels / replicas; input: every corpus file (size, mtime, sha256)
     shard   sharding.seq_len / val_fraction / tokens_per_shard / seed, routing.prefix_tokens,
             topology.levels / replicas; input: the router it packed for (index.json's router fingerprint,
@@ -16,7 +16,7 @@ fingerprints of its inputs:
 
 Checking a stage compares its record with the current config and inputs; any difference stops with the
 keys that differ (old → new) and the two ways out: `dipaco run --restart-from STAGE` (the stale artifacts
-are moved to `superseded/`) or a new run directory. Keys not listed (eval.*, inner.*, train.rounds, ...)
+are moved to `superseded/`) or a new run directory. Keys not listed (eval.*, inner.*, run.rounds, ...)
 never trigger it. Runs made before records existed are accepted with a warning.
 """
 
@@ -40,9 +40,8 @@ STAGE_ORDER = ("pretrain", "route", "shard", "train", "baselines", "eval", "repo
 
 # stage → the config keys its artifacts depend on ("section" = every key of it, "-section.key" = but that one)
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "route": ("corpus", "routing", "-routing.hf_batch_size", "-routing.reroute_candidates", "-routing.reroute_c",
-              "-routing.reroute_target", "sharding.tokenizer", "sharding.vocab_size", "topology.levels",
-              "topology.replicas"),
+    "route": ("corpus", "routing", "-routing.hf_batch_size", "sharding.tokenizer", "sharding.vocab_size",
+              "topology.levels", "topology.replicas"),
     "shard": ("sharding.seq_len", "sharding.val_fraction", "sharding.tokens_per_shard", "sharding.seed",
               "routing.prefix_tokens", "topology.levels", "topology.replicas"),
     "train": ("model", "topology", "sharding.seq_len"),
@@ -239,14 +238,14 @@ ARTIFACTS = {
 def restart_from(run: RunDir, config: Config, stage: str) -> Path | None:
     """Move the artifacts of `stage` and every later stage to `superseded/<UTC time>/` so that `dipaco run`
     redoes them; returns that folder (None when there was nothing to move). A remote module store
-    (`train.store_url`) cannot be moved: refused."""
+    (`store.url`) cannot be moved: refused."""
     import time
 
     later = STAGE_ORDER[STAGE_ORDER.index(stage):]
-    if config.train.store_url and "train" in later:
-        raise ValueError(f"--restart-from {stage} redoes training, but train.store_url {config.train.store_url!r} "
+    if config.store.url and "train" in later:
+        raise ValueError(f"--restart-from {stage} redoes training, but store.url {config.store.url!r} "
                          f"holds the old modules and dipaco does not delete a store it did not create there: "
-                         f"point train.store_url at a new location (or empty it yourself)")
+                         f"point store.url at a new location (or empty it yourself)")
     names = [name for s in later for name in ARTIFACTS[s] if (run.root / name).exists()]
     if not names:
         return None

@@ -21,25 +21,26 @@ from dipaco.islands import ddp
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, warm_start_steps
+from dipaco.stages.context import PathFactory
 
 
-def island_setup(config: Config, run: RunDir) -> IslandSetup:
-    """The pieces of the run an island uses, unpacked from the config once."""
+def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0) -> IslandSetup:
+    """The pieces of the run an island uses, unpacked from the config once (`slowdown`: an injected straggler)."""
     factory = PathFactory(config, run)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
-                       inner=config.inner, outer=config.outer, train=config.train, checkpoints=run.root / "islands",
-                       warm_start_steps=warm_start_steps(config))
+                       inner=config.inner, compression=config.compression, hardware=config.hardware, run=config.run,
+                       resilience=config.resilience, cancellable=config.rounds.mode == "async",
+                       checkpoints=run.root / "islands", warm_start_steps=config.warm_start_steps, slowdown=slowdown)
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,
            fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None,
            slowdown: float | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round. `slowdown`
-    (default: `train.slowdown` for the island named island-0, else 1) makes it that many times slower."""
+    (default: `faults.slowdown` for the island named island-0, else 1) makes it that many times slower."""
     store = PathFactory(config, run).store
     if not store.shared:
-        raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory: an island "
+        raise ValueError(f"store.url {config.store.url!r} lives in one process's memory: an island "
                          f"cannot share it with the coordinator; use a directory or a shared URL (s3://, gs://)")
     store.check_reachable()
     if not pull:
@@ -50,22 +51,21 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         return
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     if slowdown is None:
-        slowdown = config.train.slowdown if name == "island-0" else 1.0
-    train_cfg = dataclasses.replace(
-        config.train, fail_mtbf=config.train.fail_mtbf if fail_mtbf is None else fail_mtbf,
-        return_after=config.train.return_after if return_after is None else return_after, slowdown=slowdown)
-    setup = island_setup(dataclasses.replace(config, train=train_cfg), run)
-    ctx = ddp.init_from_env(resolve_device(train_cfg.device))
-    if ctx is not None and train_cfg.fail_mtbf > 0:
-        raise ValueError("fault injection (train.fail_mtbf) is not supported in a torchrun (DDP) island")
+        slowdown = config.faults.slowdown if name == "island-0" else 1.0
+    faults = dataclasses.replace(config.faults, mtbf=config.faults.mtbf if fail_mtbf is None else fail_mtbf,
+                                 return_after=config.faults.return_after if return_after is None else return_after)
+    setup = island_setup(config, run, slowdown=slowdown)
+    ctx = ddp.init_from_env(resolve_device(config.hardware.device))
+    if ctx is not None and faults.mtbf > 0:
+        raise ValueError("fault injection (faults.mtbf) is not supported in a torchrun (DDP) island")
     try:
         if ctx is not None and not ctx.leader:
             follow_leader(setup, ctx)
             return
-        faults = FaultClock(mtbf=train_cfg.fail_mtbf, return_after=train_cfg.return_after, mode=train_cfg.fail_mode,
-                            seed=train_cfg.seed, island=name)
-        worker = IslandWorker(setup, name=name, pinned=paths, faults=faults, ctx=ctx)
+        clock = FaultClock(mtbf=faults.mtbf, return_after=faults.return_after, mode=faults.mode,
+                           seed=config.run.seed, island=name)
+        worker = IslandWorker(setup, name=name, pinned=paths, faults=clock, ctx=ctx)
         done = worker.run(max_tasks=max_tasks)
-        print(f"island {name}: {done} tasks, {faults.failures} injected failures")
+        print(f"island {name}: {done} tasks, {clock.failures} injected failures")
     finally:
         ddp.shutdown(ctx)

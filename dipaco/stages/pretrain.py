@@ -1,17 +1,17 @@
 """The dense warm start (DiPaCo §7.3: every path starts from a dense model pretrained for 24k steps).
 
-    dipaco pretrain --config configs/demo.yaml --run runs/d pretrain.steps=200
+    dipaco pretrain --config configs/demo.yaml --run runs/d warm_start.fraction=0.25
 
 Runs before routing, so it makes what it needs itself: the run's tokenizer (trained on the training
 documents, as `dipaco route` would, which then reuses it), and one all-documents shard set in
 `<run>/pretrain/shards` (every training document on a single path). It trains one path-shaped dense
-model for `pretrain.steps` AdamW steps (`dipaco.optim.dense.train_dense`: the inner recipe, schedule
+model for `Config.pretrain_steps` AdamW steps (`warm_start.fraction` of the run) (`dipaco.optim.dense.train_dense`: the inner recipe, schedule
 stretched over those steps; under `inner.schedule: wsd` warmup then the constant lr, no decay) and saves it twice: `pretrain/model.safetensors` (path parameters:
-`dipaco train` initialises every module of the grid from it when `pretrain.warm_start`) and
+`dipaco train` initialises every module of the grid from it when `warm_start.init_modules`) and
 `pretrain/hf/` (a `save_pretrained` directory with the tokenizer: the `base-model` routing
 featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens), with its
 AdamW state in `pretrain/optimizer.safetensors` (what the paths and baselines continue with
-`pretrain.continue_optimizer`). A `summary.json` records steps, tokens, losses, seconds and the schedule.
+`warm_start.continue_optimizer`). A `summary.json` records steps, tokens, losses, seconds and the schedule.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 def pretrain(config: Config, run: RunDir) -> dict:
     """Train the dense warm-start model; returns its summary."""
-    if config.pretrain.steps < 1:
-        raise ValueError(f"pretrain.steps is {config.pretrain.steps}; set it to the number of dense steps")
+    if config.pretrain_steps < 1:
+        raise ValueError(f"warm_start.fraction is {config.warm_start.fraction}: no warm start to train; set it above 0 (e.g. 0.5)")
     save_config(config, run.config)
     out = run.pretrain
     dataset = load_run_corpus(config.corpus)
@@ -52,12 +52,12 @@ def pretrain(config: Config, run: RunDir) -> dict:
                      router_fingerprint="pretrain: all training documents on one path",
                      min_test_tokens=config.routing.prefix_tokens + 1, overwrite=True)
     spec = path_spec(config, tokenizer)
-    batches = ShardReader(shards).iter_batches(0, "train", batch_size=config.inner.batch_size, seed=config.train.seed)
-    log.info("pretraining the dense warm start for %d steps", config.pretrain.steps)
-    model, summary = train_dense(spec, batches, steps=config.pretrain.steps, inner=config.inner,
-                                 seed=config.train.seed, device=resolve_device(config.train.device),
-                                 precision=config.train.precision, out=out,
-                                 schedule=(0, warm_start_total(config.inner, config.pretrain.steps)),
+    batches = ShardReader(shards).iter_batches(0, "train", batch_size=config.inner.batch_size, seed=config.run.seed)
+    log.info("pretraining the dense warm start for %d steps", config.pretrain_steps)
+    model, summary = train_dense(spec, batches, steps=config.pretrain_steps, inner=config.inner,
+                                 seed=config.run.seed, device=resolve_device(config.hardware.device),
+                                 precision=config.hardware.precision, out=out,
+                                 schedule=(0, warm_start_total(config.inner, config.pretrain_steps)),
                                  save_optimizer=True)
     model.save_pretrained(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))

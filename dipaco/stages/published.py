@@ -1,6 +1,6 @@
 """Store-only runs: what a run publishes to its store, and how a command given only the URL runs from it.
 
-    dipaco coordinator --config configs/demo.yaml --run runs/demo train.store_url=s3://bucket/demo  # publishes
+    dipaco coordinator --config configs/demo.yaml --run runs/demo store.url=s3://bucket/demo  # publishes
     dipaco island --store s3://bucket/demo            # on any machine: nothing local but the cache
     dipaco coordinator --store s3://bucket/demo       # a coordinator that has only the URL, too
 
@@ -10,14 +10,14 @@ shard file in the store, content-addressed (`dipaco.store.publish`: a shard's sh
 object already there is not uploaded again, `published.json` is written last and only when it changes).
 
 `fetch_run` makes a store-only command's local run directory (`--run DIR`, default
-`<train.cache_dir>/runs/<digest of the URL>`): it writes the small files there (checked), and a
+`<store.cache_dir>/runs/<digest of the URL>`): it writes the small files there (checked), and a
 `published.json` that marks the directory as store-only. In such a directory `shard_fetcher` gives the
 shard reader each shard's bytes on first use from the machine's `ObjectCache` (`dipaco.store.cache`),
 downloading only the shards of the paths this process reads: an island's paths' train and val shards.
 
 The published config is the run's; the command line's `section.key=value` overrides apply on top of it.
-`train.cache_dir` and `train.cache_max_bytes` are the machine's own (the command line's or the defaults),
-and `train.store_url` is the URL given, however the coordinator reaches the same store.
+`store.cache_dir` and `store.cache_max_bytes` are the machine's own (the command line's or the defaults),
+and `store.url` is the URL given, however the coordinator reaches the same store.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def fetch_run(url: str, *, run_root: Path | None, overrides: list[str],
     """A store-only command's config and local run directory, from the run published in the store at `url`
     (small files only: shards come later, through `shard_fetcher`). `wait`: seconds to wait for a
     coordinator started at the same time to publish the run (islands of a cluster job start together)."""
-    machine = load_config(None, overrides).train  # this machine's cache settings (the command line's)
+    machine = load_config(None, overrides).store  # this machine's cache settings (the command line's)
     store = ModuleStore(url)
     if not store.shared:
         raise ValueError(f"--store {url} lives in this process's memory: nothing is published there; use a "
@@ -149,8 +149,8 @@ def fetch_run(url: str, *, run_root: Path | None, overrides: list[str],
     write_bytes(run.root / PUBLISHED, (json.dumps(publication_json(files), indent=1) + "\n").encode())
     log.info("store-only run from %s in %s (%d bytes of config, tokenizer and index fetched)", url, run.root, fetched)
     config = load_config(run.config, overrides)
-    config = dataclasses.replace(config, train=dataclasses.replace(
-        config.train, store_url=url, cache_dir=machine.cache_dir, cache_max_bytes=machine.cache_max_bytes))
+    config = dataclasses.replace(config, store=dataclasses.replace(
+        config.store, url=url, cache_dir=machine.cache_dir, cache_max_bytes=machine.cache_max_bytes))
     return config, run
 
 
@@ -180,5 +180,5 @@ def shard_fetcher(run: RunDir, *, store: ModuleStore, config: Config) -> ShardFe
         files = {name: PublishedFile(name=name, sha256=e["sha256"], bytes=e["bytes"]) for name, e in body["files"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{marker} cannot be read ({err}); run the command with --store URL again") from None
-    cache = ObjectCache(resolve_cache_dir(config.train.cache_dir), max_bytes=config.train.cache_max_bytes)
+    cache = ObjectCache(resolve_cache_dir(config.store.cache_dir), max_bytes=config.store.cache_max_bytes)
     return ShardFetcher(store=store, files=files, cache=cache)

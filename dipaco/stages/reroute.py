@@ -1,17 +1,17 @@
 """Discriminative re-routing (DiPaCo §2.4.2, approximate hard EM): one phase of `dipaco reroute`.
 
     dipaco route --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
-    dipaco shard ... ; dipaco train ... train.rounds=8 train.stop_after_round=4  # LR schedule spans 8 rounds
+    dipaco shard ... ; dipaco train ... run.rounds=8 run.stop_after_round=4  # LR schedule spans 8 rounds
     dipaco reroute --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
-    dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 train.rounds=8
+    dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 run.rounds=8
 
 A phase: (1) every document of the held-out *router split* (`corpus.router_fraction`, never trained
 on) is scored by the current modules with each candidate path — all paths, or its top
-`routing.reroute_candidates` paths by the current router's cost — one path model in memory at a
+`reroute.candidates` paths by the current router's cost — one path model in memory at a
 time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
 lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
 label (`routing.discriminative`), with a bias that matches the current training path sizes
-(`routing.reroute_target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
+(`reroute.target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
 the router evaluation routes by: matching sizes keeps small paths from emptying out while they train);
 (4) every document is routed again by it; the `dipaco reroute` command then rewrites the train / val shards (`dipaco shard`), and training continues from the current
 modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
@@ -68,9 +68,9 @@ def reroute(config: Config, run: RunDir) -> dict:
     round = factory.store.current_round()
     if round == 0:
         raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
-    if round >= config.train.rounds and config.routing.reroute_target == "current":
+    if round >= config.run.rounds and config.reroute.target == "current":
         log.info("training has finished (version %d): this phase only re-fits the router evaluation uses, and "
-                 "routing.reroute_target=labels fits it better than matching the training path sizes "
+                 "reroute.target=labels fits it better than matching the training path sizes "
                  "(docs/recipe.md#discriminative-re-routing-at-the-demos-size)", round)
     router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
     old = Assignments.load(run.routing)
@@ -98,18 +98,18 @@ def reroute(config: Config, run: RunDir) -> dict:
     router_docs, docs = router_docs[keep], [d for d, k in zip(docs, keep) if k]
     x = np.asarray(features[router_docs])
     n_paths = factory.topology.n_paths
-    c = config.routing.reroute_candidates or n_paths
+    c = config.reroute.candidates or n_paths
     candidates = router.assign_topk(x, min(c, n_paths))
-    device = resolve_device(config.eval.device)
+    device = resolve_device(config.hardware.device)
     table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
                       score=partial(token_losses, batch_size=config.eval.batch_size, device=device,
-                                    precision=config.eval.precision, pad_id=tokenizer.pad_token_id or 0))
+                                    precision=config.hardware.precision, pad_id=tokenizer.pad_token_id or 0))
     nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=skip)
     labels = np.argmin(nll, axis=1)
     sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
     target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
-              "labels": None}[config.routing.reroute_target]
-    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.routing.reroute_c,
+              "labels": None}[config.reroute.target]
+    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.reroute.c,
                                            seed=config.routing.seed)
     new_router = Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
                         centroids=router.centroids, config=router.config, penalties=router.penalties, linear=(w, b))

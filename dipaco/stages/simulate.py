@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 def simulate(config: Config, run: RunDir, *, with_sweep: bool = True) -> dict:
     import json
 
-    settings = Settings(sim=config.simulate, outer=config.outer)
-    results = {"settings": {"simulate": dataclasses.asdict(config.simulate), "outer": dataclasses.asdict(config.outer)},
+    settings = Settings.from_config(config)
+    results = {"settings": {"simulate": dataclasses.asdict(config.simulate), "rounds": dataclasses.asdict(config.rounds),
+                            "codec": settings.codec, "inner_steps": settings.inner_steps},
                "strategies": compare(settings), "sweep": sweep(settings) if with_sweep else []}
     out = run.root / "simulate"
     out.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,13 @@
 """`dipaco status`: the live board of a run, read from its store (nothing is written).
 
-    dipaco status --run runs/demo                  # the run's store (train.store_url or <run>/store)
+    dipaco status --run runs/demo                  # the run's store (store.url or <run>/store)
     dipaco status --store s3://bucket/dipaco/demo  # only the store, from any machine
     dipaco status --run runs/demo --watch 5        # redrawn every 5 s until the run finishes (Ctrl-C stops)
     dipaco status --run runs/demo --json           # the same, as one JSON object
 
 It shows what the store's files already say, read once each: the committed round and whether the run
 is finished (`state.json`), the coordinator holding the lease (`lease.json`), the module versions
-kept, every island's last heartbeat (alive when younger than `train.heartbeat_timeout`, by the
+kept, every island's last heartbeat (alive when younger than `resilience.heartbeat_timeout`, by the
 island's wall clock against this machine's) and the task the board assigned it, the queue of tasks
 (`tasks.json`, or the board of the last commit when that is newer), and from the round manifests
 the results applied, the island-seconds they took (goodput's useful time), the pseudo-gradient bytes
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dipaco.config import Config, TrainConfig
+from dipaco.config import Config
 from dipaco.eval.early_stopping import best_rounds, read_history
 from dipaco.islands.coordinator import committed_record
 from dipaco.run_dir import RunDir
@@ -48,7 +48,7 @@ class Source:
 
 
 def source(*, run: str | None, store: str | None, config: Config | None) -> Source:
-    """The store of `run` (its config's train.store_url, else <run>/store) or the store URL `store`."""
+    """The store of `run` (its config's store.url, else <run>/store) or the store URL `store`."""
     if store:
         return Source(store=ModuleStore(store), run=RunDir(run) if run else None, config=config)
     if not run:
@@ -56,7 +56,7 @@ def source(*, run: str | None, store: str | None, config: Config | None) -> Sour
     run_dir = RunDir(run)
     if not run_dir.root.is_dir():
         raise FileNotFoundError(f"--run {run}: no such run directory")
-    return Source(store=ModuleStore((config.train.store_url if config else "") or str(run_dir.store)),
+    return Source(store=ModuleStore((config.store.url if config else "") or str(run_dir.store)),
                   run=run_dir, config=config)
 
 
@@ -67,7 +67,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
     state = store.state()
     if state is None:
         raise StoreError(f"store {store.url} has no committed round yet: `dipaco train` has not started on it")
-    train = src.config.train if src.config else TrainConfig()
+    config = src.config or Config()
     round = int(state["round"])
     committed_board, last_stats = committed_record(store)
     board = read_board(store)
@@ -94,7 +94,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         assigned = [t.key for t in tasks.values() if t.status == "assigned" and t.island == name]
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
-                        "beat_seconds_ago": age, "alive": beat.status != "done" and age < train.heartbeat_timeout,
+                        "beat_seconds_ago": age, "alive": beat.status != "done" and age < config.resilience.heartbeat_timeout,
                         "failures": beat.failures, "pinned": list(beat.pinned)})
 
     history = read_history(store)
@@ -128,7 +128,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                    if value is not None else unknown}
     counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in TASK_STATUSES}
     cancelled = _cancelled(summary, last_stats)
-    target = train.rounds * n_paths if src.config else None
+    target = config.run.rounds * n_paths if src.config else None
     return {
         "store": store.url,
         "round": round,

@@ -2,20 +2,20 @@
 
     dipaco train --config configs/tiny.yaml --run runs/tiny
 
-Round t: every path trains from module version t − 1 on an island (`train.islands` pull-based
+Round t: every path trains from module version t − 1 on an island (`hardware.islands` pull-based
 island processes on this machine, `dipaco.islands.island`, talking only to the store); the coordinator
-service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`outer.mode`), every
+service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`rounds.mode`), every
 module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
 `dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
-runs the same loop without local islands; `train.launcher=ray` runs this coordinator and its islands as
+runs the same loop without local islands; `launcher.kind=ray` runs this coordinator and its islands as
 Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
-to <run>/tensorboard (`dipaco.islands.metrics`, `train.tensorboard`). A killed run resumes with the same command: finished
+to <run>/tensorboard (`dipaco.islands.metrics`, `run.tensorboard`). A killed run resumes with the same command: finished
 rounds are kept, and so are the results of islands that finished in the interrupted round; the row
 of a round committed just before the kill comes from the commit itself (`state.json`). Only one
 coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
 
 The run's length is counted in applied work, by the round policy (`RoundPolicy.done`): it ends when
-every path has had `train.rounds` results applied, which in sync mode is round `train.rounds` and in
+every path has had `run.rounds` results applied, which in sync mode is round `run.rounds` and in
 async mode (rounds closing on a quorum) usually takes more versions (docs/islands.md#the-runs-length).
 """
 
@@ -33,15 +33,14 @@ from dipaco import atomic
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.islands import coordinator, launch_ray
-from dipaco.islands.coordinator import Coordinator, finish_run, goodput
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings, finish_run, goodput
 from dipaco.islands.metrics import RunMetrics
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.optim.dense import SUMMARY, read_optimizer
-from dipaco.optim.outer import path_decay_from
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer, warm_start_steps
+from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer
 from dipaco.stages.fingerprints import check, index_digest, record
 from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
@@ -54,20 +53,20 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
     """Run (or resume) all rounds; returns the training summary also written to `train.json`.
 
     The rounds are run by the task-board coordinator (`dipaco.islands.coordinator`); with `local_islands`
-    it also starts `train.islands` pull-based island processes on this machine (`dipaco.islands.island`).
+    it also starts `hardware.islands` pull-based island processes on this machine (`dipaco.islands.island`).
     `force` takes over the store's coordinator lease even when another coordinator seems to hold it."""
-    if local_islands and config.train.launcher == "ray" and not launch_ray.in_coordinator_task():
+    if local_islands and config.launcher.kind == "ray" and not launch_ray.in_coordinator_task():
         return _train_on_ray(config, run, force=force)
     factory = PathFactory(config, run)
     if not factory.store.shared:
-        raise ValueError(f"train.store_url {config.train.store_url!r} lives in one process's memory, but the islands "
+        raise ValueError(f"store.url {config.store.url!r} lives in one process's memory, but the islands "
                          f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
     check(run, config, ("route", "shard", "train"))  # before anything is written (config.yaml included)
     save_config(config, run.config)
     record(run, "train", config, shards=index_digest(run))
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
     factory.store.check_reachable()
-    lease = Lease.acquire(factory.store, timeout=config.train.lease_timeout, force=force)  # before any store write
+    lease = Lease.acquire(factory.store, timeout=config.resilience.lease_timeout, force=force)  # before any store write
     try:
         publish_run(factory.store, run)  # so islands and coordinators given only the URL can run (store-only)
         return _train(config, run, factory, lease, local_islands=local_islands)
@@ -79,39 +78,38 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     done = initialise_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
-    on_ray = local_islands and config.train.launcher == "ray"
-    if on_ray:  # the coordinator task of a train.launcher=ray driver: islands are Ray tasks
+    on_ray = local_islands and config.launcher.kind == "ray"
+    if on_ray:  # the coordinator task of a launcher.kind=ray driver: islands are Ray tasks
         launch_ray.connect(os.environ.get(launch_ray.ADDRESS_ENV, "auto"))
-        processes = launch_ray.island_plan(n_paths=topology.n_paths, islands=config.train.islands,
-                                           cpus=config.train.ray_island_cpus, gpus=config.train.ray_island_gpus,
-                                           coordinator_cpus=config.train.ray_coordinator_cpus)
-        threads = config.train.ray_island_cpus
+        processes = launch_ray.island_plan(n_paths=topology.n_paths, islands=config.hardware.islands,
+                                           cpus=config.launcher.ray_island_cpus, gpus=config.launcher.ray_island_gpus,
+                                           coordinator_cpus=config.launcher.ray_coordinator_cpus)
+        threads = config.launcher.ray_island_cpus
     else:
-        processes, threads = plan_parallelism(topology.n_paths, processes=config.train.islands,
-                                              threads=config.train.threads_per_island)
+        processes, threads = plan_parallelism(topology.n_paths, processes=config.hardware.islands,
+                                              threads=config.hardware.threads_per_island)
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
-             topology.n_paths, config.train.rounds, config.inner.steps, processes, threads)
+             topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    validator = ResultValidator(store, topology, outer=config.outer,
+    validator = ResultValidator(store, topology, resilience=config.resilience,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
-    decay_from = path_decay_from(config.inner, rounds=config.train.rounds, warm_start_steps=warm_start_steps(config))
-    service = Coordinator(store, topology, train=config.train, outer=config.outer, inner_steps=config.inner.steps,
-                          sizes=factory.path_sizes, validator=validator, lease=lease, decay_from=decay_from)
+    service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
+                          sizes=factory.path_sizes, validator=validator, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
-    def more() -> bool:  # the run's length is the policy's (train.rounds results per path); stop_after_round a version
-        return not service.done and not (config.train.stop_after_round and service.committed >= config.train.stop_after_round)
+    def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version
+        return not service.done and not (config.run.stop_after_round and service.committed >= config.run.stop_after_round)
 
     islands = None
-    metrics = RunMetrics(run.tensorboard, enabled=config.train.tensorboard)
+    metrics = RunMetrics(run.tensorboard, enabled=config.run.tensorboard)
     if local_islands and more():
         tasks = pull_island_tasks(run, processes)
-        islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.train.ray_island_gpus,
-                                         restarts=config.train.ray_island_restarts)
+        islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.launcher.ray_island_gpus,
+                                         restarts=config.launcher.ray_island_restarts)
                    if on_ray else WorkerPool(tasks, threads=threads))
     try:
         policy = service.policy
-        bar = tqdm(desc="results applied", unit="result", total=config.train.rounds * topology.n_paths,
+        bar = tqdm(desc="results applied", unit="result", total=config.run.rounds * topology.n_paths,
                    initial=sum(policy.applied_results(p) for p in range(topology.n_paths)),
                    dynamic_ncols=True, disable=None)
         while more():
@@ -133,8 +131,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         if islands and service.done:
             islands.stop()  # they stop by themselves after the run's last round
         if service.done:  # so the last round can be a path's best (eval --best)
-            finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.train.keep_rounds,
-                       device=resolve_device(config.train.device))
+            finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.store.keep_versions,
+                       device=resolve_device(config.hardware.device))
             metrics.final(store, version=store.current_round())
     finally:
         metrics.close()
@@ -157,13 +155,13 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
 
 
 def _train_on_ray(config: Config, run: RunDir, *, force: bool) -> dict:
-    """`train.launcher=ray`: the coordinator (this stage over the run's config.yaml) and its islands run
+    """`launcher.kind=ray`: the coordinator (this stage over the run's config.yaml) and its islands run
     as Ray tasks (`dipaco.islands.launch_ray`); returns train.json as the coordinator wrote it."""
     check(run, config, ("route", "shard", "train"))  # refused here, before any Ray task starts
     save_config(config, run.config)
     root = run.root.resolve()
     args = ["train", "--config", str(root / "config.yaml"), "--run", str(root), *(["--force"] if force else [])]
-    launch_ray.run_coordinator(args, address=config.train.ray_address, cpus=config.train.ray_coordinator_cpus,
+    launch_ray.run_coordinator(args, address=config.launcher.ray_address, cpus=config.launcher.ray_coordinator_cpus,
                                log_file=run.logs.resolve() / "coordinator.log")
     return json.loads(run.train_summary.read_text())
 
@@ -190,17 +188,17 @@ def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, do
 def initialise_store(factory: PathFactory) -> int:
     """Write module version 0 unless the store has a run; returns the last completed round.
 
-    Version 0 is one seeded dense init (`train.seed`), or the `dipaco pretrain` dense model when
-    `pretrain.warm_start` is set and it exists; every path's modules are cut from it. With
-    `pretrain.continue_optimizer` the warm start's AdamW state goes to the store too, and every path's
+    Version 0 is one seeded dense init (`run.seed`), or the `dipaco pretrain` dense model when
+    `warm_start.init_modules` is set and it exists; every path's modules are cut from it. With
+    `warm_start.continue_optimizer` the warm start's AdamW state goes to the store too, and every path's
     first task continues it."""
     done = coordinator.committed_round(factory.store, factory.topology)
     if done is not None:
         return done
-    model = factory.new_model(seed=factory.config.train.seed)
+    model = factory.new_model(seed=factory.config.run.seed)
     warm_start = factory.run.pretrain / "model.safetensors"
     inner = None
-    if factory.config.pretrain.warm_start and warm_start.exists():
+    if factory.config.warm_start.init_modules and warm_start.exists():
         check_schedule(factory.config, factory.run.pretrain / SUMMARY)
         load_parameters(model, warm_start)
         log.info("every module starts from the dense warm start %s", warm_start)

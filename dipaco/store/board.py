@@ -232,7 +232,7 @@ def inner_ref(*, path: int, round: int, attempt: int) -> str:
 
 def warm_start_inner_ref() -> str:
     """The reference of the dense warm start's AdamW state, which every path's first task continues
-    (`pretrain.continue_optimizer`; written once by the coordinator, never pruned)."""
+    (`warm_start.continue_optimizer`; written once by the coordinator, never pruned)."""
     return "islands/inner-warm-start.safetensors"
 
 

@@ -1,7 +1,7 @@
 """A machine's local cache of published store objects (shards): verified, shared, evicted by size.
 
 An island given only the store's URL keeps the objects it downloads (the shards of the paths it trains)
-under `train.cache_dir` (default `$XDG_CACHE_HOME/dipaco`, else `~/.cache/dipaco`):
+under `store.cache_dir` (default `$XDG_CACHE_HOME/dipaco`, else `~/.cache/dipaco`):
 
     <cache_dir>/objects/ab/ab12...ef      a file, named by the sha256 of its bytes
 
@@ -38,7 +38,7 @@ def default_cache_dir() -> Path:
 
 
 def resolve_cache_dir(setting: str) -> Path:
-    """The cache folder `train.cache_dir` names ("" = `default_cache_dir()`; `~` expanded)."""
+    """The cache folder `store.cache_dir` names ("" = `default_cache_dir()`; `~` expanded)."""
     return Path(setting).expanduser() if setting else default_cache_dir()
 
 

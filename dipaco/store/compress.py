@@ -1,4 +1,4 @@
-"""Compressed pseudo-gradients: per-row int8 / int4 quantisation, then zstd (`outer.compression`).
+"""Compressed pseudo-gradients: per-row int8 / int4 quantisation, then zstd (`compression.codec`).
 
     from dipaco.store.compress import compress, decompress
     data, stats = compress({"embeddings/w": delta}, method="int8")   # bytes an island uploads
@@ -12,7 +12,7 @@ q + 8 in one nibble, two per byte. `none` is the plain float32 safetensors file,
 compression existed. Decompression always yields float32, and the coordinator accumulates in float32.
 
 Tensors are named "module/param". A compressed file (format 2) is a safetensors file with one uint8
-entry per module: a zstd frame (level `outer.zstd_level`) of a safetensors blob with that module's
+entry per module: a zstd frame (level `compression.zstd_level`) of a safetensors blob with that module's
 quantised values and float32 scales (shapes in its header). So one module can be read and decoded
 without the rest, as the coordinator's outer step does (it streams module by module):
 

@@ -72,7 +72,7 @@ def permanent_error(err: BaseException, *, url: str) -> StoreError | None:
 def missing_bucket(url: str) -> str:
     bucket = url.split("://", 1)[-1].split("/", 1)[0]
     return (f"the bucket {bucket!r} does not exist (or these credentials cannot see it): create it "
-            f"(e.g. `aws s3 mb s3://{bucket}`) or fix train.store_url / --store")
+            f"(e.g. `aws s3 mb s3://{bucket}`) or fix store.url / --store")
 
 
 def retrying(call: Callable[..., Any], *, url: str, what: str) -> Callable[..., Any]:

@@ -96,7 +96,7 @@ class Lease:
             if reason is None:
                 raise LeaseHeld(
                     f"another coordinator holds the store {store.url}: {old.describe(now)}; the lease expires "
-                    f"{timeout - (now - old.renewed_at):.0f}s after its last renewal (train.lease_timeout={timeout:g}). "
+                    f"{timeout - (now - old.renewed_at):.0f}s after its last renewal (resilience.lease_timeout={timeout:g}). "
                     f"Stop that coordinator, wait, or pass --force if you know it is gone")
             log.warning("taking over the coordinator lease of %s from %s: %s", store.url, old.describe(now), reason)
         mine = Holder(token=(old.token + 1) if old else 1, host=host, pid=pid, nonce=uuid.uuid4().hex,

@@ -146,7 +146,7 @@ def read_publication(store: ModuleStore) -> dict[str, PublishedFile]:
     if not store.exists(PUBLISHED):
         raise StoreError(f"store {store.url} has no published run ({store.location(PUBLISHED)} does not exist): "
                          f"start the run's coordinator first (`dipaco train` or `dipaco coordinator --run DIR` with "
-                         f"train.store_url={store.url}), which publishes its config, tokenizer and shards there")
+                         f"store.url={store.url}), which publishes its config, tokenizer and shards there")
     body = store.read_json(PUBLISHED)
     where = store.location(PUBLISHED)
     if not isinstance(body, dict) or body.get("version") != VERSION:

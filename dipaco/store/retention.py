@@ -1,4 +1,4 @@
-"""Retention: every deletion in the store happens here (`train.keep_rounds`).
+"""Retention: every deletion in the store happens here (`store.keep_versions`).
 
     keep = keep_from(7, keep_rounds=2)                                  # 6: versions 6 and 7 stay
     kept = prune_versions(store, keep_from=keep, keep_modules={3: {"embeddings", "level0.module1"}})
