@@ -86,7 +86,7 @@ gpu-check:  ## the CUDA path in one command: demo on CUDA (precision auto), torc
 	$(OFFLINE) $(PYTHON) bench/gpu_check.py $(ARGS)
 
 lint:  ## ruff, then the import contracts in pyproject.toml (layers, no cycles)
-	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench
+	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench experiments
 	lint-imports
 
 corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc and perl-doc
@@ -99,7 +99,7 @@ bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (ARGS
 	$(OFFLINE) $(PYTHON) bench/bench_quality.py $(ARGS)
 
 bench-capacity:  ## the capacity-bound regime: DiPaCo / dense equal compute against tokens per parameter (~60-70 min on 2 cores)
-	$(OFFLINE) $(PYTHON) bench/bench_capacity.py $(ARGS)
+	$(OFFLINE) $(PYTHON) experiments/capacity.py $(ARGS)
 
 clean:
 	rm -rf runs/ .pytest_cache .ruff_cache

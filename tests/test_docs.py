@@ -1,5 +1,5 @@
-"""The README and docs/ stay true: the config reference is generated and complete, the make targets and
-files they name exist, and every benchmark results file says where its figures come from."""
+"""The README, docs/ and experiments/ stay true: the config reference is generated and complete, the make
+targets and files they name exist, and every results file says where its figures come from."""
 
 import dataclasses
 import json
@@ -13,7 +13,9 @@ from dipaco.config import Config
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PAGES = {path: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
-RESULTS = ROOT / "bench" / "results"
+EXPERIMENT_PAGES = {path: path.read_text() for path in sorted((ROOT / "experiments").glob("*.md"))}
+DOCS = {ROOT / "README.md": README, **PAGES, **EXPERIMENT_PAGES}
+RESULTS_DIRS = (ROOT / "bench" / "results", ROOT / "experiments" / "results")
 
 
 def test_every_config_field_is_documented():
@@ -49,7 +51,7 @@ def test_every_docs_page_is_linked_from_the_readme():
 
 def test_relative_links_point_to_files():
     broken = []
-    for path, text in [(ROOT / "README.md", README), *PAGES.items()]:
+    for path, text in DOCS.items():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
             if not (path.parent / target).exists():
                 broken.append(f"{path.relative_to(ROOT)} -> {target}")
@@ -57,15 +59,15 @@ def test_relative_links_point_to_files():
 
 
 def test_quoted_results_files_exist():
-    named = {name for text in [README, *PAGES.values()]
-             for name in re.findall(r"bench/results/([\w-]+)\.(?:json|md)\b", text)}
-    assert named, "README and docs/ quote no results file"
-    missing = [name for name in named if not (RESULTS / f"{name}.json").exists() or not (RESULTS / f"{name}.md").exists()]
-    assert not missing, f"README or docs/ quote bench/results/<name>.{{json,md}} that do not exist: {missing}"
+    named = {name for doc, text in DOCS.items() for name in quoted_results(doc, text)}
+    assert named, "README, docs/ and experiments/ quote no results file"
+    missing = [str(name.relative_to(ROOT)) for name in named
+               if not name.with_suffix(".json").exists() or not name.with_suffix(".md").exists()]
+    assert not missing, f"pages quote results files whose .json or .md does not exist: {sorted(missing)}"
 
 
 def test_every_results_file_says_where_its_figures_come_from():
-    files = sorted(RESULTS.glob("*.json"))
+    files = sorted(path for folder in RESULTS_DIRS for path in folder.glob("*.json"))
     assert files
     for path in files:
         record = json.loads(path.read_text())
@@ -74,3 +76,18 @@ def test_every_results_file_says_where_its_figures_come_from():
         markdown = path.with_suffix(".md")
         assert markdown.exists(), f"{path.relative_to(ROOT)} has no {markdown.name}"
         assert "Source: " in markdown.read_text(), f"{markdown.relative_to(ROOT)} does not say where its figures come from"
+
+
+RESULTS_PATH = re.compile(r"\b((?:bench|experiments)/results/[\w-]+)\.(?:json|md|png)\b")
+LINK_TARGET = re.compile(r"\]\(([^)#\s]+)")
+
+
+def quoted_results(doc: Path, text: str) -> set[Path]:
+    """The results files (paths without their suffix) a piece of `doc` quotes: links into a results folder,
+    relative to the doc, and results paths written from the repository root."""
+    found = {ROOT / path for path in RESULTS_PATH.findall(text)}
+    for target in LINK_TARGET.findall(text):
+        path = (doc.parent / target).resolve()
+        if path.parent in RESULTS_DIRS:
+            found.add(path.with_suffix(""))
+    return found
