@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench gpu-check corpus corpus-manpages bench-quality bench-capacity clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench bench-quality bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-capacity | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -79,14 +79,28 @@ test:  ## the test suite without the tests marked slow (offline, one torch threa
 test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island
 	$(PYTHON) -m pytest -q -m slow --durations=10
 
-bench:  ## every benchmark in bench/ (results as JSON + a markdown table in bench/results/)
-	@for script in bench/bench_*.py; do echo "== $$script"; $(OFFLINE) $(PYTHON) $$script || exit 1; done
+# The standard benchmarks, each at the settings of its committed results file (bench/results/), one after the
+# other: simulate ~1.5 min, speed ~3, routing ~4, memory ~5, islands ~8, quality at half the demo's budget ~11;
+# about 30 min on 2 cores with other jobs on them (docs/benchmarks.md#make-bench says where each figure comes from).
+bench:  ## the standard benchmarks: simulate, speed, routing, memory, islands, quality (~30 min on 2 cores; results in bench/results/)
+	$(OFFLINE) $(PYTHON) bench/bench_simulate.py
+	$(OFFLINE) $(PYTHON) bench/bench_speed.py --repeats 5
+	$(OFFLINE) $(PYTHON) bench/bench_routing.py --skip-training --points 50000 --featurize-docs 2000
+	$(OFFLINE) $(PYTHON) bench/bench_memory.py
+	$(OFFLINE) $(PYTHON) bench/bench_islands.py --mtbf 0.5 --no-straggler
+	$(OFFLINE) $(PYTHON) bench/bench_paths.py --large-hidden 0 --no-diloco-own
+
+bench-scale:  ## the systems benchmarks: store-only islands over s3, a 50 MB document, 256 paths, a million documents routed (~45-60 min on 2 cores)
+	$(OFFLINE) $(PYTHON) bench/bench_store_only.py
+	$(OFFLINE) $(PYTHON) bench/bench_huge_document.py
+	$(OFFLINE) $(PYTHON) bench/bench_grid256.py --before-ref 8a614f5
+	$(OFFLINE) $(PYTHON) bench/bench_routing_1m.py --max-seconds 1140
 
 gpu-check:  ## the CUDA path in one command: demo on CUDA (precision auto), torchrun island (NCCL), compile, speed; one table (ARGS=--smoke: on the CPU)
 	$(OFFLINE) $(PYTHON) bench/gpu_check.py $(ARGS)
 
 lint:  ## ruff, then the import contracts in pyproject.toml (layers, no cycles)
-	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench
+	$(PYTHON) -m ruff check dipaco routing sharding tests scripts bench experiments
 	lint-imports
 
 corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc and perl-doc
@@ -95,11 +109,17 @@ corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc a
 corpus-manpages:  ## build the second, less separable corpus (data/manpages.jsonl.zst) from Debian's manpages and manpages-dev
 	$(PYTHON) scripts/build_manpages_corpus.py
 
-bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (ARGS='--budget 4', '--set corpus.path=data/manpages.jsonl.zst --name quality-manpages')
+bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (over 20 min on one core; ARGS='--budget 4', '--config configs/manpages.yaml --name quality-manpages-full')
 	$(OFFLINE) $(PYTHON) bench/bench_quality.py $(ARGS)
 
-bench-capacity:  ## the capacity-bound regime: DiPaCo / dense equal compute against tokens per parameter (~60-70 min on 2 cores)
-	$(OFFLINE) $(PYTHON) bench/bench_capacity.py $(ARGS)
+NAME ?=
+experiments:  ## the research scripts in experiments/ (what each asked, its results: experiments/README.md); hours each on 2 cores
+	@echo "experiments/: $$(cd experiments && ls *.py | sed 's/\.py$$//' | tr '\n' ' ')"
+	@echo "run one with: make experiment NAME=capacity ARGS='--points 8x200 --jobs 1'  (results in experiments/results/)"
+
+experiment:  ## one research script: NAME=recipe_search | capacity | outer_weighting | islands_target, ARGS its options
+	@test -n "$(NAME)" || { echo "make experiment NAME=<script in experiments/, without .py>; make experiments lists them"; exit 2; }
+	$(OFFLINE) $(PYTHON) experiments/$(NAME).py $(ARGS)
 
 clean:
 	rm -rf runs/ .pytest_cache .ruff_cache

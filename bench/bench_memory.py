@@ -232,8 +232,10 @@ def bench_coordinator(grids: list[list[int]], compressions: list[str], module_fl
 
 
 # --- 2. an island task against its path's budget ----------------------------------------------------
-ISLAND_OVERRIDES = ["hardware.precision=fp32", "hardware.device=cpu", "eval.baselines=false", "inner.steps=6",
-                    "inner.val_batches=2", "corpus.max_documents=4000"]
+# Routed by TF-IDF without the demo's dense warm start (whose model routes the demo: routing.featurizer
+# base-model): an island's memory does not depend on the routing.
+ISLAND_OVERRIDES = ["warm_start.fraction=0", "routing.featurizer=tfidf", "hardware.precision=fp32", "hardware.device=cpu",
+                    "eval.baselines=false", "inner.steps=6", "inner.val_batches=2", "corpus.max_documents=4000"]
 
 
 def prepare_run(root: Path, levels: list[int]) -> Path:

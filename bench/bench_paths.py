@@ -1,8 +1,8 @@
-"""Kept as a name: `python bench/bench_paths.py` is `python bench/bench_quality.py --budget 0.5 --name paths`.
+"""The quality benchmark at half the demo's budget: `python bench/bench_quality.py --budget 0.5 --name paths`.
 
-bench/bench_quality.py replaced this script (it compares DiPaCo with DiLoCo, run with both outer
-steps, and the dense baselines, all counting the warm start); the reduced budget here is the one this
-script used to run (4 of the demo's 8 rounds). Other options go through to it, e.g. `--budget 1`.
+    python bench/bench_paths.py --large-hidden 0    # as `make bench` runs it (no dense-large model)
+
+Writes bench/results/paths.{json,md,png}. Other options go through to bench_quality.py, e.g. `--budget 1`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ score from every model's training, DiLoCo's and the dense baselines' included.
 Every model gets the same dense warm start (`warm_start.fraction` of the run, counted in its budget: DiLoCo starts
 from the same pretrained model) and scores the same held-out tokens. Compute is reported as total
 training tokens per model (warm start included) and FLOPs = 6 x parameters a token passes through x
-tokens. Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens).
+tokens. Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens);
+`--results-dir experiments/results` for a research run (experiments/README.md).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def main() -> None:
                         help="DiPaCo's discriminative phases (`dipaco reroute`, needs corpus.router_fraction > 0): "
                              "after these module versions; the last round only re-fits the evaluation's router")
     parser.add_argument("--name", default="", help="results name (default quality, or quality-budget<B>)")
+    parser.add_argument("--results-dir", default=str(RESULTS),
+                        help="where the results files go (default bench/results; experiments/results for a research run)")
     parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
     parser.add_argument("--keep", action="store_true", help="reuse finished stages of an earlier run of the same name")
     parser.add_argument("--collect-only", action="store_true",
@@ -125,8 +128,8 @@ def main() -> None:
         print(f"DiLoCo trained in {runner.root}; write the results with --collect-only once DiPaCo has finished")
         return
     results.update(budget=args.budget, seconds=time.perf_counter() - started)
-    path = write_results(name, results, markdown(results))
-    plot(results, RESULTS / f"{name}.png")
+    path = write_results(name, results, markdown(results), results_dir=Path(args.results_dir))
+    plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
     print(f"results in {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")
 

@@ -1,4 +1,5 @@
-"""Runs of the dipaco pipeline for the quality benchmarks (`bench_quality.py`, `bench_recipe_search.py`).
+"""Runs of the dipaco pipeline for the quality benchmark (`bench_quality.py`) and the experiments built on it
+(`experiments/recipe_search.py`, `experiments/capacity.py`).
 
     runner = Runner(Path("runs/bench-quality"))
     run = runner.pipeline("dipaco", ROOT / "configs/demo.yaml", ["run.rounds=4"], baselines=True,

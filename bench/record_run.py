@@ -3,9 +3,10 @@
     /usr/bin/time -f %e make demo            # note the seconds
     python bench/record_run.py runs/demo --name demo --command "make demo" --wall-seconds 912
 
-Reads `<run>/eval.json` and writes bench/results/<name>.{json,md}: every model's row (warm start,
-steps, training tokens, perplexity), every eval mode, the checks the quality issue names (DiPaCo ÷
-dense equal compute, DiPaCo against dense equal steps, routed ÷ oracle), the wall time and the machine.
+Reads `<run>/eval.json` and writes bench/results/<name>.{json,md} (or `--results-dir`'s): every model's
+row (warm start, steps, training tokens, perplexity), every eval mode, the checks the quality issue names
+(DiPaCo ÷ dense equal compute, DiPaCo against dense equal steps, routed ÷ oracle), the wall time and the
+machine.
 Not a `bench_*.py` script: `make bench` does not run it (it needs a finished run).
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.recording import write_results  # noqa: E402
+from bench.recording import RESULTS, write_results  # noqa: E402
 
 
 def checks(evaluation: dict) -> dict[str, float]:
@@ -44,6 +45,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--results-dir", default=str(RESULTS),
+                        help="where the results files go (default bench/results; experiments/results for a research run)")
     parser.add_argument("--command", default="make demo", help="how the run was made")
     parser.add_argument("--wall-seconds", type=float, default=None, help="the whole command's wall time")
     parser.add_argument("--note", default="", help="a line on the conditions (load, precision)")
@@ -74,7 +77,7 @@ def main() -> int:
              "likelihood_over_oracle": "routed by the paths' likelihood of the prefix ÷ oracle − 1"}
     lines += [f"- {names[k]}: {v:.3f}" if k == "dipaco_over_dense_equal_compute" else f"- {names[k]}: {v:+.1%}"
               for k, v in figures.items()]
-    path = write_results(args.name, results, "\n".join(lines) + "\n")
+    path = write_results(args.name, results, "\n".join(lines) + "\n", results_dir=Path(args.results_dir))
     print("\n".join(lines))
     print(f"\nwritten to {path}")
     return 0

@@ -2,6 +2,7 @@
 
     from bench.recording import write_results   # in a bench/bench_*.py script, after sys.path.insert(0, ROOT)
     write_results("routing", results, markdown)
+    write_results("capacity", results, markdown, results_dir=EXPERIMENT_RESULTS)   # an experiments/ script
 
 Every results file says where its figures come from: `source` (measured by which command, at which
 commit, on which date), `reproduce` (the command that writes the file again) and `machine` (CPU model,
@@ -22,7 +23,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "bench" / "results"  # the standard benchmarks' (bench/)
+EXPERIMENT_RESULTS = ROOT / "experiments" / "results"  # the research scripts' (experiments/)
 
 
 def cpu_model() -> str:
@@ -88,8 +90,9 @@ def describe(record: dict) -> str:
     return f"Source: {record['source']}. Machine: {where}. Reproduce: `{record['reproduce']}`."
 
 
-def write_results(name: str, results: dict, markdown: str) -> Path:
-    """Write bench/results/<name>.json (results + source, reproduce, machine) and <name>.md.
+def write_results(name: str, results: dict, markdown: str, *, results_dir: Path | None = None) -> Path:
+    """Write <results_dir>/<name>.json (results + source, reproduce, machine) and <name>.md; results_dir
+    defaults to bench/results (`RESULTS`).
 
     `markdown` is the benchmark's own text; the source line goes under its first (title) line.
     Returns the JSON path.
@@ -99,10 +102,11 @@ def write_results(name: str, results: dict, markdown: str) -> Path:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     record = {"source": f"measured by `{command}` at commit {commit} on {date}", "reproduce": command,
               "machine": machine(), **results}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    results_dir = results_dir or RESULTS
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
-    (RESULTS / f"{name}.md").write_text(with_source(record, markdown))
+    (results_dir / f"{name}.md").write_text(with_source(record, markdown))
     return path
 
 

@@ -1,4 +1,4 @@
-"""bench/bench_capacity.py's sweep plan and its summary of a point (no training here)."""
+"""experiments/capacity.py's sweep plan and its summary of a point (no training here)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_capacity import (
+from dipaco.config import load_config
+from experiments.capacity import (
     CAPACITY_DIPACO,
     CAPACITY_SET,
     Point,
@@ -16,7 +17,6 @@ from bench.bench_capacity import (
     plan,
     summarise,
 )
-from dipaco.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo.yaml"

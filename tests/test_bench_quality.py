@@ -41,7 +41,7 @@ def test_diloco_trains_dipacos_path_model_on_the_same_data_and_budget():
 
 def test_a_run_without_diloco_says_so_and_a_run_with_it_reports_the_gap():
     from bench.bench_quality import markdown
-    results = json.loads((ROOT / "bench" / "results" / "quality-manpages.json").read_text())
+    results = json.loads((ROOT / "experiments" / "results" / "quality-manpages.json").read_text())
     assert results["checks"]["dipaco_vs_diloco"] is None  # committed with --no-diloco
     assert "DiPaCo against DiLoCo with its own outer step: not run" in markdown(results)
     results["checks"]["dipaco_vs_diloco"] = 0.1

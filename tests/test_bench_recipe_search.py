@@ -1,4 +1,4 @@
-"""bench/bench_recipe_search.py: every variant spends the same compute, and rows measured before are kept."""
+"""experiments/recipe_search.py: every variant spends the same compute, and rows measured before are kept."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_recipe_search import REDUCED, ROUND1, ROUND6, VARIANTS, earlier_rows
 from bench.quality_runs import warm_start_steps_as_fraction
 from dipaco.config import load_config
+from experiments.recipe_search import REDUCED, ROUND1, ROUND6, VARIANTS, earlier_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "configs" / "demo.yaml"

@@ -1,7 +1,9 @@
-"""The README and docs/ stay true: the config reference is generated and complete, the make targets and
-files they name exist, and every benchmark results file says where its figures come from."""
+"""The README, docs/ and experiments/ stay true: the config reference is generated and complete, the make
+targets and files they name exist, every results file says where its figures come from, and every figure a
+page quotes next to a results file is in that file."""
 
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -13,7 +15,9 @@ from dipaco.config import Config
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PAGES = {path: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
-RESULTS = ROOT / "bench" / "results"
+EXPERIMENT_PAGES = {path: path.read_text() for path in sorted((ROOT / "experiments").glob("*.md"))}
+DOCS = {ROOT / "README.md": README, **PAGES, **EXPERIMENT_PAGES}
+RESULTS_DIRS = (ROOT / "bench" / "results", ROOT / "experiments" / "results")
 
 
 def test_every_config_field_is_documented():
@@ -49,7 +53,7 @@ def test_every_docs_page_is_linked_from_the_readme():
 
 def test_relative_links_point_to_files():
     broken = []
-    for path, text in [(ROOT / "README.md", README), *PAGES.items()]:
+    for path, text in DOCS.items():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
             if not (path.parent / target).exists():
                 broken.append(f"{path.relative_to(ROOT)} -> {target}")
@@ -57,15 +61,15 @@ def test_relative_links_point_to_files():
 
 
 def test_quoted_results_files_exist():
-    named = {name for text in [README, *PAGES.values()]
-             for name in re.findall(r"bench/results/([\w-]+)\.(?:json|md)\b", text)}
-    assert named, "README and docs/ quote no results file"
-    missing = [name for name in named if not (RESULTS / f"{name}.json").exists() or not (RESULTS / f"{name}.md").exists()]
-    assert not missing, f"README or docs/ quote bench/results/<name>.{{json,md}} that do not exist: {missing}"
+    named = {name for doc, text in DOCS.items() for name in quoted_results(doc, text)}
+    assert named, "README, docs/ and experiments/ quote no results file"
+    missing = [str(name.relative_to(ROOT)) for name in named
+               if not name.with_suffix(".json").exists() or not name.with_suffix(".md").exists()]
+    assert not missing, f"pages quote results files whose .json or .md does not exist: {sorted(missing)}"
 
 
 def test_every_results_file_says_where_its_figures_come_from():
-    files = sorted(RESULTS.glob("*.json"))
+    files = sorted(path for folder in RESULTS_DIRS for path in folder.glob("*.json"))
     assert files
     for path in files:
         record = json.loads(path.read_text())
@@ -74,3 +78,141 @@ def test_every_results_file_says_where_its_figures_come_from():
         markdown = path.with_suffix(".md")
         assert markdown.exists(), f"{path.relative_to(ROOT)} has no {markdown.name}"
         assert "Source: " in markdown.read_text(), f"{markdown.relative_to(ROOT)} does not say where its figures come from"
+
+
+# Quoting a figure (docs/benchmarks.md#quoting-a-figure): a figure sits in a sentence that links its results
+# file or names it (`bench/results/<name>.md`), or after such a sentence in the same paragraph, or in a table
+# row that names it; a table or code block whose row names none takes the files of the paragraph just
+# above it. Each figure there must be in one of those files.
+RESULTS_PATH = re.compile(r"\b((?:bench|experiments)/results/[\w-]+)\.(?:json|md|png)\b")
+LINK_TARGET = re.compile(r"\]\(([^)#\s]+)")
+# A figure: a number with a decimal point or thousands separators (a plain integer is mostly a setting:
+# 4 paths, 32 tokens, 10 rounds), outside `code` and link targets; not part of a version (2.13.0).
+FIGURE = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+\.\d+)(?![\w.]*\d)")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[(`*_\"])")
+ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.")
+
+
+def quoted_results(doc: Path, text: str) -> set[Path]:
+    """The results files (paths without their suffix) a piece of `doc` quotes: links into a results folder,
+    relative to the doc, and results paths written from the repository root."""
+    found = {ROOT / path for path in RESULTS_PATH.findall(text)}
+    for target in LINK_TARGET.findall(text):
+        path = (doc.parent / target).resolve()
+        if path.parent in RESULTS_DIRS:
+            found.add(path.with_suffix(""))
+    return found
+
+
+def sentences(paragraph: str) -> list[str]:
+    """A paragraph split into sentences (not after e.g., i.e., cf., vs.)."""
+    out: list[str] = []
+    for piece in SENTENCE_END.split(paragraph):
+        if out and out[-1].endswith(ABBREVIATIONS):
+            out[-1] += " " + piece
+        else:
+            out.append(piece)
+    return out
+
+
+def quoting_units(doc: Path, text: str) -> list[tuple[int, str, set[Path]]]:
+    """(line, text, results files) for every sentence, table row and code line of `doc` that quotes a
+    results file: a sentence the files named in its paragraph up to its end, a row or code line its own
+    or those of the paragraph just above its table or block."""
+    units: list[tuple[int, str, set[Path]]] = []
+    paragraph: list[str] = []
+    start = 0
+    above: set[Path] = set()  # the files named by the paragraph before the current table or code block
+    in_code = False
+
+    def flush() -> None:
+        nonlocal paragraph, above
+        if paragraph:
+            above = set()
+            for sentence in sentences(" ".join(line.strip() for line in paragraph)):
+                above = above | quoted_results(doc, sentence)
+                units.append((start, sentence, above))
+        paragraph = []
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            flush()
+            in_code = not in_code
+        elif in_code or line.lstrip().startswith("|"):
+            flush()
+            units.append((number, line, quoted_results(doc, line) or above))
+        elif not line.strip() or line.startswith("#"):
+            flush()
+            if line.startswith("#"):
+                above = set()
+        else:
+            if re.match(r"\s*(?:[-*]|\d+\.) ", line):  # a list item starts a paragraph of its own
+                flush()
+            if not paragraph:
+                start = number
+            paragraph.append(line)
+    flush()
+    return [unit for unit in units if unit[2]]
+
+
+def figures(text: str) -> list[str]:
+    """The figures of a piece of text, outside `code` and link targets."""
+    text = re.sub(r"`[^`]*`", " ", re.sub(r"\]\([^)]*\)", "]", text))
+    return FIGURE.findall(text)
+
+
+@functools.cache
+def results_numbers(name: Path) -> tuple[str, tuple[float, ...]]:
+    """A results file's markdown and JSON text, and every number in its JSON."""
+    text = "".join(path.read_text() for path in (name.with_suffix(".md"), name.with_suffix(".json")) if path.exists())
+    values: list[float] = []
+
+    def walk(item) -> None:
+        if isinstance(item, dict):
+            for value in item.values():
+                walk(value)
+        elif isinstance(item, list):
+            for value in item:
+                walk(value)
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            values.append(float(item))
+
+    if name.with_suffix(".json").exists():
+        walk(json.loads(name.with_suffix(".json").read_text()))
+    return text, tuple(values)
+
+
+def holds(figure: str, name: Path) -> bool:
+    """Whether a results file has `figure`: written so in its text, or a JSON number that rounds to it
+    (as a fraction, also x 100: a percentage). Signs are not compared (lower / higher say them)."""
+    text, values = results_numbers(name)
+    if re.search(rf"(?<![\d.,]){re.escape(figure)}(?![\d]|,\d)", text):
+        return True
+    value = float(figure.replace(",", ""))
+    half_unit = 0.5 * 10 ** -(len(figure.split(".")[1]) if "." in figure else 0)
+    return any(abs(abs(v) * scale - value) <= half_unit + 1e-9 for v in values for scale in (1, 100))
+
+
+def wrong_figures(doc: Path, text: str) -> list[str]:
+    return [f"{doc.relative_to(ROOT)}:{line}: {figure} is in none of "
+            f"{sorted(str(name.relative_to(ROOT)) for name in files)}"
+            for line, unit, files in quoting_units(doc, text)
+            for figure in figures(unit) if not any(holds(figure, name) for name in files)]
+
+
+def test_quoted_figures_are_in_their_results_files():
+    checked = sum(len(figures(unit)) for doc, text in DOCS.items() for _, unit, _ in quoting_units(doc, text))
+    assert checked > 600, f"only {checked} figures sit next to a results file: is the convention still followed?"
+    wrong = [message for doc, text in DOCS.items() for message in wrong_figures(doc, text)]
+    assert not wrong, "figures not in the results files they are quoted with:\n" + "\n".join(wrong)
+
+
+def test_a_changed_digit_fails_the_figure_check():
+    """The check bites: the README's first checked table row with one digit of its first figure changed."""
+    doc = ROOT / "README.md"
+    row = next(unit for _, unit, _ in quoting_units(doc, README) if figures(unit) and unit.startswith("|"))
+    figure = figures(row)[0]
+    changed = figure[:-1] + str((int(figure[-1]) + 1) % 10)
+    mutated = README.replace(row, row.replace(figure, changed, 1), 1)
+    assert not wrong_figures(doc, README)
+    assert any(f": {changed} is in none of" in message for message in wrong_figures(doc, mutated)), (figure, changed)

@@ -16,7 +16,7 @@ Path-private modules get the same step with one contribution. The coordinator ca
 `outer.decay: average` (`round_outer_step`): a round with a result whose inner steps reached the inner
 lr's decay (`inner.schedule: wsd`) takes plain averaging instead, and drops the momentum: the
 momentum of the stable phase's rounds would otherwise keep moving the modules by several rounds'
-worth of old steps while the inner lr anneals (docs/recipe.md#the-outer-step-in-the-decay).
+worth of old steps while the inner lr anneals (docs/outer-step.md).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def reroute(config: Config, run: RunDir) -> dict:
     if round >= config.run.rounds and config.reroute.target == "current":
         log.info("training has finished (version %d): this phase only re-fits the router evaluation uses, and "
                  "reroute.target=labels fits it better than matching the training path sizes "
-                 "(docs/recipe.md#discriminative-re-routing-at-the-demos-size)", round)
+                 "(docs/routing.md)", round)
     router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
     old = Assignments.load(run.routing)
     dataset = load_run_corpus(config.corpus)
