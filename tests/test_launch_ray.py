@@ -1,7 +1,7 @@
 """`dipaco train train.launcher=ray` on a local Ray instance: the tiny config to completion, with the
 coordinator and two islands as Ray tasks, and one island killed mid-run (Ray places it again).
 
-Skipped, with the reason, where Ray is not installed (`pip install 'dipaco[ray]'`; the test extra has it).
+Ray comes with the test extra (`make install`); `pip install 'dipaco[ray]'` installs it alone.
 """
 
 import json
@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.store.board import read_heartbeats
 from dipaco.store.module_store import ModuleStore
-
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dipaco[ray]')")
 
 
 def island_pids(run_root: Path, name: str) -> list[int]:

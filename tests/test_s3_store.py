@@ -1,7 +1,7 @@
 """Against a real S3-protocol server: moto's standalone server on a free loopback port (the test extra's
 `moto[server]`), reached through s3fs exactly as AWS would be, with the endpoint and credentials in the
 environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). Skipped, with the reason, only when the server
-cannot start.
+cannot start (moto and s3fs come with the test extra: without them the tests fail).
 
     python -m pytest tests/test_s3_store.py    # ~45 s: the whole run (coordinator and islands sharing only the URL) too
 """
@@ -41,13 +41,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def s3_env():
     """A running moto S3 server with one bucket; yields the environment variables that reach it."""
-    try:
-        import s3fs
-        from moto.server import ThreadedMotoServer
-    except ImportError as err:
-        reason = f"moto[server] and s3fs are needed for the S3 tests (pip install -e '.[test]'): {err}"
-        print(reason)
-        pytest.skip(reason)
+    import s3fs  # both in the test extra (`make install`)
+    from moto.server import ThreadedMotoServer
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
