@@ -28,12 +28,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 for var in ("DIPACO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
+NO_CUDA = pytest.StashKey[int]()  # how many `cuda` tests were deselected for want of a device
 
 
 def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected what it does (the slow cuda test)
+def pytest_collection_modifyitems(config, items):
+    """Where torch sees no CUDA device, the tests marked `cuda` are deselected (counted in the summary and
+    named by `pytest_terminal_summary`) rather than reported as skipped: after `make install` no test skips,
+    so a skip means a missing dependency (.ci/run fails on one). `-m` naming cuda (`pytest -m cuda`) keeps
+    them, and there they skip with the reason."""
+    import torch
+
+    if "cuda" in (config.option.markexpr or "") or torch.cuda.is_available():
+        return
+    cuda = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda:
+        config.hook.pytest_deselected(items=cuda)
+        items[:] = [item for item in items if not item.get_closest_marker("cuda")]
+        config.stash[NO_CUDA] = len(cuda)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.stash.get(NO_CUDA, 0):
+        terminalreporter.write_line(f"{config.stash[NO_CUDA]} tests marked cuda deselected: torch sees no CUDA "
+                                    f"device (`pytest -m cuda` runs them where there is one)")
 
 
 # 3 rounds with one module version kept, so pruning has to keep each path's best version; every eval mode
