@@ -6,6 +6,8 @@
 Session fixtures (built once, on first use; tests that write into a run work on a `copy_run` of it):
 - `tiny_routed`: configs/tiny.yaml routed and sharded through the Python API (tokenizer, routing,
   shards); test_coordinator and test_end_to_end start their own training from it;
+- `tiny_straight`: a copy of it trained for two rounds by the real coordinator and islands in this
+  process (tests/tiny_runs.py), the modules that resumed, S3 and Ray runs must end with;
 - `tiny_trained`: a copy of it through the rest of `dipaco run` (train with real island processes,
   baselines, eval, report; the command's entry point called in this process), with the settings
   test_end_to_end and test_routed_inference both need (`TRAINED_OVERRIDES`).
@@ -76,6 +78,18 @@ def tiny_routed(tmp_path_factory) -> RunDir:
     config = load_config(TINY)
     route(config, run)
     shard(config, run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_straight(tiny_routed, tmp_path_factory):
+    """`tiny_routed` trained for configs/tiny.yaml's two rounds by two islands in this process (tests/tiny_runs.py;
+    a `TinyRun`, read only): the reference run that the resumed, S3 and Ray runs end equal to."""
+    from tiny_runs import Clock, drive, make_run
+
+    clock = Clock()
+    run = make_run(tiny_routed, tmp_path_factory.mktemp("tiny-straight") / "run", [])
+    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
     return run
 
 

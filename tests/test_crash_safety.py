@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_coordinator import Clock, Crash, TinyRun, make_run
+from tiny_runs import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
 from dipaco.islands.coordinator import Coordinator

@@ -3,7 +3,7 @@
 environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). Skipped, with the reason, only when the server
 cannot start (moto and s3fs come with the test extra: without them the tests fail).
 
-    python -m pytest tests/test_s3_store.py    # ~45 s: the whole run (coordinator and islands sharing only the URL) too
+    python -m pytest tests/test_s3_store.py    # ~30 s: the whole run (coordinator and islands sharing only the URL) too
 """
 
 import json
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import ENV, TINY, copy_run, dipaco, dipaco_in_process
+from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
 from dipaco.stages.context import PathFactory
@@ -180,13 +180,11 @@ def finish(proc: subprocess.Popen, log: Path, *, timeout: float) -> None:
 
 
 def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_local_run(s3_env, tiny_routed,
-                                                                                         tmp_path):
+                                                                                         tiny_straight, tmp_path):
     """Sync, fixed seeds. Coordinator 1 (the routed run directory) publishes and trains round 1; islands a
     and b (each in an empty directory with its own cache) get only the URL; b is killed mid-task and a
-    third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local run's."""
-    reference = copy_run(tiny_routed, tmp_path / "reference")
-    dipaco("train", "--config", str(TINY), "--run", str(reference.root), "train.islands=2", "train.device=cpu")
-
+    third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local
+    run's (conftest's `tiny_straight`: the same config trained in one process)."""
     url = f"s3://{BUCKET}/run"
     env = {**ENV, **s3_env}
     run = copy_run(tiny_routed, tmp_path / "coordinator-1" / "run")
@@ -224,8 +222,8 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
         finish(proc, logs / f"{name}.log", timeout=60)
 
     assert store.current_round() == 2
-    expected = ModuleStore(str(reference.store))
-    for name in PathFactory(load_config(TINY), reference).topology.modules:
+    expected = tiny_straight.store
+    for name in tiny_straight.topology.modules:
         got, want = store.read_module(2, name), expected.read_module(2, name)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
 
