@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -161,11 +162,12 @@ def start(args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> subp
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for(condition, *, timeout: float, what: str, procs=()) -> None:
+def wait_for(condition, *, timeout: float, what: str, procs=(), alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         for proc, log in procs:
             assert proc.poll() is None, f"{what}: a process exited early:\n{Path(log).read_text()[-3000:]}"
+        assert alive(), f"{what}: the coordinator ended early"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
@@ -180,22 +182,27 @@ def finish(proc: subprocess.Popen, log: Path, *, timeout: float) -> None:
 
 
 def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_local_run(s3_env, tiny_routed,
-                                                                                         tiny_straight, tmp_path):
+                                                                                         tiny_straight, tmp_path,
+                                                                                         monkeypatch):
     """Sync, fixed seeds. Coordinator 1 (the routed run directory) publishes and trains round 1; islands a
     and b (each in an empty directory with its own cache) get only the URL; b is killed mid-task and a
     third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local
-    run's (conftest's `tiny_straight`: the same config trained in one process)."""
+    run's (conftest's `tiny_straight`: the same config trained in one process). The islands are processes;
+    the coordinators run `dipaco coordinator` in this one (the first in a thread), which saves starting two
+    interpreters, each in its own directory all the same."""
     url = f"s3://{BUCKET}/run"
     env = {**ENV, **s3_env}
     run = copy_run(tiny_routed, tmp_path / "coordinator-1" / "run")
     logs = tmp_path / "logs"
     logs.mkdir()
-    coordinator = start(["coordinator", "--config", str(TINY), "--run", "run", f"train.store_url={url}",
-                         "train.device=cpu", "train.heartbeat_timeout=4", "train.stop_after_round=1"],
-                        cwd=run.root.parent, env=env, log=logs / "coordinator-1.log")
+    first: dict = {}
+    coordinator = threading.Thread(target=lambda: first.update(zip(("code", "log"), dipaco_in_process(
+        "coordinator", "--config", TINY, "--run", run.root, f"train.store_url={url}", "train.device=cpu",
+        "train.heartbeat_timeout=4", "train.stop_after_round=1"))), daemon=True)
+    coordinator.start()
     store = ModuleStore(url)
     wait_for(lambda: store.exists("published.json") and store.exists("state.json"), timeout=120,
-             what="the coordinator's publication", procs=[(coordinator, logs / "coordinator-1.log")])
+             what="the coordinator's publication", alive=coordinator.is_alive)
 
     def island(name: str, *extra: str) -> subprocess.Popen:
         home = tmp_path / name
@@ -212,12 +219,19 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
     os.killpg(b.pid, signal.SIGKILL)  # mid-task: its task goes to another island after heartbeat_timeout
     b.wait()
     c = island("island-c")
-    finish(coordinator, logs / "coordinator-1.log", timeout=180)
+    coordinator.join(timeout=180)
+    assert first.get("code") == 0, f"coordinator 1 failed or hangs:\n{first.get('log', '')[-3000:]}"
 
     second = tmp_path / "coordinator-2"
-    coordinator = start(["coordinator", "--store", url, "--run", "run", "train.stop_after_round=0"],
-                        cwd=second, env={**env, "XDG_CACHE_HOME": str(second / "cache")}, log=logs / "coordinator-2.log")
-    finish(coordinator, logs / "coordinator-2.log", timeout=180)
+    second.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(second / "cache"))
+    stop = threading.Timer(180, os.kill, (os.getpid(), signal.SIGTERM))  # the command's own stop: no hang
+    stop.start()
+    try:
+        code, log = dipaco_in_process("coordinator", "--store", url, "--run", second / "run", "train.stop_after_round=0")
+    finally:
+        stop.cancel()
+    assert code == 0, f"coordinator 2 failed:\n{log[-3000:]}"
     for name, proc in (("island-a", a), ("island-c", c)):
         finish(proc, logs / f"{name}.log", timeout=60)
 
