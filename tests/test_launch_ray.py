@@ -67,7 +67,7 @@ def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(
     killer.start()
     try:
         code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "train.launcher=ray",
-                                      "train.islands=2", "train.heartbeat_timeout=5", "train.device=cpu")
+                                      "train.islands=2", "train.heartbeat_timeout=3", "train.device=cpu")
     finally:
         stop.set()
         killer.join()

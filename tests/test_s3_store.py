@@ -198,7 +198,7 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
     first: dict = {}
     coordinator = threading.Thread(target=lambda: first.update(zip(("code", "log"), dipaco_in_process(
         "coordinator", "--config", TINY, "--run", run.root, f"train.store_url={url}", "train.device=cpu",
-        "train.heartbeat_timeout=4", "train.stop_after_round=1"))), daemon=True)
+        "train.heartbeat_timeout=3", "train.stop_after_round=1"))), daemon=True)
     coordinator.start()
     store = ModuleStore(url)
     wait_for(lambda: store.exists("published.json") and store.exists("state.json"), timeout=120,
