@@ -24,9 +24,15 @@ import logging
 import time
 from typing import Any
 
-import faiss
-import numpy as np
-from sklearn.cluster import kmeans_plusplus
+# faiss's loader logs every instruction-set build it tries at INFO ("Could not load library with AVX512
+# support due to: ModuleNotFoundError(...)"), which reads like an error in `dipaco route`'s log. Below
+# WARNING only, so its warnings and errors still show; a level someone set on purpose is kept.
+if logging.getLogger("faiss.loader").level == logging.NOTSET:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.cluster import kmeans_plusplus  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

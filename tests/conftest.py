@@ -6,6 +6,8 @@
 Session fixtures (built once, on first use; tests that write into a run work on a `copy_run` of it):
 - `tiny_routed`: configs/tiny.yaml routed and sharded through the Python API (tokenizer, routing,
   shards); test_coordinator and test_end_to_end start their own training from it;
+- `tiny_straight`: a copy of it trained for two rounds by the real coordinator and islands in this
+  process (tests/tiny_runs.py), the modules that resumed, S3 and Ray runs must end with;
 - `tiny_trained`: a copy of it through the rest of `dipaco run` (train with real island processes,
   baselines, eval, report; the command's entry point called in this process), with the settings
   test_end_to_end and test_routed_inference both need (`TRAINED_OVERRIDES`).
@@ -28,12 +30,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 for var in ("DIPACO_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
+NO_CUDA = pytest.StashKey[int]()  # how many `cuda` tests were deselected for want of a device
 
 
 def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected what it does (the slow cuda test)
+def pytest_collection_modifyitems(config, items):
+    """Where torch sees no CUDA device, the tests marked `cuda` are deselected (counted in the summary and
+    named by `pytest_terminal_summary`) rather than reported as skipped: after `make install` no test skips,
+    so a skip means a missing dependency (.ci/run fails on one). `-m` naming cuda (`pytest -m cuda`) keeps
+    them, and there they skip with the reason."""
+    import torch
+
+    if "cuda" in (config.option.markexpr or "") or torch.cuda.is_available():
+        return
+    cuda = [item for item in items if item.get_closest_marker("cuda")]
+    if cuda:
+        config.hook.pytest_deselected(items=cuda)
+        items[:] = [item for item in items if not item.get_closest_marker("cuda")]
+        config.stash[NO_CUDA] = len(cuda)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.stash.get(NO_CUDA, 0):
+        terminalreporter.write_line(f"{config.stash[NO_CUDA]} tests marked cuda deselected: torch sees no CUDA "
+                                    f"device (`pytest -m cuda` runs them where there is one)")
 
 
 # 3 rounds with one module version kept, so pruning has to keep each path's best version; every eval mode
@@ -52,6 +78,18 @@ def tiny_routed(tmp_path_factory) -> RunDir:
     config = load_config(TINY)
     route(config, run)
     shard(config, run)
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_straight(tiny_routed, tmp_path_factory):
+    """`tiny_routed` trained for configs/tiny.yaml's two rounds by two islands in this process (tests/tiny_runs.py;
+    a `TinyRun`, read only): the reference run that the resumed, S3 and Ray runs end equal to."""
+    from tiny_runs import Clock, drive, make_run
+
+    clock = Clock()
+    run = make_run(tiny_routed, tmp_path_factory.mktemp("tiny-straight") / "run", [])
+    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
     return run
 
 

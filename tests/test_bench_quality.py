@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.bench_quality import as_override, diloco_overrides
 from bench.quality_runs import pretrain_key, routing_key
 from dipaco.config import load_config
@@ -39,10 +41,37 @@ def test_diloco_trains_dipacos_path_model_on_the_same_data_and_budget():
     assert routing_key(diloco) != routing_key(dipaco)
 
 
-def test_a_run_without_diloco_says_so_and_a_run_with_it_reports_the_gap():
-    from bench.bench_quality import markdown
-    results = json.loads((ROOT / "experiments" / "results" / "quality-manpages.json").read_text())
-    assert results["checks"]["dipaco_vs_diloco"] is None  # committed with --no-diloco
+def eval_json(*, routed: float, oracle: float, steps: float, compute: float) -> dict:
+    """A small eval.json of a 2x2 DiPaCo run with both dense baselines (the perplexities given)."""
+    def row(model, perplexity, *, paths=1, steps=10):
+        return {"model": model, "paths": paths, "params_per_path": 1000, "params_total": 1000 * paths,
+                "pretrain_steps": 5, "steps_per_path": steps, "steps_total": 5 + steps, "tokens_seen": 640 * steps,
+                "train_tokens_total": 640 * (5 + steps), "train_seconds": 1.0, "perplexity": perplexity}
+
+    return {"models": [row("DiPaCo 2x2 routed", routed, paths=4), row("dense-equal-steps", steps),
+                       row("dense-equal-compute", compute, steps=40)],
+            "scored_tokens": 560, "test_documents": 10, "routing_agrees_with_shards": 0.9,
+            "per_path": [{"path": p, "label": f"({p // 2},{p % 2})", "documents": 2 + p, "tokens": 56 * (2 + p),
+                          "perplexity": routed + p} for p in range(4)],
+            "modes": {"rows": [{"mode": "prefix", "checkpoints": "last", "perplexity": routed},
+                               {"mode": "oracle", "checkpoints": "last", "perplexity": oracle}], "all_paths": None}}
+
+
+def test_a_run_without_diloco_says_so_and_a_run_with_it_reports_the_gap(tmp_path):
+    """`--no-diloco`: the results collected from a DiPaCo run's eval.json alone (written here) and their table."""
+    from bench.bench_quality import compare, markdown
+    from bench.quality_runs import Runner
+
+    (tmp_path / "dipaco").mkdir()
+    (tmp_path / "dipaco" / "eval.json").write_text(json.dumps(eval_json(routed=120.0, oracle=100.0, steps=150.0,
+                                                                        compute=80.0)))
+    # `--no-diloco --collect-only`: reads the runs under the root, trains nothing
+    results = compare(Runner(tmp_path, keep=True), DEMO, RECIPE, diloco=False, collect_only=True)
+    results.update(budget=1.0, seconds=60.0)
+    assert results["checks"]["dipaco_vs_diloco"] is None and results["checks"]["dipaco_vs_diloco_same_outer"] is None
+    assert results["checks"]["dipaco_over_dense_equal_compute"] == pytest.approx(120 / 80)
+    assert results["checks"]["dipaco_vs_dense_equal_steps"] == pytest.approx(1 - 120 / 150)
+    assert results["checks"]["routed_over_oracle"] == pytest.approx(120 / 100 - 1)
     assert "DiPaCo against DiLoCo with its own outer step: not run" in markdown(results)
     results["checks"]["dipaco_vs_diloco"] = 0.1
     text = markdown(results)
@@ -121,8 +150,6 @@ def test_reroute_phases_run_midway_and_before_evaluation_in_order(tmp_path, monk
 
 
 def test_reroute_phases_need_a_router_split_and_versions_of_the_run(tmp_path, monkeypatch):
-    import pytest
-
     from bench.quality_runs import Runner
 
     fake_stages(monkeypatch, [], rounds=10)

@@ -11,17 +11,17 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import Clock, Crash, TinyRun, drive, make_run
 
-from dipaco.config import Config, load_config, save_config
+from dipaco.config import load_config, save_config
 from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandSetup, IslandWorker, train_task
-from dipaco.model.topology import Topology
+from dipaco.islands.island import train_task
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
@@ -35,81 +35,19 @@ TINY = ROOT / "configs" / "tiny.yaml"
 PLAIN = ["outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]
 
 
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_routed) -> RunDir:
     return tiny_routed  # conftest's routed and sharded tiny run (read only: make_run copies it)
 
 
-@dataclass
-class TinyRun:
-    """A run with the tiny shards and an initialised store, and the pieces the islands and coordinator take."""
-
-    dir: RunDir
-    config: Config
-    setup: IslandSetup
-
-    @property
-    def store(self) -> ModuleStore:
-        return self.setup.store
-
-    @property
-    def topology(self) -> Topology:
-        return self.setup.topology
-
-    def coordinator(self, clock: Clock) -> Coordinator:
-        return Coordinator(self.store, self.topology, settings=CoordinatorSettings.from_config(self.config),
-                           sizes=PathFactory(self.config, self.dir).path_sizes,
-                           clock=clock)
-
-    def island(self, name: str, clock: Clock, **kwargs) -> IslandWorker:
-        return IslandWorker(self.setup, name=name, clock=clock, **kwargs)
-
-
-def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
-    run = RunDir(root)
-    for part in ("tokenizer", "routing", "shards"):
-        shutil.copytree(tiny.root / part, run.root / part)
-    config = load_config(TINY, ["hardware.device=cpu", *overrides])
-    save_config(config, run.config)
-    initialise_store(PathFactory(config, run))
-    return TinyRun(dir=run, config=config, setup=island_setup(config, run))
-
-
-def drive(coordinator: Coordinator, islands: list[IslandWorker], clock: Clock, *, dt: float = 0.5,
-          turns: int = 400, until_round: int | None = None) -> None:
-    """Poll until the run is done (or round `until_round` is committed)."""
-    for _ in range(turns):
-        if coordinator.tick() or (until_round is not None and coordinator.committed >= until_round):
-            return
-        for island in islands:
-            island.poll()
-        clock.t += dt
-    raise AssertionError(f"the run did not finish in {turns} turns (round {coordinator.committed})")
+@pytest.fixture(scope="module")
+def straight(tiny_straight) -> TinyRun:
+    """Two rounds run without interruption by two islands (conftest's, read only)."""
+    return tiny_straight
 
 
 def manifests(store: ModuleStore, rounds: int) -> list[RoundManifest]:
     return [read_manifest(store, r) for r in range(1, rounds + 1)]
-
-
-class Crash(Exception):
-    pass
-
-
-@pytest.fixture(scope="module")
-def straight(tiny, tmp_path_factory) -> TinyRun:
-    """Two rounds run without interruption by two islands."""
-    clock = Clock()
-    run = make_run(tiny, tmp_path_factory.mktemp("straight") / "run", [])
-    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
-    return run
 
 
 def assert_same_modules(resumed: TinyRun, straight: TinyRun, round: int) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_coordinator import Clock, Crash, TinyRun, make_run
+from tiny_runs import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
 from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
@@ -105,7 +105,7 @@ def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: 
 def run_once(tiny, root: Path, crash_at: int | None = None) -> tuple[TinyRun, Writes]:
     """A run killed before the coordinator's write `crash_at` (if any) and resumed."""
     clock, writes = Clock(), Writes(crash_at)
-    run = make_run(tiny, root, [f"run.rounds={ROUNDS}"])
+    run = make_run(tiny, root, [f"run.rounds={ROUNDS}", "inner.steps=2"])  # what the coordinator writes, not training
     islands = [run.island(f"i{k}", clock) for k in range(2)]
     try:
         coordinate(run, counted_store(run.store.url, writes), islands, clock, writes)

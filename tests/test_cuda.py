@@ -1,9 +1,10 @@
 """The GPU check (bench/gpu_check.py) and the tests that need CUDA.
 
-    python -m pytest -q tests/test_cuda.py     # on the CPU: the script's smoke tests; CUDA tests skip, with the reason
+    python -m pytest -q tests/test_cuda.py     # on the CPU: the script's smoke tests; CUDA tests deselected
     python -m pytest -q -m cuda                # only the CUDA tests (the slow ones included), on a GPU machine
 
-Tests marked `cuda` skip where torch sees no CUDA device. The fast CPU tests run the script in
+Tests marked `cuda` are deselected where torch sees no CUDA device (tests/conftest.py says so in the
+summary); selected by `-m cuda` there, they skip with the reason. The fast CPU tests run the script in
 process with `dipaco run` faked at the subprocess edge (it writes the eval.json a run would); the
 slow one runs every smoke step for real.
 """

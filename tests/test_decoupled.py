@@ -183,7 +183,7 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
 
     def slow_save(self, path):
         writes.append(self.steps)
-        time.sleep(1.0)
+        time.sleep(0.5)  # 1.5 s for the three writes: several times the four tiny steps' training
         write(self, path)
 
     monkeypatch.setattr(InnerCheckpoint, "save", slow_save)
@@ -192,7 +192,7 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
     out = train_task(run.setup, task, checkpoint=run.dir.root / "islands" / "a.safetensors")
     steps = run.config.inner.steps
     assert writes == list(range(1, steps))  # a checkpoint after every step but the last
-    assert out.meta.seconds < 1.0 * len(writes)  # the writes took longer than that alone: they are not in it
+    assert out.meta.seconds < 0.5 * len(writes)  # the writes took longer than that alone: they are not in it
 
 
 REPLICAS = ["topology.replicas=2"]

@@ -54,6 +54,13 @@ def test_evaluation_json_compares_routed_paths_with_both_baselines(tiny_trained)
     assert models["dense-equal-compute"]["steps_per_path"] == 4 * steps
     for m in models.values():
         assert 1 < m["perplexity"] < vocabulary, m  # better than a blind guess over the run's vocabulary
+    # every model scores the same tokens: each test document's after the routing prefix, none of the prefix
+    docs, _, _ = PathFactory(config, tiny_trained).reader.test_documents()
+    prefix = config.routing.prefix_tokens
+    after_prefix = sum(max(0, len(doc) - prefix) for doc in docs)
+    assert results["scored_tokens"] == after_prefix < sum(len(doc) for doc in docs)
+    for m in models.values():
+        assert (m["scored_tokens"], m["skipped_prefix_tokens"]) == (after_prefix, prefix), m
     assert sum(p["documents"] for p in results["per_path"]) == results["test_documents"] > 0
     assert sum(p["tokens"] for p in results["per_path"]) == results["scored_tokens"]
     routed = [p for p in results["per_path"] if p["documents"]]

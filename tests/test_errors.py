@@ -2,9 +2,9 @@
 traceback, exited 0 or did something else on main; now each is one line naming the file, line, key or
 option and what to do."""
 
-import importlib.util
 import json
 import re
+import sys
 
 import pytest
 from cli_helpers import TINY, dipaco_in_process
@@ -44,10 +44,16 @@ def test_a_config_path_that_is_a_directory(tmp_path):
     assert code == 1 and "is a directory" in log
 
 
-@pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed here")
-def test_an_object_store_without_its_backend_names_the_package(tmp_path):
-    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", "store.url=s3://bucket/run")
-    assert code == 1 and "pip install s3fs" in log
+@pytest.mark.parametrize("protocol, package", [("s3", "s3fs"), ("gs", "gcsfs")])
+def test_an_object_store_without_its_backend_names_the_package(protocol, package, tmp_path, monkeypatch):
+    """The backend made absent whether or not it is installed here (s3fs is, with the test extra):
+    importing it fails, and fsspec has no class of an earlier import cached."""
+    monkeypatch.setitem(sys.modules, package, None)  # `import s3fs` raises ImportError
+    monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, protocol, raising=False)
+    url = f"{protocol}://bucket/run"
+    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", f"store.url={url}")
+    assert code == 1 and f"store {url}: the fsspec backend for {protocol}:// is not installed" in log, log
+    assert f"pip install {package}" in log and "Traceback" not in log
 
 
 def test_a_memory_store_is_refused_for_processes_that_cannot_share_it(tmp_path):

@@ -1,4 +1,9 @@
-"""Injected failures are reproducible: the same seed and island name give the same schedule."""
+"""Injected failures are reproducible: the same seed and island name give the same schedule, in every run."""
+
+import json
+import os
+import subprocess
+import sys
 
 from dipaco.islands.faults import FaultClock
 
@@ -16,8 +21,19 @@ def schedule(*, seed: int, island: str, n: int = 5) -> list[float]:
     return times
 
 
+def schedule_in_a_new_process(*, seed: int, island: str, hash_seed: str) -> list[float]:
+    """`schedule` computed by another interpreter, whose str hashes are salted with `hash_seed`."""
+    code = f"import json, test_faults; print(json.dumps(test_faults.schedule(seed={seed}, island={island!r})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": hash_seed}, check=True, timeout=60).stdout
+    return json.loads(out)
+
+
 def test_the_failure_schedule_depends_only_on_seed_and_island():
-    assert schedule(seed=1, island="island-0") == schedule(seed=1, island="island-0")
+    # the same in another run of dipaco: a new process, other hash salts (Python's hash() of a str is not)
+    here = schedule(seed=1, island="island-0")
+    assert here == schedule_in_a_new_process(seed=1, island="island-0", hash_seed="1") == \
+        schedule_in_a_new_process(seed=1, island="island-0", hash_seed="2")
     assert schedule(seed=1, island="island-0") != schedule(seed=1, island="island-1")
     assert schedule(seed=1, island="island-0") != schedule(seed=2, island="island-0")
     gaps = [b - a - 10.0 for a, b in zip(schedule(seed=3, island="x", n=400), schedule(seed=3, island="x", n=400)[1:])]

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dipaco.config import Config, load_config
+from dipaco.config import Config, load_config, save_config
 from routing.corpus import load_corpus
 
 settings.register_profile("dipaco", derandomize=True)
@@ -57,24 +57,70 @@ def test_any_value_for_any_key_is_a_config_or_a_clear_error(key, value):
     assert isinstance(config.to_dict(), dict)
 
 
+def assert_a_config_that_reads_back(config: Config, folder) -> None:
+    """A config that loaded is whole and usable: finite numbers, and the config.yaml `save_config` writes
+    of it (what islands and later stages read) loads back as the same config."""
+    assert isinstance(config, Config) and all_floats_finite(config)
+    save_config(config, folder / "saved.yaml")
+    assert load_config(folder / "saved.yaml") == config
+
+
+def assert_only_these_keys_differ_from_the_defaults(config: Config, keys: set[tuple[str, str]]) -> None:
+    """What the text did not set holds its default."""
+    got, default = config.to_dict(), Config().to_dict()
+    for section, key in keys:
+        del got[section][key], default[section][key]
+    assert got == default
+
+
+# text, and text shaped like an override of a real key or a config file of real sections (most of which load)
+OVERRIDE_TEXT = st.one_of(st.text(max_size=30), st.builds("{}={}".format, st.sampled_from(KEYS), st.text(max_size=8)))
+
+
+def config_yaml(items: list[tuple[str, object]]) -> str:
+    raw: dict[str, dict] = {}
+    for key, value in items:
+        section, name = key.split(".")
+        raw.setdefault(section, {})[name] = value
+    return yaml.safe_dump(raw)
+
+
+FILE_TEXT = st.one_of(st.text(max_size=200), st.lists(st.tuples(st.sampled_from(KEYS), VALUES), max_size=4).map(config_yaml))
+
+
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=30))
-def test_any_override_text_is_a_config_or_a_clear_error(text):
+@given(text=OVERRIDE_TEXT)
+@example(text="inner.lr=1e-3")  # loads: so the checks of a loaded config run every time
+@example(text="topology.levels=[3, 2]")
+@example(text="routing.hf_model=")
+def test_any_override_text_is_a_config_or_a_clear_error(tmp_path_factory, text):
     try:
-        load_config(None, [text])
-    except ValueError:
-        pass
+        config = load_config(None, [text])
+    except ValueError as err:  # one line naming the override, or the key it set
+        section = text.partition("=")[0].split(".")[0]
+        assert "\n" not in str(err) and ("override" in str(err) or section in str(err)), err
+        return
+    assert_a_config_that_reads_back(config, tmp_path_factory.mktemp("override"))
+    assert_only_these_keys_differ_from_the_defaults(config, {tuple(text.partition("=")[0].split("."))})
 
 
 @settings(max_examples=100, deadline=None)
-@given(text=st.text(max_size=200))
+@given(text=FILE_TEXT)
+@example(text="")  # the defaults
+@example(text="inner:\n  steps: 7\nouter:\n  lr: 0.5\n")
+@example(text="# a comment only\n")
 def test_any_config_file_text_is_a_config_or_a_clear_error(tmp_path_factory, text):
-    path = tmp_path_factory.mktemp("cfg") / "config.yaml"
+    folder = tmp_path_factory.mktemp("cfg")
+    path = folder / "config.yaml"
     path.write_text(text)
     try:
-        load_config(path)
-    except ValueError:
-        pass
+        config = load_config(path)
+    except ValueError as err:
+        assert str(path) in str(err), err  # names the file
+        return
+    assert_a_config_that_reads_back(config, folder)
+    raw = yaml.safe_load(text) or {}
+    assert_only_these_keys_differ_from_the_defaults(config, {(s, k) for s, keys in raw.items() for k in keys or {}})
 
 
 JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False),

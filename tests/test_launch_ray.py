@@ -1,7 +1,7 @@
 """`dipaco train launcher.kind=ray` on a local Ray instance: the tiny config to completion, with the
 coordinator and two islands as Ray tasks, and one island killed mid-run (Ray places it again).
 
-Skipped, with the reason, where Ray is not installed (`pip install 'dipaco[ray]'`; the test extra has it).
+Ray comes with the test extra (`make install`); `pip install 'dipaco[ray]'` installs it alone.
 """
 
 import json
@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
+import torch
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.store.board import read_heartbeats
 from dipaco.store.module_store import ModuleStore
-
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dipaco[ray]')")
 
 
 def island_pids(run_root: Path, name: str) -> list[int]:
@@ -55,7 +55,10 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(tiny_routed, tmp_path, local_ray):
+def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(tiny_routed, tiny_straight, tmp_path,
+                                                                               local_ray):
+    """...and ends with the modules of the same config trained in one process (conftest's `tiny_straight`):
+    sync rounds with fixed seeds, however the islands ran."""
     run = copy_run(tiny_routed, tmp_path / "run")
     store = ModuleStore(str(run.store))
     seen: dict = {}
@@ -64,7 +67,7 @@ def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(
     killer.start()
     try:
         code, log = dipaco_in_process("train", "--config", TINY, "--run", run.root, "launcher.kind=ray",
-                                      "hardware.islands=2", "resilience.heartbeat_timeout=5", "hardware.device=cpu")
+                                      "hardware.islands=2", "resilience.heartbeat_timeout=3", "hardware.device=cpu")
     finally:
         stop.set()
         killer.join()
@@ -79,6 +82,9 @@ def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(
     island_log = (run.logs / "island-0.log").read_text()
     assert island_log.count("ray: island-0 starts") == 2, island_log[-3000:]
     assert (run.logs / "island-1.log").read_text().count("ray: island-1 starts") == 1
+    for name in tiny_straight.topology.modules:
+        got, want = store.read_module(2, name), tiny_straight.store.read_module(2, name)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
 
 
 def test_ray_islands_that_all_fail_stop_the_run_with_the_log(tmp_path, local_ray):

@@ -80,9 +80,11 @@ def test_unequal_shards_with_a_partial_task_match_the_written_out_average(tmp_pa
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_all_paths_normalisation_gives_a_half_shared_module_half_the_step(tmp_path):
+@pytest.mark.parametrize("rescale", [False, True])
+def test_all_paths_normalisation_gives_a_half_shared_module_half_the_step(tmp_path, rescale):
     """Equal shards: a level module in 2 of 4 paths moves by Σα = 0.5 of its average (× √2 ≈ 0.71 with the
-    rescale), the embedding by 1 (× √4 = 2); per-module normalisation gives √2 and 2."""
+    rescale), the embedding by 1 (× √4 = 2); per-module normalisation gives 1 and 1 (√2 and 2 with it).
+    The weights, then the step the outer optimiser takes with them (lr 1, momentum 0)."""
     topology = grid()
     equal = PathSizes(shard_tokens=(1000,) * 4, task_tokens=TASK_TOKENS)
     for normalize, level_scale in (("all", 0.5), ("module", 1.0)):
@@ -91,8 +93,15 @@ def test_all_paths_normalisation_gives_a_half_shared_module_half_the_step(tmp_pa
             weights, total = result_weights(entries, n_paths=topology.n_paths, sizes=equal,
                                             config=OuterConfig(normalize=normalize))
             assert sum(weights) / total == pytest.approx(1.0 if name == "embeddings" else level_scale)
-            assert sum(weights) / total * np.sqrt(len(paths)) == pytest.approx(
-                2.0 if name == "embeddings" else level_scale * np.sqrt(2))
+        store = ModuleStore(str(tmp_path / normalize))
+        theta, deltas = write_round(store, topology, {p: TASK_TOKENS for p in range(4)})
+        config = OuterConfig(lr=1.0, momentum=0.0, rescale_by_paths=rescale, weighting="shard", normalize=normalize)
+        apply_round(store, topology, round=1, pending=tasks(range(4)), config=config, sizes=equal)
+        for name, paths in PATHS_OF.items():
+            moved = (1.0 if name == "embeddings" else level_scale) * (np.sqrt(len(paths)) if rescale else 1.0)
+            average = np.mean([deltas[name][p] for p in paths], axis=0)
+            np.testing.assert_allclose(store.read_module(1, name)["w"].double().numpy(), theta[name] - moved * average,
+                                       rtol=0, atol=1e-6, err_msg=f"{normalize} {name}")
 
 
 def entry(path: int, *, tokens: int = TASK_TOKENS, factor: float = 1.0) -> ManifestEntry:

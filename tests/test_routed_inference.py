@@ -18,6 +18,7 @@ from cli_helpers import ENV
 from dipaco.cli import main
 from dipaco.config import load_config
 from dipaco.eval.early_stopping import best_rounds, read_history
+from dipaco.optim.dense import load_dense
 from dipaco.run_dir import RunDir
 from dipaco.stages.context import PathFactory
 from dipaco.stages.generate import generate
@@ -89,13 +90,16 @@ def reference_routed_nll(run: RunDir, *, window: int) -> tuple[float, int, dict[
 def test_routed_eval_and_every_mode_match_a_direct_computation(run):
     # an fp32 reference checks an fp32 eval; `hardware.precision: auto` would be bf16 on a CPU with
     # AVX512-BF16 (per-token losses off by up to ~7e-3, a path's perplexity by ~1e-4)
-    assert load_config(run.config).hardware.precision == "fp32"
+    config = load_config(run.config)
+    assert config.hardware.precision == "fp32"
     results = json.loads(run.eval_results.read_text())
     rows = {(r["mode"], r["checkpoints"]): r for r in results["modes"]["rows"]}
     assert all(r["tokens"] == results["scored_tokens"] for r in rows.values())
     routed = next(m for m in results["models"] if m["model"].startswith("DiPaCo"))
     nll, tokens, per_path, _ = reference_routed_nll(run, window=10_000)  # prefix: one chunk per document
     assert tokens == results["scored_tokens"]
+    for model in results["models"]:  # the baselines score exactly these tokens too (their losses: the test below)
+        assert (model["scored_tokens"], model["skipped_prefix_tokens"]) == (tokens, config.routing.prefix_tokens), model
     assert routed["perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
     assert rows["prefix", "last"]["perplexity"] == routed["perplexity"]  # the headline is the prefix mode
     for p in results["per_path"]:
@@ -115,6 +119,26 @@ def test_routed_eval_and_every_mode_match_a_direct_computation(run):
     for p in results["per_path"]:
         if p["documents"]:
             assert grid[p["path"], p["path"]] == pytest.approx(p["perplexity"], rel=1e-6)
+
+
+def test_each_baseline_scores_the_routed_paths_tokens_and_matches_a_direct_computation(run):
+    """A dense baseline reads each whole test document and scores the tokens the routed paths score, those
+    after the routing prefix (`chunk_nll`, unbatched): the same count and the same perplexity as eval.json."""
+    config = load_config(run.config)
+    factory = PathFactory(config, run)
+    docs, _, _ = factory.reader.test_documents()
+    prefix = config.routing.prefix_tokens
+    results = json.loads(run.eval_results.read_text())
+    baselines = [m for m in results["models"] if m["model"].startswith("dense-")]
+    assert {m["model"] for m in baselines} == {"dense-equal-steps", "dense-equal-compute"}
+    for row in baselines:
+        model, _ = load_dense(run.baselines / row["model"], factory.spec)
+        model.eval()
+        scored = [(doc, len(doc)) for doc in docs if len(doc) > prefix]
+        nll = sum(chunk_nll(model, doc, prefix, end) for doc, end in scored)
+        tokens = sum(end - prefix for _, end in scored)
+        assert row["scored_tokens"] == tokens == results["scored_tokens"], row
+        assert row["perplexity"] == pytest.approx(math.exp(nll / tokens), rel=1e-5), row
 
 
 def test_exported_path_loads_without_dipaco_and_gives_the_same_logits(run, tmp_path):

@@ -103,3 +103,18 @@ def test_product_kmeans_paths_are_ravelled_per_slice_nearest_centroids():
 def test_product_kmeans_rejects_too_many_levels():
     with pytest.raises(ValueError, match="3 feature dims into 4"):
         product_kmeans(np.zeros((10, 3), dtype=np.float32), [2, 2, 2, 2], seed=0)
+
+
+def test_dipaco_route_logs_no_faiss_loader_chatter_and_keeps_its_warnings(tmp_path):
+    """faiss's loader logs each build it fails to load at INFO ("Could not load library with AVX512 support
+    due to: ModuleNotFoundError(...)"), which a new user reads as an error: `dipaco route`, which logs at
+    INFO, shows none of it (a fresh process: the loader only logs when faiss is first imported)."""
+    import logging
+
+    from cli_helpers import TINY, dipaco
+
+    result = dipaco("route", "--config", str(TINY), "--run", str(tmp_path / "run"), "corpus.max_documents=200")
+    assert "routing.router INFO: router (flat" in result.stderr  # the command did log at INFO
+    assert "Could not load library" not in result.stderr and "faiss.loader" not in result.stderr, result.stderr[:2000]
+    loader = logging.getLogger("faiss.loader")  # routing.kmeans is imported above: warnings and errors still show
+    assert loader.isEnabledFor(logging.WARNING) and not loader.isEnabledFor(logging.INFO)

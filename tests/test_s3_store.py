@@ -1,9 +1,9 @@
 """Against a real S3-protocol server: moto's standalone server on a free loopback port (the test extra's
 `moto[server]`), reached through s3fs exactly as AWS would be, with the endpoint and credentials in the
 environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). Skipped, with the reason, only when the server
-cannot start.
+cannot start (moto and s3fs come with the test extra: without them the tests fail).
 
-    python -m pytest tests/test_s3_store.py    # ~45 s: the whole run (coordinator and islands sharing only the URL) too
+    python -m pytest tests/test_s3_store.py    # ~30 s: the whole run (coordinator and islands sharing only the URL) too
 """
 
 import json
@@ -13,12 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import ENV, TINY, copy_run, dipaco, dipaco_in_process
+from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
 from dipaco.stages.context import PathFactory
@@ -41,13 +42,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def s3_env():
     """A running moto S3 server with one bucket; yields the environment variables that reach it."""
-    try:
-        import s3fs
-        from moto.server import ThreadedMotoServer
-    except ImportError as err:
-        reason = f"moto[server] and s3fs are needed for the S3 tests (pip install -e '.[test]'): {err}"
-        print(reason)
-        pytest.skip(reason)
+    import s3fs  # both in the test extra (`make install`)
+    from moto.server import ThreadedMotoServer
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -165,11 +162,12 @@ def start(args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> subp
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for(condition, *, timeout: float, what: str, procs=()) -> None:
+def wait_for(condition, *, timeout: float, what: str, procs=(), alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         for proc, log in procs:
             assert proc.poll() is None, f"{what}: a process exited early:\n{Path(log).read_text()[-3000:]}"
+        assert alive(), f"{what}: the coordinator ended early"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
@@ -184,24 +182,27 @@ def finish(proc: subprocess.Popen, log: Path, *, timeout: float) -> None:
 
 
 def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_local_run(s3_env, tiny_routed,
-                                                                                         tmp_path):
+                                                                                         tiny_straight, tmp_path,
+                                                                                         monkeypatch):
     """Sync, fixed seeds. Coordinator 1 (the routed run directory) publishes and trains round 1; islands a
     and b (each in an empty directory with its own cache) get only the URL; b is killed mid-task and a
-    third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local run's."""
-    reference = copy_run(tiny_routed, tmp_path / "reference")
-    dipaco("train", "--config", str(TINY), "--run", str(reference.root), "hardware.islands=2", "hardware.device=cpu")
-
+    third island c starts; coordinator 2, with only the URL, trains round 2. The modules equal a local
+    run's (conftest's `tiny_straight`: the same config trained in one process). The islands are processes;
+    the coordinators run `dipaco coordinator` in this one (the first in a thread), which saves starting two
+    interpreters, each in its own directory all the same."""
     url = f"s3://{BUCKET}/run"
     env = {**ENV, **s3_env}
     run = copy_run(tiny_routed, tmp_path / "coordinator-1" / "run")
     logs = tmp_path / "logs"
     logs.mkdir()
-    coordinator = start(["coordinator", "--config", str(TINY), "--run", "run", f"store.url={url}",
-                         "hardware.device=cpu", "resilience.heartbeat_timeout=4", "run.stop_after_round=1"],
-                        cwd=run.root.parent, env=env, log=logs / "coordinator-1.log")
+    first: dict = {}
+    coordinator = threading.Thread(target=lambda: first.update(zip(("code", "log"), dipaco_in_process(
+        "coordinator", "--config", TINY, "--run", run.root, f"store.url={url}", "hardware.device=cpu",
+        "resilience.heartbeat_timeout=3", "run.stop_after_round=1"))), daemon=True)
+    coordinator.start()
     store = ModuleStore(url)
     wait_for(lambda: store.exists("published.json") and store.exists("state.json"), timeout=120,
-             what="the coordinator's publication", procs=[(coordinator, logs / "coordinator-1.log")])
+             what="the coordinator's publication", alive=coordinator.is_alive)
 
     def island(name: str, *extra: str) -> subprocess.Popen:
         home = tmp_path / name
@@ -218,18 +219,25 @@ def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_loc
     os.killpg(b.pid, signal.SIGKILL)  # mid-task: its task goes to another island after heartbeat_timeout
     b.wait()
     c = island("island-c")
-    finish(coordinator, logs / "coordinator-1.log", timeout=180)
+    coordinator.join(timeout=180)
+    assert first.get("code") == 0, f"coordinator 1 failed or hangs:\n{first.get('log', '')[-3000:]}"
 
     second = tmp_path / "coordinator-2"
-    coordinator = start(["coordinator", "--store", url, "--run", "run", "run.stop_after_round=0"],
-                        cwd=second, env={**env, "XDG_CACHE_HOME": str(second / "cache")}, log=logs / "coordinator-2.log")
-    finish(coordinator, logs / "coordinator-2.log", timeout=180)
+    second.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(second / "cache"))
+    stop = threading.Timer(180, os.kill, (os.getpid(), signal.SIGTERM))  # the command's own stop: no hang
+    stop.start()
+    try:
+        code, log = dipaco_in_process("coordinator", "--store", url, "--run", second / "run", "run.stop_after_round=0")
+    finally:
+        stop.cancel()
+    assert code == 0, f"coordinator 2 failed:\n{log[-3000:]}"
     for name, proc in (("island-a", a), ("island-c", c)):
         finish(proc, logs / f"{name}.log", timeout=60)
 
     assert store.current_round() == 2
-    expected = ModuleStore(str(reference.store))
-    for name in PathFactory(load_config(TINY), reference).topology.modules:
+    expected = tiny_straight.store
+    for name in tiny_straight.topology.modules:
         got, want = store.read_module(2, name), expected.read_module(2, name)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -28,9 +29,11 @@ from dipaco.optim.weighting import PathSizes
 from dipaco.run_dir import RunDir
 from dipaco.stages.published import shard_fetcher
 from dipaco.store.module_store import ModuleStore
-from routing.router import Router
 from sharding.reader import ShardReader
 from sharding.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from routing.router import Router
 
 
 class PathFactory:
@@ -52,6 +55,8 @@ class PathFactory:
 
     @cached_property
     def router(self) -> Router:
+        from routing.router import Router  # scikit-learn and faiss: only the stages that route pay for them
+
         return Router.load(self.run.require(self.run.routing / "router.json", "route").parent)
 
     @cached_property

@@ -7,7 +7,8 @@ path (`dipaco.eval.prefix_routing`), and that path scores the tokens after the p
 is in memory at a time. The baselines score the very same tokens, so the perplexities are
 comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed from the same table
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
-`eval.json` and are printed as a table. Every model's row says the dense warm-start steps it started
+`eval.json` and are printed as a table; each model's row says how many tokens it scored
+(`scored_tokens`) and that each document's first `skipped_prefix_tokens` (the routing prefix) were not. Every model's row says the dense warm-start steps it started
 from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
 included): the baselines' budgets count the warm start (`dipaco.eval.baselines`), which a path-sized
 baseline continues from by default (its row then has the warm start's steps and tokens too). Results holding a
@@ -78,6 +79,8 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         "train_tokens_total": warm["tokens"] + summary["tokens"] if summary.get("tokens") is not None else None,
         "train_seconds": summary.get("seconds"),
         "perplexity": perplexity(nll.sum(), tokens.sum()),
+        "scored_tokens": int(tokens.sum()),
+        "skipped_prefix_tokens": prefix,
     }]
     budgets = baseline_budgets(config, topology.n_paths)
     for name, budget in budgets.items():
@@ -98,12 +101,13 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
             log.warning("baseline %s in %s was trained from %s, this config asks for %s (eval.baselines_init): "
                         "delete the folder and run `dipaco baselines` again", name, folder,
                         info.get("init", "scratch"), init)
-        b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)
+        b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)  # the routed paths' tokens
         rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
                      "params_total": info["parameters"], "pretrain_steps": started, "steps_per_path": info["steps"],
                      "steps_total": started + info["steps"], "tokens_seen": info["tokens"],
                      "train_tokens_total": int(info.get("pretrain_tokens", 0)) + info["tokens"],
-                     "train_seconds": info["seconds"], "perplexity": perplexity(b_nll.sum(), b_tokens.sum())})
+                     "train_seconds": info["seconds"], "perplexity": perplexity(b_nll.sum(), b_tokens.sum()),
+                     "scored_tokens": int(b_tokens.sum()), "skipped_prefix_tokens": prefix})
     results = {
         "round": round,
         "test_documents": len(docs),
@@ -169,10 +173,11 @@ def per_path_table(topology: Topology, paths: np.ndarray, nll: np.ndarray, token
 def format_results(results: dict) -> str:
     """The comparison table and the per-path table, as text."""
     headers = ["model", "paths", "params/path", "params total", "warm start", "steps/path", "steps in all",
-               "train tokens (all)", "train s", "perplexity"]
+               "train tokens (all)", "train s", "tokens scored", "perplexity"]
     main = [[r["model"], r["paths"], f"{r['params_per_path']:,}", f"{r['params_total']:,}", r.get("pretrain_steps", 0),
              r["steps_per_path"], r.get("steps_total", r["steps_per_path"]), _tokens(r),
-             f"{r['train_seconds']:.0f}" if r["train_seconds"] else "-", f"{r['perplexity']:.2f}"]
+             f"{r['train_seconds']:.0f}" if r["train_seconds"] else "-",
+             f"{r['scored_tokens']:,}" if "scored_tokens" in r else "-", f"{r['perplexity']:.2f}"]
             for r in results["models"]]
     paths = [[p["path"], p.get("label", ""), p["documents"], p["tokens"],
               f"{p['perplexity']:.2f}" if p["perplexity"] else "-"] for p in results["per_path"]]
