@@ -264,7 +264,7 @@ def main(setting: Setting, *, compression: bool) -> None:
     params = path_parameters(setting, base)
     rows = {"sync": train_and_eval(setting, base, "sync", [])}
     task_seconds = rows["sync"]["task_seconds"]
-    grace = [f"rounds.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
+    grace = [f"rounds.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.rounds)
     out = {"budget": {}, "goodput": [], "compression": [], "runs": rows}
     settings: dict[str, list[str]] = {}
     steps = rows["sync"]["inner_steps"]

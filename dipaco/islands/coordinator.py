@@ -39,7 +39,7 @@ longer kept by retention, and it leaves the board at the next commit, as lost ta
 The run ends when the policy says every path has had `run.rounds` results applied (`done`; in sync
 mode after round `run.rounds`); that round's `state.json` says `"finished": true` (`run_finished`).
 
-Every decision in 3–6 (and retention's oldest kept version) is `dipaco.islands.policy.RoundPolicy`'s,
+Every decision in 3–6 (and retention's oldest kept version) is `dipaco.rounds.policy.RoundPolicy`'s,
 a pure object fed the events this class reads from the store; `dipaco simulate` drives the same one.
 
 Restarting after a crash resumes from the store: rounds up to the committed one are final, the
@@ -87,13 +87,14 @@ from dipaco.eval.early_stopping import (
     record_val_losses,
     unscored_paths,
 )
-from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running
 from dipaco.islands.rounds import apply_round
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import PathSpec, split_into_modules
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import path_decay_from, round_outer_step
 from dipaco.optim.weighting import PathSizes, needs_sizes
+from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
+from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import (
     HeartbeatCache,
     inner_exists,

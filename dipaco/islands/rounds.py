@@ -1,4 +1,4 @@
-"""The outer step of one round as the round policy planned it (`dipaco.islands.policy`: when a round
+"""The outer step of one round as the round policy planned it (`dipaco.rounds`: when a round
 closes, which results it applies to which module with what weight, sync / async).
 
 Each result's weight and what the weights are divided by are `dipaco.optim.weighting.result_weights`
@@ -29,10 +29,13 @@ from __future__ import annotations
 import math
 
 from dipaco.config import OuterConfig, RoundsConfig
-from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
 from dipaco.optim.weighting import PathSizes, result_weights
+from dipaco.rounds.inputs import Grid, Result
+from dipaco.rounds.plan import RoundPlan
+from dipaco.rounds.policy import RoundPolicy
+from dipaco.rounds.staleness import staleness_weight
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, ResultMeta, RoundManifest, Task

@@ -1,6 +1,6 @@
 """DiLoCo rounds over `learners` learners, each training its own replica path of one shared model
 (topology levels [1], replicas L: every module is shared by every path), decided by the real round
-policy (`dipaco.islands.policy`, through the coordinator's bookkeeping in `syncer`).
+policy (`dipaco.rounds`, through the coordinator's bookkeeping in `syncer`).
 
 Each learner is an island pinned to its path. It downloads the version its task starts from
 (`download seconds`), trains `inner_steps` steps (its speed drawn per task), uploads the
@@ -22,8 +22,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dipaco.islands.policy import IdleIsland, RoundPlan
 from dipaco.model.topology import Topology
+from dipaco.rounds.inputs import IdleIsland
+from dipaco.rounds.plan import RoundPlan
 from dipaco.simulate.clock import EventQueue
 from dipaco.simulate.failures import FailureModel, schedule_failures
 from dipaco.simulate.learner import Learner, Work
