@@ -253,7 +253,7 @@ def _manifests(store: ModuleStore) -> list:
 
 def path_parameters(setting: Setting, base: RunDir) -> int:
     from dipaco.model.path_model import count_parameters
-    from dipaco.stages.context import PathFactory
+    from dipaco.pipeline.context import PathFactory
 
     return count_parameters(PathFactory(load_config(CONFIG, setting.common), base).new_model())
 

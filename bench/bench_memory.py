@@ -239,8 +239,8 @@ ISLAND_OVERRIDES = ["hardware.precision=fp32", "hardware.device=cpu", "eval.base
 def prepare_run(root: Path, levels: list[int]) -> Path:
     """Route, shard and initialise the store of the demo config with `levels` (in this process)."""
     from dipaco.config import load_config, save_config
+    from dipaco.pipeline.context import PathFactory
     from dipaco.run_dir import RunDir
-    from dipaco.stages.context import PathFactory
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
     from dipaco.stages.train import initialise_store

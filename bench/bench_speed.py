@@ -47,8 +47,8 @@ from bench.recording import write_results  # noqa: E402
 from dipaco.config import Config, load_config  # noqa: E402
 from dipaco.device import autocast, resolve_device  # noqa: E402
 from dipaco.islands.island import PHASES, IslandSetup, data_seed, push_result, train_task  # noqa: E402
+from dipaco.pipeline.context import PathFactory  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
-from dipaco.stages.context import PathFactory  # noqa: E402
 from dipaco.stages.island import island_setup  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402

@@ -6,7 +6,7 @@ For each grid, configs/tiny.yaml on the first `--documents` documents of the bun
 shard through the Python API), with `sharding.tokens_per_shard` small enough that a path has several
 train shards. The store is `s3://` on moto's S3 server on loopback when `moto[server]` and `s3fs` are
 installed (else a local directory); the coordinator's side initialises it and publishes the run
-(`dipaco.stages.published.publish_run`). Then, for every path, an island with only the URL
+(`dipaco.pipeline.published.publish_run`). Then, for every path, an island with only the URL
 (`fetch_run` into an empty directory, a cold cache of its own) runs one task of that path
 (`dipaco.islands.island.train_task`, not pushed) and then a second task of the same path in the same
 process (warm cache). Per task: the shard bytes it downloaded (the cache's counter), the module and
@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 from bench.recording import markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config, save_config  # noqa: E402
 from dipaco.islands.island import IslandSetup, train_task  # noqa: E402
+from dipaco.pipeline.context import PathFactory  # noqa: E402
+from dipaco.pipeline.published import fetch_run, publish_run, shard_files  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
-from dipaco.stages.context import PathFactory  # noqa: E402
-from dipaco.stages.published import fetch_run, publish_run, shard_files  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
 from dipaco.stages.train import initialise_store  # noqa: E402

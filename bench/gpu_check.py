@@ -280,7 +280,7 @@ def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator,
     and one process's training of the task (round 1, path 0), which writes nothing."""
     from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
     from dipaco.islands.island import train_task
-    from dipaco.stages.context import PathFactory
+    from dipaco.pipeline.context import PathFactory
     from dipaco.stages.island import island_setup
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from dipaco.config import Config, load_config
+from dipaco.pipeline.fingerprints import STAGE_ORDER
 from dipaco.run_dir import RunDir
-from dipaco.stages.fingerprints import STAGE_ORDER
 
 log = logging.getLogger("dipaco")
 
@@ -162,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _config_and_run(args) -> tuple[Config, RunDir]:
     """The config and run directory a command works with: `--store URL` fetches the run published there
-    (`dipaco.stages.published`), else `--config` (or the run's own resolved config) and `--run`."""
+    (`dipaco.pipeline.published`), else `--config` (or the run's own resolved config) and `--run`."""
     if getattr(args, "store", None):
         if args.config:
             raise ValueError("--store URL runs with the config published in the store; give overrides "
                              "(section.key=value) instead of --config")
-        from dipaco.stages.published import PUBLICATION_WAIT, fetch_run
+        from dipaco.pipeline.published import PUBLICATION_WAIT, fetch_run
 
         return fetch_run(args.store, run_root=Path(args.run) if args.run else None, overrides=args.overrides,
                          wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
@@ -287,7 +287,7 @@ def cmd_reroute(config: Config, run: RunDir, args) -> None:
     except ValueError as err:
         raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
                          f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
-    from dipaco.stages.fingerprints import accept_new_shards
+    from dipaco.pipeline.fingerprints import accept_new_shards
 
     accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
     print(format_phase(record))
@@ -295,9 +295,9 @@ def cmd_reroute(config: Config, run: RunDir, args) -> None:
 
 def cmd_run(config: Config, run: RunDir, args) -> None:
     """Every stage in order; route and shard are skipped when done, but never when their artifacts were made
-    with other config values or inputs (`dipaco.stages.fingerprints`): that stops before anything is written,
+    with other config values or inputs (`dipaco.pipeline.fingerprints`): that stops before anything is written,
     naming the keys, unless `--restart-from STAGE` moves STAGE's and later stages' artifacts aside."""
-    from dipaco.stages.fingerprints import check, restart_from
+    from dipaco.pipeline.fingerprints import check, restart_from
 
     started = time.perf_counter()
     restart = getattr(args, "restart_from", None)
@@ -343,7 +343,7 @@ def _rounds(factory, args) -> dict[int, int]:
 
 
 def cmd_export(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.context import PathFactory
+    from dipaco.pipeline.context import PathFactory
     from dipaco.stages.export import export_all, export_path
 
     factory = PathFactory(config, run)
@@ -360,7 +360,7 @@ def cmd_export(config: Config, run: RunDir, args) -> None:
 
 
 def cmd_generate(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.context import PathFactory
+    from dipaco.pipeline.context import PathFactory
     from dipaco.stages.generate import check_options, generate
 
     check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, route=args.route)

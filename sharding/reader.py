@@ -10,7 +10,7 @@ file's sha256 as it reads it, and serves:
 
 ``ShardReader(dir, fetch=f)`` reads only ``index.json`` from ``dir`` and gets each shard file's bytes
 from ``f(file, sha256)`` when it first needs them (an island that downloads only its paths' shards from
-a store: ``dipaco.stages.published``); they are verified the same way.
+a store: ``dipaco.pipeline.published``); they are verified the same way.
 
 CPU example: ``python -c "from sharding.reader import ShardReader; r = ShardReader('shards'); \
 print(next(r.iter_batches(0, 'train', batch_size=4, seed=0)).shape)"``.

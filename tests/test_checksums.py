@@ -10,8 +10,8 @@ from cli_helpers import copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.islands.island import train_task
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
 from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore, StoreError

@@ -22,8 +22,8 @@ from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, train_task
 from dipaco.model.topology import Topology
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
 from dipaco.stages.train import initialise_store
 from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists

@@ -23,7 +23,7 @@ from test_coordinator import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
 from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest
 from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder

@@ -11,7 +11,7 @@ from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.data import demo_corpus_path
-from dipaco.stages.fingerprints import (
+from dipaco.pipeline.fingerprints import (
     DriftError,
     check,
     corpus_changes,

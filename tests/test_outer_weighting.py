@@ -17,7 +17,7 @@ from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.rounds import apply_round
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, result_weights
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from dipaco.store.board import write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, ResultMeta, Task

@@ -11,8 +11,8 @@ from cli_helpers import copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.outputs import OUTPUT_MARKER, OutputError, check_run_dir, check_writable, output_dir
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.train import initialise_store
 
 

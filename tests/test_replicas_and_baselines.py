@@ -11,7 +11,7 @@ from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.model.path_model import build_path_model, count_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_pseudo_gradients, outer_update
-from dipaco.stages.context import baseline_budgets
+from dipaco.pipeline.context import baseline_budgets
 from dipaco.stages.route import assign_replicas
 from sharding.tokenizer import encode_batch, train_tokenizer
 

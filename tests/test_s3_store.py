@@ -21,8 +21,8 @@ import torch
 from cli_helpers import ENV, TINY, copy_run, dipaco, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.stages.context import PathFactory
-from dipaco.stages.published import publish_run, shard_files
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.published import publish_run, shard_files
 from dipaco.stages.train import initialise_store
 from dipaco.store.board import read_heartbeats
 from dipaco.store.cache import ObjectCache

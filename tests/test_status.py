@@ -9,7 +9,7 @@ from cli_helpers import TINY, copy_run, dipaco_in_process
 from dipaco.config import load_config, save_config
 from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.island import IslandWorker
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from dipaco.stages.island import island_setup
 from dipaco.stages.train import initialise_store
 

@@ -12,9 +12,9 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.published import fetch_run, publish_run, shard_files
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
-from dipaco.stages.published import fetch_run, publish_run, shard_files
 from dipaco.stages.train import initialise_store
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
@@ -143,8 +143,8 @@ def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_
 
 
 def test_a_store_with_nothing_published_says_how_to_publish(tmp_path, monkeypatch):
-    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_WAIT", 0.2)  # an island waits that long for it
-    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_POLL", 0.05)
+    monkeypatch.setattr("dipaco.pipeline.published.PUBLICATION_WAIT", 0.2)  # an island waits that long for it
+    monkeypatch.setattr("dipaco.pipeline.published.PUBLICATION_POLL", 0.05)
     (tmp_path / "store").mkdir()
     code, log = dipaco_in_process("island", "--store", tmp_path / "store", "--run", tmp_path / "island")
     assert code == 1 and "has no published run" in log and "dipaco coordinator" in log

@@ -22,7 +22,7 @@ from dipaco.config import load_config
 from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.island import push_result, train_task
 from dipaco.islands.validation import ResultValidator
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from dipaco.stages.island import island_setup
 from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from dipaco.config import load_config
 from dipaco.model.path_model import split_into_modules
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.pretrain import pretrain
 from dipaco.stages.route import route
 from dipaco.stages.shard import shard

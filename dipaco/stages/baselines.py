@@ -26,9 +26,9 @@ from dipaco.islands.processes import Task, WorkerPool, available_cores, plan_par
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense
 from dipaco.optim.inner import phase_steps
+from dipaco.pipeline.context import PathFactory, baseline_budgets, check_schedule, warm_start_optimizer
+from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets, check_schedule, warm_start_optimizer
-from dipaco.stages.fingerprints import check
 
 log = logging.getLogger(__name__)
 

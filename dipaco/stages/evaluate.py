@@ -34,9 +34,9 @@ from dipaco.eval.scoring import perplexity, score_documents, token_losses
 from dipaco.model.path_model import count_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import is_trained, load_dense
+from dipaco.pipeline.context import PathFactory, baseline_budgets
+from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets
-from dipaco.stages.fingerprints import check
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dipaco.atomic import write_json
 from dipaco.outputs import output_dir
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 
 log = logging.getLogger(__name__)
 

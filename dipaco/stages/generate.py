@@ -24,7 +24,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from dipaco.eval.modes import LossTable, likelihood_choice
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import token_losses
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from sharding.tokenizer import encode_batch
 
 ROUTES = ("router", "likelihood")

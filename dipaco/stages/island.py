@@ -20,8 +20,8 @@ from dipaco.device import resolve_device
 from dipaco.islands import ddp
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 
 
 def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0) -> IslandSetup:

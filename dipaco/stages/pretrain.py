@@ -24,9 +24,9 @@ from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.optim.dense import train_dense
 from dipaco.optim.inner import warm_start_total
+from dipaco.pipeline.context import path_spec
+from dipaco.pipeline.documents import load_run_corpus, run_splits, run_tokenizer
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import path_spec
-from dipaco.stages.documents import load_run_corpus, run_splits, run_tokenizer
 from routing.corpus import TRAIN
 from sharding.build import build_shards
 from sharding.reader import ShardReader

@@ -24,8 +24,8 @@ import numpy as np
 
 from dipaco.atomic import write_bytes, write_text
 from dipaco.config import Config
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)

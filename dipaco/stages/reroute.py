@@ -35,10 +35,10 @@ from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.eval.modes import LossTable
 from dipaco.eval.scoring import token_losses
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
+from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
-from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, stream_features
-from dipaco.stages.fingerprints import check
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
 from routing.report import routing_report, write_report

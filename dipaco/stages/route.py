@@ -25,9 +25,9 @@ import numpy as np
 
 from dipaco.config import Config, save_config
 from dipaco.model.topology import Topology
+from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
+from dipaco.pipeline.fingerprints import corpus_digest, record, record_path
 from dipaco.run_dir import RunDir
-from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
-from dipaco.stages.fingerprints import corpus_digest, record, record_path
 from dipaco.tables import format_table
 from routing.corpus import TRAIN
 from routing.report import format_report, routing_report, write_report

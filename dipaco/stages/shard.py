@@ -14,9 +14,9 @@ import numpy as np
 
 from dipaco.config import Config, save_config
 from dipaco.model.topology import Topology
+from dipaco.pipeline.documents import corpus_location, load_run_corpus
+from dipaco.pipeline.fingerprints import check, record, record_path
 from dipaco.run_dir import RunDir
-from dipaco.stages.documents import corpus_location, load_run_corpus
-from dipaco.stages.fingerprints import check, record, record_path
 from dipaco.tables import format_table
 from routing.corpus import TRAIN
 from routing.router import Assignments

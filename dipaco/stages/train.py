@@ -39,10 +39,10 @@ from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
 from dipaco.model.path_model import load_parameters
 from dipaco.optim.dense import SUMMARY, read_optimizer
+from dipaco.pipeline.context import PathFactory, check_schedule, warm_start_optimizer
+from dipaco.pipeline.fingerprints import check, index_digest, record
+from dipaco.pipeline.published import publish_run
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer
-from dipaco.stages.fingerprints import check, index_digest, record
-from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
 

@@ -25,8 +25,8 @@ from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes
+from dipaco.pipeline.published import shard_fetcher
 from dipaco.run_dir import RunDir
-from dipaco.stages.published import shard_fetcher
 from dipaco.store.module_store import ModuleStore
 from routing.router import Router
 from sharding.reader import ShardReader

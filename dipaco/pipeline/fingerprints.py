@@ -76,7 +76,7 @@ def stage_values(config: Config, stage: str) -> dict[str, Any]:
 
 def corpus_files(corpus: CorpusConfig) -> list[Path]:
     """The local files the corpus is read from ([] for a Hugging Face hub dataset name)."""
-    from dipaco.stages.documents import corpus_location  # (imports datasets: not at `dipaco --help`)
+    from dipaco.pipeline.documents import corpus_location  # (imports datasets: not at `dipaco --help`)
 
     location = corpus_location(corpus)
     path = Path(location)
