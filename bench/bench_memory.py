@@ -240,10 +240,10 @@ def prepare_run(root: Path, levels: list[int]) -> Path:
     """Route, shard and initialise the store of the demo config with `levels` (in this process)."""
     from dipaco.config import load_config, save_config
     from dipaco.pipeline.context import PathFactory
+    from dipaco.pipeline.version_zero import start_or_resume_store
     from dipaco.run_dir import RunDir
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
-    from dipaco.stages.train import initialise_store
 
     config = load_config(ROOT / "configs" / "demo.yaml",
                          [*ISLAND_OVERRIDES, f"topology.levels=[{','.join(map(str, levels))}]"])
@@ -251,7 +251,7 @@ def prepare_run(root: Path, levels: list[int]) -> Path:
     save_config(config, run.config)
     route(config, run)
     shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     return run.config
 
 

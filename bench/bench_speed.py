@@ -48,11 +48,11 @@ from dipaco.config import Config, load_config  # noqa: E402
 from dipaco.device import autocast, resolve_device  # noqa: E402
 from dipaco.islands.island import PHASES, IslandSetup, data_seed, push_result, train_task  # noqa: E402
 from dipaco.pipeline.context import PathFactory  # noqa: E402
+from dipaco.pipeline.version_zero import start_or_resume_store  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 from dipaco.stages.island import island_setup  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
-from dipaco.stages.train import initialise_store  # noqa: E402
 from dipaco.store.board import inner_ref  # noqa: E402
 from dipaco.store.records import Task  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
@@ -88,7 +88,7 @@ def build_run(root: Path, overrides: list[str]) -> tuple[Config, RunDir]:
     if not (run.shards / "index.json").exists():
         route(config, run)
         shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     log.info("run built in %.1fs in %s", time.perf_counter() - started, root)
     return config, run
 

@@ -36,10 +36,10 @@ from dipaco.config import load_config, save_config  # noqa: E402
 from dipaco.islands.island import IslandSetup, train_task  # noqa: E402
 from dipaco.pipeline.context import PathFactory  # noqa: E402
 from dipaco.pipeline.published import fetch_run, publish_run, shard_files  # noqa: E402
+from dipaco.pipeline.version_zero import start_or_resume_store  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
-from dipaco.stages.train import initialise_store  # noqa: E402
 from dipaco.store.records import Task  # noqa: E402
 
 log = logging.getLogger("bench_store_only")
@@ -77,7 +77,7 @@ def measure_grid(levels: list[int], *, documents: int, tokens_per_shard: int, ba
     shard(config, run)
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     published = publish_run(factory.store, run)
     files = shard_files(run.shards / "index.json")
     sizes = {f: (run.shards / f).stat().st_size for f in files}

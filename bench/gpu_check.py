@@ -281,16 +281,16 @@ def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator,
     from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
     from dipaco.islands.island import train_task
     from dipaco.pipeline.context import PathFactory
+    from dipaco.pipeline.version_zero import start_or_resume_store
     from dipaco.stages.island import island_setup
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
-    from dipaco.stages.train import initialise_store
     from dipaco.store.records import task_key
 
     config = load_config(TINY, [f"hardware.device={plan.device}", "hardware.precision=fp32"])
     route(config, run)
     shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     setup = island_setup(config, run)
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
                               sizes=PathFactory(config, run).path_sizes)

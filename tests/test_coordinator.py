@@ -23,9 +23,9 @@ from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, train_task
 from dipaco.model.topology import Topology
 from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import RoundManifest, Task, task_key
@@ -79,7 +79,7 @@ def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
         shutil.copytree(tiny.root / part, run.root / part)
     config = load_config(TINY, ["hardware.device=cpu", *overrides])
     save_config(config, run.config)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     return TinyRun(dir=run, config=config, setup=island_setup(config, run))
 
 
@@ -404,7 +404,7 @@ def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_start
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=0)
     train_dense(factory.spec, batches, steps=3, inner=config.inner, seed=0, device=torch.device("cpu"),
                 precision="fp32", out=run.pretrain, save_optimizer=True)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     setup = island_setup(config, run)
     saved, meta = read_inner(setup.store, warm_start_inner_ref())
     assert set(meta["step"].values()) == {3}

@@ -14,8 +14,8 @@ from cli_helpers import TINY, copy_run, dipaco_in_process
 from dipaco.config import load_config, save_config
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.published import fetch_run, publish_run, shard_files
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.train import initialise_store
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.publish import object_name, read_publication
@@ -31,7 +31,7 @@ def published_run(tiny_routed, tmp_path, overrides=()):
     config = load_config(TINY, [f"store.url={tmp_path / 'store'}", "hardware.device=cpu", *overrides])
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     return run, factory.store, publish_run(factory.store, run)
 
 

@@ -23,8 +23,8 @@ from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
 from dipaco.islands.island import push_result, train_task
 from dipaco.islands.validation import ResultValidator
 from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Task, task_key
 
@@ -58,7 +58,7 @@ def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     run = copy_run(tiny_routed, root / "run")
     config = load_config(run.config, ["hardware.device=cpu", "run.rounds=2", *overrides])
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     setup = island_setup(config, run)
     tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
     validator = ResultValidator(setup.store, setup.topology, resilience=config.resilience, tokens_per_task=tokens)

@@ -69,7 +69,6 @@ and applies retention (`dipaco.store.retention`); `finish_run` does the same for
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -89,7 +88,7 @@ from dipaco.eval.early_stopping import (
 )
 from dipaco.islands.rounds import apply_round
 from dipaco.islands.validation import ResultValidator
-from dipaco.model.path_model import PathSpec, split_into_modules
+from dipaco.model.path_model import PathSpec
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import path_decay_from, round_outer_step
 from dipaco.optim.weighting import PathSizes, needs_sizes
@@ -97,16 +96,13 @@ from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import (
     HeartbeatCache,
-    inner_exists,
     inner_ref,
     read_board,
     read_heartbeats,
     read_manifest,
     read_result_meta,
     reported_results,
-    warm_start_inner_ref,
     write_board,
-    write_inner,
     write_manifest,
 )
 from dipaco.store.lease import Lease
@@ -122,66 +118,9 @@ from dipaco.store.records import (
     task_key,
 )
 from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
+from dipaco.store.run_state import commit_round, committed_record, first_inner, run_finished
 
 log = logging.getLogger(__name__)
-
-
-def committed_round(store: ModuleStore, topology: Topology) -> int | None:
-    """The store's last completed round, None for an empty store; a store made for another grid is refused."""
-    state = store.state()
-    if state is None:
-        return None
-    if state.get("levels") != list(topology.levels) or state.get("modules") != topology.modules:
-        raise ValueError(
-            f"store {store.url} holds a run with levels {state.get('levels')}, "
-            f"but the config asks for {list(topology.levels)}; use another --run or store.url"
-        )
-    return int(state["round"])
-
-
-def initialise_store(store: ModuleStore, topology: Topology, model: torch.nn.Module,
-                     inner: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
-    """Write module version 0 from one path-shaped `model` (every path's modules are cut from it) and
-    commit round 0. `inner`: an AdamW state of that model (the warm start's), which every path's first
-    task then continues (`warm_start_inner_ref`: one file for all paths, written before the commit)."""
-    if inner is not None:
-        write_inner(store, warm_start_inner_ref(), *inner)
-    written: set[str] = set()
-    for path in range(topology.n_paths):
-        for name, tensors in split_into_modules(model, topology, path=path).items():
-            if name not in written:
-                store.write_module(0, name, tensors)
-                written.add(name)
-    _commit(store, topology, 0)
-    log.info("initialised %d modules for %d paths in %s", len(written), topology.n_paths, store.url)
-
-
-def first_inner(store: ModuleStore) -> str | None:
-    """The inner state a path's first task starts from: the warm start's when `initialise_store` wrote one."""
-    ref = warm_start_inner_ref()
-    return ref if inner_exists(store, ref) else None
-
-
-def _commit(store: ModuleStore, topology: Topology, round: int, *, finished: bool = False, **record) -> None:
-    """Write state.json (with `record`: the board and the round's stats); `finished` marks the run's last
-    round (islands stop when they read it)."""
-    extra = {"finished": True} if finished else {}
-    store.commit(round=round, levels=list(topology.levels), modules=topology.modules, **record, **extra)
-
-
-def committed_record(store: ModuleStore) -> tuple[Board | None, RoundStats | None]:
-    """The board and the round stats the last commit holds (None for a store committed without them)."""
-    state = store.state() or {}
-    file = store.location("state.json")
-    board = Board.from_json(state["board"], file=file, where="board") if "board" in state else None
-    stats = RoundStats.from_json(state["stats"], file=file, where="stats") if "stats" in state else None
-    return board, stats
-
-
-def run_finished(store: ModuleStore) -> bool:
-    """Has the coordinator committed the run's last round (every path has had run.rounds results applied)?"""
-    state = store.state()
-    return bool(state and state.get("finished"))
 
 
 @dataclass(frozen=True)
@@ -261,7 +200,7 @@ class Coordinator:
                                   applied=applied)
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
-            _commit(store, topology, self.committed, finished=True, **{k: state[k] for k in ("board", "stats") if k in state})
+            commit_round(store, topology, self.committed, finished=True, **{k: state[k] for k in ("board", "stats") if k in state})
         for task in self.tasks.values():
             if task.status == "received":
                 self._tell_policy(task, arrived=clock())
@@ -495,7 +434,7 @@ class Coordinator:
                                       outer_step=outer_step),
                         seconds=now - self.round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
-        _commit(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())
+        commit_round(self.store, self.topology, round, finished=finished, board=self._board().to_json(), stats=stats.to_json())
         self.last_stats, self.round_started = stats, now
         self._retain(round, manifest.applied)
         log.info("round %d committed: %d results applied (%d stale), %d dropped, %d running tasks cancelled", round,
@@ -563,15 +502,3 @@ def finish_run(store: ModuleStore, topology: Topology, spec: PathSpec, validatio
     keep = keep_from(version, keep_rounds=keep_rounds)
     if keep is not None:
         prune_keeping_best(store, topology, keep_from=keep)
-
-
-def goodput(store: ModuleStore, *, islands: int, seconds: float) -> dict[str, float]:
-    """Share of the islands' time (islands × wall seconds) spent on inner steps whose results were applied
-    (by every committed round)."""
-    useful = 0.0
-    for r in range(1, store.current_round() + 1):
-        manifest = read_manifest(store, r)
-        if manifest is not None:
-            useful += sum(e.seconds for e in manifest.applied)
-    total = islands * seconds
-    return {"useful_island_seconds": useful, "island_seconds": total, "goodput": useful / total if total else math.nan}

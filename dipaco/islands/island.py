@@ -55,7 +55,6 @@ from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands import ddp as ddp_mod
 from dipaco.islands.checkpoint import InnerCheckpoint, task_identity, task_path_of
-from dipaco.islands.coordinator import first_inner, run_finished
 from dipaco.islands.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.model_slot import ModelSlot
 from dipaco.model.path_model import PathSpec, path_parameters
@@ -81,6 +80,7 @@ from dipaco.store.board import (
 )
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import Board, Heartbeat, PathState, ResultMeta, Task
+from dipaco.store.run_state import first_inner, run_finished
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)

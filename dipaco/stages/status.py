@@ -29,12 +29,12 @@ from typing import Any
 
 from dipaco.config import Config
 from dipaco.eval.early_stopping import best_rounds, read_history
-from dipaco.islands.coordinator import committed_record
 from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import TASK_STATUSES, RoundStats
+from dipaco.store.run_state import committed_record
 from dipaco.tables import format_table
 
 

@@ -32,19 +32,19 @@ from tqdm import tqdm
 from dipaco import atomic
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.islands import coordinator, launch_ray
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings, finish_run, goodput
+from dipaco.islands import launch_ray
+from dipaco.islands.coordinator import Coordinator, CoordinatorSettings, finish_run
 from dipaco.islands.metrics import RunMetrics
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.islands.validation import ResultValidator
-from dipaco.model.path_model import load_parameters
-from dipaco.optim.dense import SUMMARY, read_optimizer
-from dipaco.pipeline.context import PathFactory, check_schedule, warm_start_optimizer
+from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.fingerprints import check, index_digest, record
 from dipaco.pipeline.published import publish_run
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
+from dipaco.store.run_state import goodput
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
 
 
 def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, local_islands: bool) -> dict:
-    done = initialise_store(factory)
+    done = start_or_resume_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
     on_ray = local_islands and config.launcher.kind == "ray"
@@ -183,31 +183,6 @@ def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, do
     if committed is not None and committed.round == done and all(r.round != done for r in rounds):
         rounds.append(committed)
     return rounds
-
-
-def initialise_store(factory: PathFactory) -> int:
-    """Write module version 0 unless the store has a run; returns the last completed round.
-
-    Version 0 is one seeded dense init (`run.seed`), or the `dipaco pretrain` dense model when
-    `warm_start.init_modules` is set and it exists; every path's modules are cut from it. With
-    `warm_start.continue_optimizer` the warm start's AdamW state goes to the store too, and every path's
-    first task continues it."""
-    done = coordinator.committed_round(factory.store, factory.topology)
-    if done is not None:
-        return done
-    model = factory.new_model(seed=factory.config.run.seed)
-    warm_start = factory.run.pretrain / "model.safetensors"
-    inner = None
-    if factory.config.warm_start.init_modules and warm_start.exists():
-        check_schedule(factory.config, factory.run.pretrain / SUMMARY)
-        load_parameters(model, warm_start)
-        log.info("every module starts from the dense warm start %s", warm_start)
-        optimizer = warm_start_optimizer(factory.config, factory.run)
-        if optimizer is not None:
-            inner = read_optimizer(optimizer)
-            log.info("every path's inner AdamW starts from the warm start's state %s", optimizer)
-    coordinator.initialise_store(factory.store, factory.topology, model, inner=inner)
-    return 0
 
 
 def pull_island_tasks(run: RunDir, processes: int) -> list[Task]:
