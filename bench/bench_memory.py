@@ -13,7 +13,7 @@ moment, not an artefact of the allocator's dynamic threshold. Everything runs on
 memory); a CUDA island would be measured by `torch.cuda.max_memory_allocated`, which this script
 does not do yet.
 
-1. Coordinator (`dipaco.islands.rounds.apply_round`): a synthetic round written straight into a
+1. Coordinator (`dipaco.islands.coordinator.outer_step.apply_round`): a synthetic round written straight into a
    store (no training): a grid of L levels with one equal-size module per choice plus the shared
    `embeddings` (so every path holds L + 1 modules and the embeddings are shared by all paths),
    random pseudo-gradients from every path, default outer step (Nesterov, √paths rescale, token
@@ -138,8 +138,8 @@ def apply_round_in_memory(store: ModuleStore, topology: Topology, *, round: int,
                           config: OuterConfig) -> None:
     """The outer step before it streamed (commit f12451c), kept as the reference: it decodes every
     pending result whole, then loops over modules, averaging with the list-based sum."""
-    from dipaco.islands.rounds import staleness_weight
     from dipaco.optim.outer import outer_update
+    from dipaco.rounds.staleness import staleness_weight
     from dipaco.store.board import read_result
 
     applied, results = [], {}
@@ -190,7 +190,7 @@ def warm_up(config: OuterConfig) -> None:
 
 
 def child_coordinator(store_url: str, levels: list[int], impl: str) -> dict:
-    from dipaco.islands.rounds import apply_round
+    from dipaco.islands.coordinator.outer_step import apply_round
 
     torch.set_num_threads(1)
     store, topology = ModuleStore(store_url), synthetic_topology(levels)

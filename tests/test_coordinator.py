@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from dipaco.config import Config, load_config, save_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator
+from dipaco.islands.coordinator.settings import CoordinatorSettings
 from dipaco.islands.faults import FaultClock
 from dipaco.islands.island import IslandSetup, IslandWorker, train_task
 from dipaco.model.topology import Topology

@@ -402,11 +402,11 @@ def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_versi
     tensors[name] = torch.full_like(tensors[name], math.nan)
     save_file(tensors, result)
     coordinator.tick()
-    assert "NaN" in coordinator.validator.verdicts[(held.key, 0)]
+    assert "NaN" in coordinator.checks.verdicts[(held.key, 0)]
     (again,) = [t for t in coordinator.tasks.values() if t.path == 1 and t.status in ("open", "assigned")]
     assert again.base == coordinator.committed >= 1 and again.key != held.key
     assert again.step_offset == held.step_offset and again.inner_from == held.inner_from
-    assert len(coordinator.validator.rejections[again.key]) == 1  # resilience.max_rejections counts on
+    assert len(coordinator.checks.rejections[again.key]) == 1  # resilience.max_rejections counts on
     drive(coordinator, [slow, fast], clock)
     applied = [e for m in manifests(run.store, coordinator.committed) for e in m.applied]
     assert held.key not in {e.key for e in applied}

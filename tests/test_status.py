@@ -7,7 +7,8 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator
+from dipaco.islands.coordinator.settings import CoordinatorSettings
 from dipaco.islands.island import IslandWorker
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store
@@ -109,7 +110,7 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
 
 def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):
     """run.tensorboard: false: the round hook writes nothing (and on, the same call writes the round)."""
-    from dipaco.islands.metrics import RunMetrics
+    from dipaco.islands.coordinator.metrics import RunMetrics
     from dipaco.store.run_state import committed_record
 
     store = PathFactory(load_config(tiny_trained.config), tiny_trained).store

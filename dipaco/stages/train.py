@@ -5,11 +5,11 @@
 Round t: every path trains from module version t − 1 on an island (`hardware.islands` pull-based
 island processes on this machine, `dipaco.islands.island`, talking only to the store); the coordinator
 service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`rounds.mode`), every
-module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
+module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.coordinator.outer_step`,
 `dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
 runs the same loop without local islands; `launcher.kind=ray` runs this coordinator and its islands as
 Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
-to <run>/tensorboard (`dipaco.islands.metrics`, `run.tensorboard`). A killed run resumes with the same command: finished
+to <run>/tensorboard (`dipaco.islands.coordinator.metrics`, `run.tensorboard`). A killed run resumes with the same command: finished
 rounds are kept, and so are the results of islands that finished in the interrupted round; the row
 of a round committed just before the kill comes from the commit itself (`state.json`). Only one
 coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
@@ -33,10 +33,12 @@ from dipaco import atomic
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.islands import launch_ray
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings, finish_run
-from dipaco.islands.metrics import RunMetrics
+from dipaco.islands.coordinator.acceptance import ResultChecks
+from dipaco.islands.coordinator.metrics import RunMetrics
+from dipaco.islands.coordinator.pruning import finish_run
+from dipaco.islands.coordinator.service import Coordinator
+from dipaco.islands.coordinator.settings import CoordinatorSettings
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
-from dipaco.islands.validation import ResultValidator
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.fingerprints import check, index_digest, record
 from dipaco.pipeline.published import publish_run
@@ -91,10 +93,10 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    validator = ResultValidator(store, topology, resilience=config.resilience,
+    checks = ResultChecks(store, topology, resilience=config.resilience,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
-                          sizes=factory.path_sizes, validator=validator, lease=lease)
+                          sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
     def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version

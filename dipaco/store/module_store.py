@@ -269,6 +269,17 @@ class ModuleStore:
         """Several modules of version `round`, e.g. every module of one path."""
         return {name: self.read_module(round, name) for name in names}
 
+    def module_shapes(self, name: str) -> dict[str, tuple[list[int], str]]:
+        """Each parameter's (shape, dtype) of module `name`, from the safetensors header of version 0 (of the
+        newest version when 0 was pruned): shapes never change."""
+        relative = _version_file("modules", 0, name)
+        versions = self.versions("modules")
+        if not self.exists(relative) and versions:
+            relative = _version_file("modules", versions[-1], name)
+        size = int.from_bytes(self.read_range(relative, 0, 8), "little")
+        header = json.loads(self.read_range(relative, 8, 8 + size))
+        return {param: (spec["shape"], spec["dtype"]) for param, spec in header.items() if param != "__metadata__"}
+
     def has_module(self, round: int, name: str) -> bool:
         return self.exists(_version_file("modules", round, name))
 
