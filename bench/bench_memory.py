@@ -20,7 +20,7 @@ does not do yet.
    weights). Measured at 2x2, 4x4 and 8x8, `none` and `int8`, for the streamed outer step and for the
    earlier one that decoded every result first (`apply_round_in_memory`, kept here verbatim as the
    reference), against the bound of one module × the paths that share it.
-2. Island (`dipaco.islands.island.train_task` + `push_result`, one task of path 0, 6 inner steps): the
+2. Island (`dipaco.islands.island.training.train_task` + `push_result`, one task of path 0, 6 inner steps): the
    first 4000 documents of the demo corpus routed and sharded at 2x2 and 8x8 with the same path
    model (the demo's: hidden 128, 4 blocks, vocab 4096, sequences of 256 tokens, fp32), at the demo's
    batch of 8 and at a batch of 1 (activations small, so what the island holds besides them shows),
@@ -269,7 +269,7 @@ def child_island(config_file: str, path: int) -> dict:
     first is released. The first task's peak includes the process's one-time lazy state (torch and
     transformers allocate and keep some on the first forward and optimiser step); the second's is the
     steady state of a long-running island's task."""
-    from dipaco.islands.island import push_result, train_task
+    from dipaco.islands.island.training import push_result, train_task
 
     torch.set_num_threads(1)
     setup = _island_setup(config_file)
@@ -291,7 +291,7 @@ def child_plain(config_file: str, path: int) -> dict:
     backward with the gradients already allocated) and the peak of a plain AdamW loop of the same steps."""
     import numpy as np
 
-    from dipaco.islands.island import data_seed
+    from dipaco.islands.island.training import data_seed
 
     torch.set_num_threads(1)
     setup = _island_setup(config_file)
@@ -323,7 +323,7 @@ def child_plain(config_file: str, path: int) -> dict:
 
 def child_baseline(config_file: str) -> dict:
     """The resident bytes of a process that has only imported what an island imports and built its set-up."""
-    import dipaco.islands.island  # noqa: F401
+    import dipaco.islands.island.training  # noqa: F401
 
     setup = _island_setup(config_file)
     _ = setup.reader, setup.store.state()

@@ -63,7 +63,7 @@ from dipaco.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
     from dipaco.islands.coordinator.service import Coordinator
-    from dipaco.islands.island import TrainedTask
+    from dipaco.islands.island.training import TrainedTask
     from dipaco.store.module_store import ModuleStore
 
 log = logging.getLogger("gpu_check")
@@ -278,9 +278,8 @@ def check_pipeline(plan: Plan) -> str:
 def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator, TrainedTask]:
     """The tiny run routed, sharded and initialised in `run`, a coordinator with round 1's tasks open,
     and one process's training of the task (round 1, path 0), which writes nothing."""
-    from dipaco.islands.coordinator.service import Coordinator
-    from dipaco.islands.coordinator.settings import CoordinatorSettings
-    from dipaco.islands.island import train_task
+    from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+    from dipaco.islands.island.training import train_task
     from dipaco.pipeline.context import PathFactory
     from dipaco.pipeline.version_zero import start_or_resume_store
     from dipaco.stages.island import island_setup

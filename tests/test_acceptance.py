@@ -20,9 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from dipaco.config import load_config
 from dipaco.islands.coordinator.acceptance import ResultChecks
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
-from dipaco.islands.island import push_result, train_task
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.training import push_result, train_task
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.stages.island import island_setup

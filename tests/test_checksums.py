@@ -9,7 +9,7 @@ import torch
 from cli_helpers import copy_run, dipaco_in_process
 
 from dipaco.config import load_config
-from dipaco.islands.island import train_task
+from dipaco.islands.island.training import train_task
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir

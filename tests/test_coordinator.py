@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from dipaco.config import Config, load_config, save_config
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
-from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandSetup, IslandWorker, train_task
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.faults import FaultClock
+from dipaco.islands.island.polling import IslandWorker
+from dipaco.islands.island.training import IslandSetup, train_task
 from dipaco.model.topology import Topology
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store

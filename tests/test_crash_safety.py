@@ -22,8 +22,7 @@ import torch
 from test_coordinator import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.pipeline.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest

@@ -1,6 +1,6 @@
 """Injected failures are reproducible: the same seed and island name give the same schedule."""
 
-from dipaco.islands.faults import FaultClock
+from dipaco.islands.island.faults import FaultClock
 
 
 def schedule(*, seed: int, island: str, n: int = 5) -> list[float]:

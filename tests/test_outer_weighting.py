@@ -14,8 +14,7 @@ import torch
 
 from dipaco.config import OuterConfig, load_config
 from dipaco.islands.coordinator.outer_step import apply_round
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, result_weights
 from dipaco.pipeline.context import PathFactory

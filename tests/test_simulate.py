@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig, ResilienceConfig, RoundsConfig, SimulateConfig
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.optim.weighting import PathSizes
 from dipaco.simulate.data_parallel import simulate_data_parallel
 from dipaco.simulate.failures import FailureModel

@@ -7,9 +7,8 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
-from dipaco.islands.island import IslandWorker
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.polling import IslandWorker
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.stages.island import island_setup

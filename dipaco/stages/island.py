@@ -17,9 +17,11 @@ import socket
 
 from dipaco.config import Config
 from dipaco.device import resolve_device
-from dipaco.islands import ddp
-from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
+from dipaco.islands.island import ddp
+from dipaco.islands.island.faults import FaultClock
+from dipaco.islands.island.pinned import run_pinned_task
+from dipaco.islands.island.polling import IslandWorker, follow_leader
+from dipaco.islands.island.training import IslandSetup
 from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
 

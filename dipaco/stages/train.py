@@ -36,8 +36,7 @@ from dipaco.islands import launch_ray
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.metrics import RunMetrics
 from dipaco.islands.coordinator.pruning import finish_run
-from dipaco.islands.coordinator.service import Coordinator
-from dipaco.islands.coordinator.settings import CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.fingerprints import check, index_digest, record

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from dipaco.config import OuterConfig
 from dipaco.islands.coordinator.heartbeats import Liveness
 from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.outer_step import apply_round
-from dipaco.islands.coordinator.settings import CoordinatorSettings
 from dipaco.islands.coordinator.task_board import TaskBoard
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import round_outer_step
@@ -41,9 +41,12 @@ class ClosedRound:
 
 
 class RoundCloser:
-    def __init__(self, store: ModuleStore, topology: Topology, *, settings: CoordinatorSettings,
-                 sizes: PathSizes | None, lease: Lease):
-        self.store, self.topology, self.settings, self.sizes, self.lease = store, topology, settings, sizes, lease
+    def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, inner_steps: int,
+                 decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease):
+        """`outer`: the configured outer step; `inner_steps`: per task; `decay_from`: the path step where the
+        inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation)."""
+        self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
+        self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
 
     def due(self, board: TaskBoard, policy: RoundPolicy, liveness: Liveness, now: float) -> bool:
         """Does the policy close the round now (told which idle islands a hand-out would leave idle)?"""
@@ -61,9 +64,9 @@ class RoundCloser:
         self.lease.check()
         norms: dict[str, tuple[float, float]] = {}
         metas = {t.key: intake.meta(t) for t in pending}  # read once: the outer step, the metrics
-        configured, inner_steps = self.settings.outer, self.settings.inner_steps
-        outer = round_outer_step(configured, step_ends=[t.step_offset + inner_steps for t in pending],
-                                 decay_from=self.settings.decay_from)
+        configured = self.outer
+        outer = round_outer_step(configured, step_ends=[t.step_offset + self.inner_steps for t in pending],
+                                 decay_from=self.decay_from)
         outer_step = "configured" if outer is configured else "average"
         if outer_step == "average":
             log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
@@ -76,7 +79,7 @@ class RoundCloser:
         policy.commit(plan)
         intake.forget(board.settle(manifest.keys))
         board.rebase_open(policy)
-        cancelled = board.cancel_doomed(policy, max_staleness=self.settings.rounds.max_staleness)
+        cancelled = board.cancel_doomed(policy, max_staleness=self.max_staleness)
         in_flight = sum(1 for t in board.tasks.values() if t.status == "assigned")
         now = clock()
         stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, outer_step=outer_step),

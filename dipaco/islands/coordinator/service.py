@@ -22,15 +22,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from dipaco.config import Config, OuterConfig, ResilienceConfig, RoundsConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.closing import RoundCloser
 from dipaco.islands.coordinator.heartbeats import Liveness, Seen
 from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.pruning import retain
-from dipaco.islands.coordinator.settings import CoordinatorSettings
 from dipaco.islands.coordinator.task_board import resume_board
 from dipaco.model.topology import Topology
+from dipaco.optim.outer import path_decay_from
 from dipaco.optim.weighting import PathSizes, needs_sizes
 from dipaco.rounds.inputs import Grid
 from dipaco.rounds.policy import RoundPolicy
@@ -41,6 +43,27 @@ from dipaco.store.records import ManifestEntry, PathState, ResultMeta, RoundStat
 from dipaco.store.run_state import commit_round, run_finished
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """What a coordinator reads from the config, unpacked once (`from_config`)."""
+
+    outer: OuterConfig  # the outer step
+    rounds: RoundsConfig  # when a round closes (sync / async)
+    resilience: ResilienceConfig  # heartbeat timeout, lease timeout, result checks
+    run_rounds: int  # the run's length: results applied per path (run.rounds)
+    inner_steps: int  # steps per task
+    keep_versions: int = 2  # module versions retention keeps (store.keep_versions)
+    decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
+
+    @classmethod
+    def from_config(cls, config: Config) -> CoordinatorSettings:
+        return cls(outer=config.outer, rounds=config.rounds, resilience=config.resilience,
+                   run_rounds=config.run.rounds, inner_steps=config.inner.steps,
+                   keep_versions=config.store.keep_versions,
+                   decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
+                                              warm_start_steps=config.warm_start_steps))
 
 
 class Coordinator:
@@ -73,7 +96,9 @@ class Coordinator:
         for task in self.tasks.values():
             if task.status == "received":
                 self.intake.tell(self.policy, task, started=None, arrived=clock())
-        self.closer = RoundCloser(store, topology, settings=settings, sizes=sizes, lease=self.lease)
+        self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
+                                  decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
+                                  sizes=sizes, lease=self.lease)
         self.round_started = clock()
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed
         self.last_metas: dict[str, ResultMeta] = {}  # task key -> result metadata, of the last round closed
