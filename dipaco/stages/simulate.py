@@ -4,7 +4,7 @@
 
 Writes `<run>/simulate/simulate.json` (settings, the four strategies side by side, the sweep) and
 `<run>/simulate/goodput-vs-chips.png`, and returns the results. The round policy's settings (quorum,
-grace window, staleness) are the `outer` section's.
+grace window, staleness) are the `rounds` section's.
 """
 
 from __future__ import annotations
