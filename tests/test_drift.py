@@ -118,8 +118,6 @@ def test_restart_from_moves_that_stage_and_later_ones_aside(tiny_routed, tmp_pat
 
 
 def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_path, monkeypatch):
-    from dipaco import cli
-
     run = copy_run(tiny_routed, tmp_path / "run")
     done = []
     def stage_done(config, run, args, *, alongside=None, stage):
@@ -127,8 +125,10 @@ def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_pa
             alongside()
         done.append(stage)
 
-    for stage in ("train", "baselines", "eval", "report"):  # the stages after shard are tested elsewhere
-        monkeypatch.setitem(cli.__dict__, f"cmd_{stage}", partial(stage_done, stage=stage))
+    commands = {"train": "train.command_train", "baselines": "baselines.command", "eval": "evaluate.command",
+                "report": "report.command"}
+    for stage, function in commands.items():  # the stages after shard are tested elsewhere
+        monkeypatch.setattr(f"dipaco.stages.{function}", partial(stage_done, stage=stage))
     code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, "sharding.val_fraction=0.2",
                                   "--restart-from", "shard")
     assert code == 0, log

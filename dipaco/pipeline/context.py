@@ -3,11 +3,12 @@
     factory = PathFactory(config, RunDir("runs/demo"))
     model = factory.load_path(path=3, round=factory.store.current_round())
     factory.topology, factory.store, factory.tokenizer, factory.reader, factory.router, factory.spec
+    factory.prefix_tokens                     # the one place `routing.prefix_tokens` is read
 
 The vocabulary comes from the run's tokenizer, the sequence length from the shards, the grid from
 the topology; models are plain `LlamaForCausalLM`s holding one path's parameters at a time. Stages
-build one at their entry point and hand their helpers the pieces they use; `path_spec` and
-`baseline_budgets` are the two other readings of the config that several stages share.
+build one at their entry point and hand their helpers the pieces they use; `path_spec`,
+`baseline_budgets` and `chosen_versions` are the other readings of the config several stages share.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class PathFactory:
     @cached_property
     def topology(self) -> Topology:
         return Topology.from_config(self.config.topology, n_layers=self.config.model.n_layers)
+
+    @property
+    def prefix_tokens(self) -> int:
+        """The routing prefix every stage cuts, scores after and exports (`routing.prefix_tokens`)."""
+        return self.config.routing.prefix_tokens
 
     @cached_property
     def store(self) -> ModuleStore:
@@ -93,6 +99,21 @@ class PathFactory:
         """Path `path` assembled from the store's modules after round `round`."""
         modules = self.store.read_modules(round, self.topology.modules_of_path(path))
         return assemble_path(self.spec, modules, device=device)
+
+
+def chosen_versions(factory: PathFactory, *, round: int | None, best: bool) -> dict[int, int]:
+    """The module version of each path that `--round` (default: the last) or `--best` ask for."""
+    if best:
+        from dipaco.device import resolve_device
+        from dipaco.eval.early_stopping import best_of_run
+
+        return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
+                           device=resolve_device(factory.config.hardware.device))[0]
+    last = factory.store.current_round()
+    round = last if round is None else round
+    if not 0 <= round <= last:
+        raise ValueError(f"--round {round} is outside the store's rounds 0..{last}")
+    return {p: round for p in range(factory.topology.n_paths)}
 
 
 def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:

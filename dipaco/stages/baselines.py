@@ -2,7 +2,7 @@
 grid) trained on all paths' data with the same recipe.
 
     dipaco baselines --config configs/tiny.yaml --run runs/tiny     # all, in parallel processes
-    dipaco baseline --name dense-equal-steps --config ... --run ...  # one
+    dipaco _train-baseline --name dense-equal-steps --config ... --run ...  # one (internal: what each process runs)
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
 its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`). Its budget includes
@@ -14,6 +14,7 @@ from a fresh model. The summary records which (`init`) and the warm start's step
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -31,6 +32,8 @@ from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
 
 log = logging.getLogger(__name__)
+
+INTERNAL_COMMAND = "_train-baseline"  # `dipaco _train-baseline`: one baseline, in a process of its own (hidden from --help)
 
 
 def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
@@ -82,7 +85,7 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
     n_paths = Topology.from_config(config.topology, n_layers=config.model.n_layers).n_paths
     budgets = baseline_budgets(config, n_paths)
     names = sorted((name for name in budgets if not is_trained(run.baselines / name)), key=lambda n: -budgets[n])
-    tasks = [Task(name=f"baseline {name}", args=["baseline", "--name", name, "--config", str(run.config),
+    tasks = [Task(name=f"baseline {name}", args=[INTERNAL_COMMAND, "--name", name, "--config", str(run.config),
                                                  "--run", str(run.root)], log=run.logs / f"baseline-{name}.log")
              for name in names]
     first = None
@@ -108,3 +111,14 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
         if first is not None:
             first.terminate()
         raise
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace, *, alongside: Callable[[], object] | None = None) -> None:
+    """`alongside` (`dipaco run`): a stage to run while the longest baseline trains."""
+    train_baselines(config, run, alongside=alongside)
+
+
+def command_one(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    """The internal `dipaco _train-baseline --name NAME`: one baseline, in the process `train_baselines` started."""
+    summary = train_baseline(config, run, name=args.name)
+    print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))

@@ -17,6 +17,7 @@ the command fails naming them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -53,7 +54,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     if round == 0:
         raise ValueError(f"store {store.url} has no trained round: run `dipaco train --run {run.root}` first")
     docs, _, shard_paths = factory.reader.test_documents()
-    prefix = config.routing.prefix_tokens
+    prefix = factory.prefix_tokens
     router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
     scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.hardware.precision,
                    pad_id=factory.tokenizer.pad_token_id or 0)
@@ -196,3 +197,9 @@ def _tokens(row: dict) -> str:
 
 def _load(path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
+    print(format_results(results))
+    print(f"\nresults in {run.eval_results}")

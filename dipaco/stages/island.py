@@ -10,6 +10,7 @@ config and the command line.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -71,3 +72,8 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         print(f"island {name}: {done} tasks, {clock.failures} injected failures")
     finally:
         ddp.shutdown(ctx)
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
+           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)

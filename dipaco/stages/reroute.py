@@ -22,6 +22,7 @@ to `routing/phases.json` and writes `routing/report-reroute-<n>.{json,md,png}`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import shutil
@@ -37,8 +38,9 @@ from dipaco.eval.modes import LossTable
 from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
-from dipaco.pipeline.fingerprints import check
+from dipaco.pipeline.fingerprints import accept_new_shards, check
 from dipaco.run_dir import RunDir
+from dipaco.stages.shard import shard
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
 from routing.report import routing_report, write_report
@@ -87,7 +89,7 @@ def reroute(config: Config, run: RunDir) -> dict:
                          f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
     texts = dataset["text"]
     tokenizer = factory.tokenizer
-    skip, seq_len = config.routing.prefix_tokens, config.sharding.seq_len
+    skip, seq_len = factory.prefix_tokens, config.sharding.seq_len
     features_file = run.routing / "features.npy"
     features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
     if features is None or features.shape != (len(texts), router.featurizer.dim):
@@ -157,3 +159,15 @@ def format_phase(record: dict) -> str:
             f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "
             f"labels agree with the previous router on {record['label_agrees_with_previous_router']:.1%}; "
             f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n" + format_report(record["report"]))
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    """One re-routing phase, then the shards rewritten for the new assignments (`dipaco shard`)."""
+    record = reroute(config, run)
+    try:
+        shard(config, run)
+    except ValueError as err:
+        raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
+                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
+    accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
+    print(format_phase(record))

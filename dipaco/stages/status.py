@@ -20,6 +20,7 @@ train.json's at the end of a run; while it runs, an estimate: applied island-sec
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -249,3 +250,11 @@ def config_of(run: str | None, config_file: str | None) -> Config | None:
     if run and (Path(run) / "config.yaml").exists():
         return load_config(Path(run) / "config.yaml")
     return None
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dipaco status`: reads the store only (no config or run directory to prepare)."""
+    if args.watch < 0:
+        raise ValueError(f"--watch must be >= 0 seconds, got {args.watch}")
+    status(source(run=args.run, store=args.store, config=config_of(args.run, args.config)), watch=args.watch,
+           as_json=args.json)

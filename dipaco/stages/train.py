@@ -21,6 +21,7 @@ async mode (rounds closing on a quorum) usually takes more versions (docs/island
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -214,3 +215,16 @@ def _write_summary(path: Path, summary: dict) -> dict:
     summary = {**summary, "rounds": [r.to_json() for r in summary["rounds"]]}
     atomic.write_json(path, summary)
     return summary
+
+
+def command_train(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    summary = train(config, run, force=args.force)
+    print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
+          f"({summary['inner_steps_per_path']} inner steps each, {summary['tokens']:,} tokens) "
+          f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
+
+
+def command_coordinator(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    summary = train(config, run, local_islands=False, force=args.force)
+    print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
+          f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
