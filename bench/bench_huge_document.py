@@ -38,7 +38,7 @@ def make_corpus(path: Path, *, mb: float, seed: int = 0) -> int:
     import random
 
     from dipaco.pipeline.documents import load_run_corpus
-    from routing.config import CorpusConfig
+    from routing.routing_config import CorpusConfig
 
     demo = load_run_corpus(CorpusConfig(path="demo", max_documents=400))["text"]
     lines = [json.dumps({"text": text, "source": "demo"}) for text in demo]

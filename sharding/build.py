@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from sharding.config import ShardingConfig
 from sharding.format import (
     FORMAT_VERSION,
     INDEX_NAME,
@@ -47,6 +46,7 @@ from sharding.format import (
     token_dtype_for,
     write_json,
 )
+from sharding.sharding_config import ShardingConfig
 from sharding.tokenizer import encode_batch, tokenizer_fingerprint, vocab_size_of
 from sharding.writer import BlockWriter, DocumentWriter
 

@@ -21,7 +21,7 @@ from dipaco.pipeline.fingerprints import (
     record_path,
     restart_from,
 )
-from routing.config import CorpusConfig
+from routing.routing_config import CorpusConfig
 
 TRAINED_PARTS = ("config.yaml", "tokenizer", "routing", "shards", "store", "train.json", "train-fingerprint.json")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dipaco.config import Config, ModelConfig, TopologyConfig, load_config
-from dipaco.eval.baselines import baseline_model_config, baseline_steps
+from dipaco.eval.dense_baselines import baseline_model_config, baseline_steps
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.model.path_model import build_path_model, count_parameters
 from dipaco.model.topology import Topology

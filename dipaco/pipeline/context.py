@@ -21,7 +21,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.config import Config
-from dipaco.eval.baselines import baseline_steps
+from dipaco.eval.dense_baselines import baseline_steps
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
@@ -123,7 +123,7 @@ def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
 
 
 def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
-    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`): the
+    """The step budget of each dense baseline this config asks for (`dipaco.eval.dense_baselines`): the
     warm start's steps included."""
     return baseline_steps(steps_per_path=config.run.rounds * config.inner.steps, n_paths=n_paths,
                           large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain_steps)

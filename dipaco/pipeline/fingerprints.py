@@ -32,7 +32,7 @@ from typing import Any
 from dipaco.atomic import write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
-from routing.config import CorpusConfig
+from routing.routing_config import CorpusConfig
 
 log = logging.getLogger(__name__)
 

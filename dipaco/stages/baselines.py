@@ -1,4 +1,4 @@
-"""`dipaco baselines`: the dense baselines (`dipaco.eval.baselines`), each a path-shaped model (a 1x1
+"""`dipaco baselines`: the dense baselines (`dipaco.eval.dense_baselines`), each a path-shaped model (a 1x1
 grid) trained on all paths' data with the same recipe.
 
     dipaco baselines --config configs/tiny.yaml --run runs/tiny     # all, in parallel processes
@@ -6,7 +6,7 @@ grid) trained on all paths' data with the same recipe.
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
 its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`). Its budget includes
-the steps of the warm start the grid started from (`dipaco.eval.baselines`): with
+the steps of the warm start the grid started from (`dipaco.eval.dense_baselines`): with
 `eval.baselines_init: warm-start` (the default) a path-sized baseline continues from that dense model
 (`pretrain/model.safetensors`) for the rest of its budget; with `scratch` it trains the whole budget
 from a fresh model. The summary records which (`init`) and the warm start's steps and tokens.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.eval.baselines import baseline_model_config, continues_warm_start, own_steps
+from dipaco.eval.dense_baselines import baseline_model_config, continues_warm_start, own_steps
 from dipaco.islands.processes import Task, WorkerPool, available_cores, plan_parallelism, run_tasks
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense

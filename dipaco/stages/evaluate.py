@@ -9,7 +9,7 @@ comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
 `eval.json` and are printed as a table. Every model's row says the dense warm-start steps it started
 from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
-included): the baselines' budgets count the warm start (`dipaco.eval.baselines`), which a path-sized
+included): the baselines' budgets count the warm start (`dipaco.eval.dense_baselines`), which a path-sized
 baseline continues from by default (its row then has the warm start's steps and tokens too). Results holding a
 NaN or infinite number (a broken module) never replace eval.json: they go to `eval-rejected.json` and
 the command fails naming them.
@@ -28,7 +28,7 @@ import numpy as np
 from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
-from dipaco.eval.baselines import continues_warm_start
+from dipaco.eval.dense_baselines import continues_warm_start
 from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import perplexity, score_documents, token_losses

@@ -43,8 +43,8 @@ from dipaco.run_dir import RunDir
 from dipaco.stages.shard import shard
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
-from routing.report import routing_report, write_report
 from routing.router import ASSIGN_JSON, ASSIGN_TENSORS, ROUTER_JSON, ROUTER_TENSORS, Assignments, Router
+from routing.routing_report import routing_report, write_report
 from sharding.tokenizer import encode_batch, prefix_texts
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def reroute(config: Config, run: RunDir) -> dict:
 
 
 def format_phase(record: dict) -> str:
-    from routing.report import format_report
+    from routing.routing_report import format_report
 
     return (f"reroute phase {record['phase']} after round {record['after_round']}: "
             f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "

@@ -32,8 +32,8 @@ from dipaco.pipeline.fingerprints import corpus_digest, record, record_path
 from dipaco.run_dir import RunDir
 from dipaco.tables import format_table
 from routing.corpus import TRAIN
-from routing.report import format_report, routing_report, write_report
 from routing.router import Assignments, Router
+from routing.routing_report import format_report, routing_report, write_report
 from sharding.tokenizer import prefix_texts
 
 log = logging.getLogger(__name__)
