@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from .config import CorpusConfig, RoutingConfig
+from .routing_config import CorpusConfig, RoutingConfig
 from .corpus import TEST, TRAIN, assign_splits, load_corpus
 from .router import Assignments, Router
 

@@ -42,7 +42,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from .balance import capacity_assign, fit_penalties
-from .config import RoutingConfig
+from .routing_config import RoutingConfig
 from .corpus import SPLIT_NAMES, TRAIN
 from .embed import TfidfSvdFeaturizer
 from .kmeans import assign_nearest, feature_slices, kmeans, product_assign, product_kmeans
