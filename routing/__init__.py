@@ -7,7 +7,8 @@ kmeans.py  faiss k-means, nearest-centroid assignment, product k-means
 balance.py per-path penalties and exact capacity assignment (routing.balance)
 discriminative.py  logistic-regression router with a size-matching bias (dipaco reroute)
 routing_report.py  routing report: sizes, balance, churn, purity / NMI, PNG histogram
-router.py  the Router artifact and the per-document Assignments (path, split, top-k)
+router.py  the Router artifact (featurizers.py: which featurizer; artifacts.py: its files)
+assignments.py  every document's path, split and top-k paths
 routing_config.py  CorpusConfig, RoutingConfig, RerouteConfig
 
 Standalone CLI (CPU, seconds on a small corpus):
@@ -33,7 +34,7 @@ _EXPORTS = {
     "fit_discriminative": "discriminative",
     "routing_report": "routing_report",
     "Router": "router",
-    "Assignments": "router",
+    "Assignments": "assignments",
     "product_kmeans": "kmeans",
     "product_assign": "kmeans",
     "assign_nearest": "kmeans",

@@ -21,7 +21,8 @@ from transformers import AutoTokenizer
 
 from dipaco.config import load_config
 from dipaco.pipeline.context import PathFactory
-from routing.router import Assignments, Router
+from routing.assignments import Assignments
+from routing.router import Router
 from sharding.reader import ShardReader
 
 

@@ -25,7 +25,8 @@ from dipaco.run_dir import RunDir
 from dipaco.stages.pretrain import pretrain
 from dipaco.stages.route import route
 from dipaco.stages.shard import shard
-from routing.router import Assignments, Router
+from routing.assignments import Assignments
+from routing.router import Router
 from sharding.reader import ShardReader
 
 OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "warm_start.fraction=0.2",  # 4 warm-start steps

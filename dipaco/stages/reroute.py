@@ -41,9 +41,10 @@ from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, s
 from dipaco.pipeline.fingerprints import accept_new_shards, check
 from dipaco.run_dir import RunDir
 from dipaco.stages.shard import shard
+from routing.assignments import ASSIGN_JSON, ASSIGN_TENSORS, Assignments
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
-from routing.router import ASSIGN_JSON, ASSIGN_TENSORS, ROUTER_JSON, ROUTER_TENSORS, Assignments, Router
+from routing.router import ROUTER_JSON, ROUTER_TENSORS, Router
 from routing.routing_report import routing_report, write_report
 from sharding.tokenizer import encode_batch, prefix_texts
 

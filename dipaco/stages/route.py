@@ -31,8 +31,9 @@ from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, r
 from dipaco.pipeline.fingerprints import corpus_digest, record, record_path
 from dipaco.run_dir import RunDir
 from dipaco.tables import format_table
+from routing.assignments import Assignments
 from routing.corpus import TRAIN
-from routing.router import Assignments, Router
+from routing.router import Router
 from routing.routing_report import format_report, routing_report, write_report
 from sharding.tokenizer import prefix_texts
 

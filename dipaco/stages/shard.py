@@ -19,8 +19,8 @@ from dipaco.pipeline.documents import corpus_location, load_run_corpus
 from dipaco.pipeline.fingerprints import check, record, record_path
 from dipaco.run_dir import RunDir
 from dipaco.tables import format_table
+from routing.assignments import Assignments
 from routing.corpus import TRAIN
-from routing.router import Assignments
 from sharding.build import build_shards
 from sharding.tokenizer import load_tokenizer, tokenizer_fingerprint
 
