@@ -1,23 +1,16 @@
-"""Discriminative re-routing (DiPaCo §2.4.2, approximate hard EM): one phase of `dipaco reroute`.
+"""`dipaco reroute`: one discriminative re-routing phase (DiPaCo §2.4.2, approximate hard EM), then the
+shards rewritten for the new routing.
 
     dipaco route --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
-    dipaco shard ... ; dipaco train ... run.rounds=8 run.stop_after_round=4  # LR schedule spans 8 rounds
+    dipaco shard ... ; dipaco train ... run.rounds=8 run.stop_after_round=4
     dipaco reroute --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
     dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 run.rounds=8
 
-A phase: (1) every document of the held-out *router split* (`corpus.router_fraction`, never trained
-on) is scored by the current modules with each candidate path — all paths, or its top
-`reroute.candidates` paths by the current router's cost — one path model in memory at a
-time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
-lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
-label (`routing.discriminative`), with a bias that matches the current training path sizes
-(`reroute.target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
-the router evaluation routes by: matching sizes keeps small paths from emptying out while they train);
-(4) every document is routed again by it; the `dipaco reroute` command then rewrites the train / val shards (`dipaco shard`), and training continues from the current
-modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
-table (`dipaco.eval.modes.LossTable`).
-The replaced router and assignments are kept in `routing/phase-<n>/`; each phase appends a record
-to `routing/phases.json` and writes `routing/report-reroute-<n>.{json,md,png}`.
+Every document of the router split is scored by the current modules under each candidate path
+(`reroute.candidates`), labelled with its lowest-loss path; a logistic regression on the prefix
+features (`routing.discriminative`, bias per `reroute.target`) routes every document again, and
+training continues from the current modules. The replaced router is kept in `routing/phase-<n>/`,
+each phase appended to `routing/phases.json` with its report (docs/routing.md).
 """
 
 from __future__ import annotations

@@ -5,17 +5,10 @@
     dipaco status --run runs/demo --watch 5        # redrawn every 5 s until the run finishes (Ctrl-C stops)
     dipaco status --run runs/demo --json           # the same, as one JSON object
 
-It shows what the store's files already say, read once each: the committed round and whether the run
-is finished (`state.json`), the coordinator holding the lease (`lease.json`), the module versions
-kept, every island's last heartbeat (alive when younger than `resilience.heartbeat_timeout`, by the
-island's wall clock against this machine's) and the task the board assigned it, the queue of tasks
-(`tasks.json`, or the board of the last commit when that is newer), and from the round manifests
-the results applied, the island-seconds they took (goodput's useful time), the pseudo-gradient bytes
-applied and every path's latest training loss; validation losses come from `best.json`; the running
-tasks cancelled because their results could no longer be applied (async) from train.json's rows (the
-last commit's `RoundStats` without the run directory). Goodput is
-train.json's at the end of a run; while it runs, an estimate: applied island-seconds / (islands seen
-× the coordinator's time: train.json's round seconds, or since the lease holder started).
+It shows the committed round and whether the run is finished, the lease holder, the module versions
+kept, every island's last heartbeat and task, the queue of tasks, and from the round manifests the
+results applied, their island-seconds and bytes and every path's latest losses (validation losses from
+best.json); goodput is train.json's at the end of a run, an estimate while it runs.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
-"""The round loop: hand out island tasks, then apply the outer step module by module.
+"""`dipaco train` and `dipaco coordinator`: the round loop.
 
-    dipaco train --config configs/tiny.yaml --run runs/tiny
+    dipaco train       --config configs/tiny.yaml --run runs/tiny   # the coordinator and local island processes
+    dipaco coordinator --config configs/tiny.yaml --run runs/tiny   # the coordinator alone; islands elsewhere
 
-Round t: every path trains from module version t − 1 on an island (`hardware.islands` pull-based
-island processes on this machine, `dipaco.islands.island`, talking only to the store); the coordinator
-service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`rounds.mode`), every
-module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.coordinator.outer_step`,
-`dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
-runs the same loop without local islands; `launcher.kind=ray` runs this coordinator and its islands as
-Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
-to <run>/tensorboard (`dipaco.islands.coordinator.metrics`, `run.tensorboard`). A killed run resumes with the same command: finished
-rounds are kept, and so are the results of islands that finished in the interrupted round; the row
-of a round committed just before the kill comes from the commit itself (`state.json`). Only one
-coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
-
-The run's length is counted in applied work, by the round policy (`RoundPolicy.done`): it ends when
-every path has had `run.rounds` results applied, which in sync mode is round `run.rounds` and in
-async mode (rounds closing on a quorum) usually takes more versions (docs/islands.md#the-runs-length).
+The coordinator (`dipaco.islands.coordinator`) hands out tasks to `hardware.islands` pull-based island
+processes (`dipaco.islands.island`, talking only to the store), closes rounds as `rounds.mode` says and
+writes each module version, train.json's rows and TensorBoard metrics; `launcher.kind=ray` runs the
+coordinator and its islands as Ray tasks. The run ends when every path has had `run.rounds` results
+applied. A killed run resumes with the same command; one coordinator holds a store's lease (`--force`
+takes it over).
 """
 
 from __future__ import annotations
