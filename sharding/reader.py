@@ -175,17 +175,7 @@ class ShardReader:
 
     # ----------------------------------------------------------------------------- internals
     def _path_ids(self, path: PathSpec) -> list[int]:
-        if path is None:
-            return list(range(self.n_paths))
-        ids = [path] if isinstance(path, Integral) else list(path)
-        if not ids:
-            raise ValueError("path must be an id, a non-empty list of ids, or None (all paths); got []")
-        for p in ids:
-            if not isinstance(p, Integral) or not 0 <= p < self.n_paths:
-                raise ValueError(f"path {p!r} is not in [0, {self.n_paths}) of {self.index_path}")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"path list {ids} repeats a path")
-        return [int(p) for p in ids]
+        return path_ids(path, n_paths=self.n_paths, where=self.index_path)
 
     def _split(self, split: str) -> str:
         if split not in SPLITS:
@@ -196,3 +186,18 @@ class ShardReader:
 
     def shards_of(self, path: int, split: str) -> list[dict[str, Any]]:
         return self.files.shards(path, self._split(split))
+
+
+def path_ids(path: PathSpec, *, n_paths: int, where: Path) -> list[int]:
+    """The path ids `path` names (an id, a list of ids, or None: all), each checked against `n_paths`."""
+    if path is None:
+        return list(range(n_paths))
+    ids = [path] if isinstance(path, Integral) else list(path)
+    if not ids:
+        raise ValueError("path must be an id, a non-empty list of ids, or None (all paths); got []")
+    for p in ids:
+        if not isinstance(p, Integral) or not 0 <= p < n_paths:
+            raise ValueError(f"path {p!r} is not in [0, {n_paths}) of {where}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"path list {ids} repeats a path")
+    return [int(p) for p in ids]
