@@ -20,10 +20,10 @@ from collections.abc import Iterable
 
 from dipaco.config import RoundsConfig
 from dipaco.rounds import tasks
-from dipaco.rounds.closing import QuorumClock
 from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
 from dipaco.rounds.length import RunLength, unfinished
 from dipaco.rounds.plan import RoundPlan, plan_round
+from dipaco.rounds.quorum import QuorumClock
 from dipaco.rounds.staleness import staleness_weight
 
 
