@@ -127,7 +127,7 @@ def instrument(meter: Meter) -> None:
     """Patch the store, the filesystem and the coordinator's steps of this process (islands are other processes)."""
     from fsspec.implementations.local import LocalFileSystem
 
-    from dipaco.islands import coordinator
+    from dipaco.islands.coordinator import closing, heartbeats, intake, service, task_board
     from dipaco.store.module_store import ModuleStore
 
     def store_op(op, fn):
@@ -162,11 +162,11 @@ def instrument(meter: Meter) -> None:
         if hasattr(LocalFileSystem, op):
             setattr(LocalFileSystem, op, fs_op(getattr(LocalFileSystem, op)))
 
-    cls = coordinator.Coordinator
-    coordinator.read_heartbeats = _timed_phase(meter, "heartbeats", coordinator.read_heartbeats)
-    coordinator.apply_round = _timed_phase(meter, "outer", coordinator.apply_round)
-    cls._receive = _timed_phase(meter, "results", cls._receive)
-    cls._write_board = _timed_phase(meter, "board", cls._write_board)
+    heartbeats.read_heartbeats = _timed_phase(meter, "heartbeats", heartbeats.read_heartbeats)
+    closing.apply_round = _timed_phase(meter, "outer", closing.apply_round)
+    intake.ResultIntake.receive = _timed_phase(meter, "results", intake.ResultIntake.receive)
+    task_board.TaskBoard.write = _timed_phase(meter, "board", task_board.TaskBoard.write)
+    cls = service.Coordinator
     close = cls._close
 
     def timed_close(self, *args, **kwargs):
@@ -192,7 +192,7 @@ def child_train(run_dir: str) -> dict:
     import torch
 
     from dipaco.config import load_config
-    from dipaco.islands import coordinator
+    from dipaco.islands.coordinator.service import Coordinator
     from dipaco.run_dir import RunDir
     from dipaco.stages.evaluate import evaluate
     from dipaco.stages.train import train
@@ -203,7 +203,7 @@ def child_train(run_dir: str) -> dict:
     meter = Meter()
     instrument(meter)
     rounds: list[dict] = []
-    tick = coordinator.Coordinator.tick
+    tick = Coordinator.tick
 
     def measured_tick(self):
         started = time.perf_counter()
@@ -221,7 +221,7 @@ def child_train(run_dir: str) -> dict:
                 record["rss_mib"] = _kib("VmRSS") / 1024
                 rounds.append(record)
                 meter.reset()
-    coordinator.Coordinator.tick = measured_tick
+    Coordinator.tick = measured_tick
     Path("/proc/self/clear_refs").write_text("5")  # the peak from here on
     baseline = _kib("VmRSS")
     started = time.perf_counter()

@@ -37,8 +37,8 @@ def make_corpus(path: Path, *, mb: float, seed: int = 0) -> int:
     """The demo corpus's first 400 documents and one document of `mb` MB; returns its length in chars."""
     import random
 
-    from dipaco.stages.documents import load_run_corpus
-    from routing.config import CorpusConfig
+    from dipaco.pipeline.documents import load_run_corpus
+    from routing.routing_config import CorpusConfig
 
     demo = load_run_corpus(CorpusConfig(path="demo", max_documents=400))["text"]
     lines = [json.dumps({"text": text, "source": "demo"}) for text in demo]

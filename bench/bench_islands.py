@@ -253,7 +253,7 @@ def _manifests(store: ModuleStore) -> list:
 
 def path_parameters(setting: Setting, base: RunDir) -> int:
     from dipaco.model.path_model import count_parameters
-    from dipaco.stages.context import PathFactory
+    from dipaco.pipeline.context import PathFactory
 
     return count_parameters(PathFactory(load_config(CONFIG, setting.common), base).new_model())
 
@@ -264,7 +264,7 @@ def main(setting: Setting, *, compression: bool) -> None:
     params = path_parameters(setting, base)
     rows = {"sync": train_and_eval(setting, base, "sync", [])}
     task_seconds = rows["sync"]["task_seconds"]
-    grace = [f"rounds.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.islands.policy)
+    grace = [f"rounds.grace_seconds={task_seconds / 5:.1f}"]  # at most T / 5 (adaptive below it: dipaco.rounds)
     out = {"budget": {}, "goodput": [], "compression": [], "runs": rows}
     settings: dict[str, list[str]] = {}
     steps = rows["sync"]["inner_steps"]

@@ -13,14 +13,14 @@ moment, not an artefact of the allocator's dynamic threshold. Everything runs on
 memory); a CUDA island would be measured by `torch.cuda.max_memory_allocated`, which this script
 does not do yet.
 
-1. Coordinator (`dipaco.islands.rounds.apply_round`): a synthetic round written straight into a
+1. Coordinator (`dipaco.islands.coordinator.outer_step.apply_round`): a synthetic round written straight into a
    store (no training): a grid of L levels with one equal-size module per choice plus the shared
    `embeddings` (so every path holds L + 1 modules and the embeddings are shared by all paths),
    random pseudo-gradients from every path, default outer step (Nesterov, √paths rescale, token
    weights). Measured at 2x2, 4x4 and 8x8, `none` and `int8`, for the streamed outer step and for the
    earlier one that decoded every result first (`apply_round_in_memory`, kept here verbatim as the
    reference), against the bound of one module × the paths that share it.
-2. Island (`dipaco.islands.island.train_task` + `push_result`, one task of path 0, 6 inner steps): the
+2. Island (`dipaco.islands.island.training.train_task` + `push_result`, one task of path 0, 6 inner steps): the
    first 4000 documents of the demo corpus routed and sharded at 2x2 and 8x8 with the same path
    model (the demo's: hidden 128, 4 blocks, vocab 4096, sequences of 256 tokens, fp32), at the demo's
    batch of 8 and at a batch of 1 (activations small, so what the island holds besides them shows),
@@ -138,8 +138,8 @@ def apply_round_in_memory(store: ModuleStore, topology: Topology, *, round: int,
                           config: OuterConfig) -> None:
     """The outer step before it streamed (commit f12451c), kept as the reference: it decodes every
     pending result whole, then loops over modules, averaging with the list-based sum."""
-    from dipaco.islands.rounds import staleness_weight
     from dipaco.optim.outer import outer_update
+    from dipaco.rounds.staleness import staleness_weight
     from dipaco.store.board import read_result
 
     applied, results = [], {}
@@ -190,7 +190,7 @@ def warm_up(config: OuterConfig) -> None:
 
 
 def child_coordinator(store_url: str, levels: list[int], impl: str) -> dict:
-    from dipaco.islands.rounds import apply_round
+    from dipaco.islands.coordinator.outer_step import apply_round
 
     torch.set_num_threads(1)
     store, topology = ModuleStore(store_url), synthetic_topology(levels)
@@ -241,11 +241,11 @@ ISLAND_OVERRIDES = ["warm_start.fraction=0", "routing.featurizer=tfidf", "hardwa
 def prepare_run(root: Path, levels: list[int]) -> Path:
     """Route, shard and initialise the store of the demo config with `levels` (in this process)."""
     from dipaco.config import load_config, save_config
+    from dipaco.pipeline.context import PathFactory
+    from dipaco.pipeline.version_zero import start_or_resume_store
     from dipaco.run_dir import RunDir
-    from dipaco.stages.context import PathFactory
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
-    from dipaco.stages.train import initialise_store
 
     config = load_config(ROOT / "configs" / "demo.yaml",
                          [*ISLAND_OVERRIDES, f"topology.levels=[{','.join(map(str, levels))}]"])
@@ -253,7 +253,7 @@ def prepare_run(root: Path, levels: list[int]) -> Path:
     save_config(config, run.config)
     route(config, run)
     shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     return run.config
 
 
@@ -271,7 +271,7 @@ def child_island(config_file: str, path: int) -> dict:
     first is released. The first task's peak includes the process's one-time lazy state (torch and
     transformers allocate and keep some on the first forward and optimiser step); the second's is the
     steady state of a long-running island's task."""
-    from dipaco.islands.island import push_result, train_task
+    from dipaco.islands.island.training import push_result, train_task
 
     torch.set_num_threads(1)
     setup = _island_setup(config_file)
@@ -293,7 +293,7 @@ def child_plain(config_file: str, path: int) -> dict:
     backward with the gradients already allocated) and the peak of a plain AdamW loop of the same steps."""
     import numpy as np
 
-    from dipaco.islands.island import data_seed
+    from dipaco.islands.island.training import data_seed
 
     torch.set_num_threads(1)
     setup = _island_setup(config_file)
@@ -325,7 +325,7 @@ def child_plain(config_file: str, path: int) -> dict:
 
 def child_baseline(config_file: str) -> dict:
     """The resident bytes of a process that has only imported what an island imports and built its set-up."""
-    import dipaco.islands.island  # noqa: F401
+    import dipaco.islands.island.training  # noqa: F401
 
     setup = _island_setup(config_file)
     _ = setup.reader, setup.store.state()

@@ -185,7 +185,7 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
 
     def add(model: str, m: dict, *, perplexity: float, kind: str, warm: bool) -> None:
         # eval.json rows say the warm-start steps a model started from and its training tokens in all
-        # (a baseline continues from the warm start, or with eval.baselines_init=scratch trains its steps too: dipaco.eval.baselines)
+        # (a baseline continues from the warm start, or with eval.baselines_init=scratch trains its steps too: dipaco.eval.dense_baselines)
         pretrain_steps = m.get("pretrain_steps", pre_steps if warm else 0)
         total = m.get("train_tokens_total") or (m["tokens_seen"] or 0) + (pre_tokens if warm else 0)
         rows.append({"model": model, "kind": kind, "paths": m["paths"], "params_per_path": m["params_per_path"],

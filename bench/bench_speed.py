@@ -10,7 +10,7 @@ What runs, in one process with a fixed torch thread count (`--threads`):
 - the **island**: `train_task` + `push_result` of a real task (path 0, from version 0, continuing the
   data order and the LR schedule of a first task, its AdamW state restored from the store, validation
   batches scored, pseudo-gradient computed, inner state and result written), each phase timed
-  (`dipaco.islands.island.PHASES`); once per `--variant` (a name and config overrides: compile,
+  (`dipaco.islands.island.timing.PHASES`); once per `--variant` (a name and config overrides: compile,
   fused AdamW, TF32, ...), besides the default `island`;
 - the **plain loop**: the same Hugging Face model, batch, sequence, AdamW (same betas, weight decay
   and gradient clipping), precision and number of steps, on the batches the island's task trains on,
@@ -46,13 +46,14 @@ sys.path.insert(0, str(ROOT))
 from bench.recording import write_results  # noqa: E402
 from dipaco.config import Config, load_config  # noqa: E402
 from dipaco.device import autocast, resolve_device  # noqa: E402
-from dipaco.islands.island import PHASES, IslandSetup, data_seed, push_result, train_task  # noqa: E402
+from dipaco.islands.island.timing import PHASES  # noqa: E402
+from dipaco.islands.island.training import IslandSetup, data_seed, push_result, train_task  # noqa: E402
+from dipaco.pipeline.context import PathFactory  # noqa: E402
+from dipaco.pipeline.version_zero import start_or_resume_store  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
-from dipaco.stages.context import PathFactory  # noqa: E402
 from dipaco.stages.island import island_setup  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
-from dipaco.stages.train import initialise_store  # noqa: E402
 from dipaco.store.board import inner_ref  # noqa: E402
 from dipaco.store.records import Task  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
@@ -93,7 +94,7 @@ def build_run(root: Path, overrides: list[str]) -> tuple[Config, RunDir]:
     if not (run.shards / "index.json").exists():
         route(config, run)
         shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     log.info("run built in %.1fs in %s", time.perf_counter() - started, root)
     return config, run
 

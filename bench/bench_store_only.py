@@ -6,9 +6,9 @@ For each grid, configs/tiny.yaml on the first `--documents` documents of the bun
 shard through the Python API), with `sharding.tokens_per_shard` small enough that a path has several
 train shards. The store is `s3://` on moto's S3 server on loopback when `moto[server]` and `s3fs` are
 installed (else a local directory); the coordinator's side initialises it and publishes the run
-(`dipaco.stages.published.publish_run`). Then, for every path, an island with only the URL
+(`dipaco.pipeline.published.publish_run`). Then, for every path, an island with only the URL
 (`fetch_run` into an empty directory, a cold cache of its own) runs one task of that path
-(`dipaco.islands.island.train_task`, not pushed) and then a second task of the same path in the same
+(`dipaco.islands.island.training.train_task`, not pushed) and then a second task of the same path in the same
 process (warm cache). Per task: the shard bytes it downloaded (the cache's counter), the module and
 inner-state bytes it read, the path's shard bytes (train + val, from index.json) and the whole run's
 shard bytes (what copying the run directory to the island's machine would cost).
@@ -33,13 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.recording import markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config, save_config  # noqa: E402
-from dipaco.islands.island import IslandSetup, train_task  # noqa: E402
+from dipaco.islands.island.training import IslandSetup, train_task  # noqa: E402
+from dipaco.pipeline.context import PathFactory  # noqa: E402
+from dipaco.pipeline.published import fetch_run, publish_run, shard_files  # noqa: E402
+from dipaco.pipeline.version_zero import start_or_resume_store  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
-from dipaco.stages.context import PathFactory  # noqa: E402
-from dipaco.stages.published import fetch_run, publish_run, shard_files  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
-from dipaco.stages.train import initialise_store  # noqa: E402
 from dipaco.store.records import Task  # noqa: E402
 
 log = logging.getLogger("bench_store_only")
@@ -77,7 +77,7 @@ def measure_grid(levels: list[int], *, documents: int, tokens_per_shard: int, ba
     shard(config, run)
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     published = publish_run(factory.store, run)
     files = shard_files(run.shards / "index.json")
     sizes = {f: (run.shards / f).stat().st_size for f in files}

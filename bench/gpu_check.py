@@ -62,8 +62,8 @@ from dipaco.config import PRECISIONS, load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 
 if TYPE_CHECKING:
-    from dipaco.islands.coordinator import Coordinator
-    from dipaco.islands.island import TrainedTask
+    from dipaco.islands.coordinator.service import Coordinator
+    from dipaco.islands.island.training import TrainedTask
     from dipaco.store.module_store import ModuleStore
 
 log = logging.getLogger("gpu_check")
@@ -278,19 +278,19 @@ def check_pipeline(plan: Plan) -> str:
 def one_process_task(plan: Plan, run: RunDir) -> tuple[ModuleStore, Coordinator, TrainedTask]:
     """The tiny run routed, sharded and initialised in `run`, a coordinator with round 1's tasks open,
     and one process's training of the task (round 1, path 0), which writes nothing."""
-    from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-    from dipaco.islands.island import train_task
-    from dipaco.stages.context import PathFactory
+    from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+    from dipaco.islands.island.training import train_task
+    from dipaco.pipeline.context import PathFactory
+    from dipaco.pipeline.version_zero import start_or_resume_store
     from dipaco.stages.island import island_setup
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
-    from dipaco.stages.train import initialise_store
     from dipaco.store.records import task_key
 
     config = load_config(TINY, [f"hardware.device={plan.device}", "hardware.precision=fp32"])
     route(config, run)
     shard(config, run)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     setup = island_setup(config, run)
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
                               sizes=PathFactory(config, run).path_sizes)

@@ -3,7 +3,7 @@ policy on a virtual clock) with the benchmark's islands, task time, failures, re
 
     python bench/bench_islands.py --predict     # adds the column to bench/results/islands.{json,md}
 
-How the measured settings map onto a simulation (`dipaco.simulate.rounds.RoundsSimulation`, one learner
+How the measured settings map onto a simulation (`dipaco.simulate.diloco.RoundsSimulation`, one learner
 per path of the demo grid, pinned to it, on the demo's own topology, `rounds` = the run's length):
 - a learner is one island of one chip; chip_mtbi = the islands' MTBF, so it fails as a Poisson process
   of mean MTBF (the real islands draw their next failure from their return: no failure while down);
@@ -28,8 +28,8 @@ import statistics
 
 from dipaco.config import RoundsConfig, SimulateConfig, load_config
 from dipaco.model.topology import Topology
+from dipaco.simulate.diloco import RoundsSimulation
 from dipaco.simulate.failures import FailureModel
-from dipaco.simulate.rounds import RoundsSimulation
 from dipaco.simulate.settings import Settings
 
 SEEDS = 50

@@ -9,22 +9,21 @@
 
 Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
 any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
+
+This file only parses the command line and dispatches (`COMMANDS`: the stage function of each command,
+one file per command in `dipaco.stages`, imported on use).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import logging
 import signal
 import sys
 import threading
-import time
-from pathlib import Path
 
-from dipaco.config import Config, load_config
-from dipaco.run_dir import RunDir
-from dipaco.stages.fingerprints import STAGE_ORDER
+from dipaco.pipeline.fingerprints import STAGE_ORDER
 
 log = logging.getLogger("dipaco")
 
@@ -65,7 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
         "island": "a pull-based island worker (or, with --path and no --pull, one path for one round)",
         "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
         "baselines": "train the dense baselines (equal steps, equal compute)",
-        "baseline": "train one dense baseline (used by `baselines`)",
         "eval": "routed evaluation of the held-out documents against the dense baselines",
         "export": "write a path (or --all paths and the router) as Hugging Face model directories",
         "generate": "route a prompt to a path and generate a continuation with it",
@@ -78,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parsers = {}
     for name, help_text in commands.items():
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+    parsers[TRAIN_ONE_BASELINE] = sub.add_parser(TRAIN_ONE_BASELINE)  # internal: no help, so not listed
+    for name in parsers:
         if name == "status":  # reads a run's store, writes nothing: --run or --store
             _status_options(parsers[name])
             continue
@@ -125,8 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["run"].add_argument("--restart-from", choices=STAGE_ORDER, default=None, metavar="STAGE",
                                 help="redo STAGE and every later one (" + ", ".join(STAGE_ORDER) + "): their old "
                                      "artifacts are moved to RUN/superseded/<time>/; for a run whose config changed")
-    parsers["baseline"].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
+    parsers[TRAIN_ONE_BASELINE].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
+
+
+# command -> (stage module, its function): imported on use, so `dipaco --help` stays fast. A function takes
+# (config, run, args); `status` reads a store alone and takes (args).
+COMMANDS = {
+    "run": ("dipaco.stages.run", "command"),
+    "route": ("dipaco.stages.route", "command"),
+    "shard": ("dipaco.stages.shard", "command"),
+    "train": ("dipaco.stages.train", "command_train"),
+    "island": ("dipaco.stages.island", "command"),
+    "coordinator": ("dipaco.stages.train", "command_coordinator"),
+    "baselines": ("dipaco.stages.baselines", "command"),
+    "_train-baseline": ("dipaco.stages.baselines", "command_one"),
+    "eval": ("dipaco.stages.evaluate", "command"),
+    "export": ("dipaco.stages.export", "command"),
+    "generate": ("dipaco.stages.generate", "command"),
+    "report": ("dipaco.stages.report", "command"),
+    "pretrain": ("dipaco.stages.pretrain", "command"),
+    "reroute": ("dipaco.stages.reroute", "command"),
+    "simulate": ("dipaco.stages.simulate", "command"),
+    "status": ("dipaco.stages.status", "command"),
+}
+TRAIN_ONE_BASELINE = "_train-baseline"  # internal (`dipaco.stages.baselines.INTERNAL_COMMAND`): one baseline's process
+RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages (its config.yaml)
+READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
+STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,12 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     previous = stop_on_signals()
     try:
-        if args.command == "status":  # no run directory to prepare: it only reads
-            cmd_status(args)
-            return 0
-        config, run = _config_and_run(args)
-        prepare_run_dir(run, args.command)
-        STAGES[args.command](config, run, args)
+        dispatch(args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         log.error("%s", err)
         return 1
@@ -160,23 +181,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _config_and_run(args) -> tuple[Config, RunDir]:
-    """The config and run directory a command works with: `--store URL` fetches the run published there
-    (`dipaco.stages.published`), else `--config` (or the run's own resolved config) and `--run`."""
-    if getattr(args, "store", None):
-        if args.config:
-            raise ValueError("--store URL runs with the config published in the store; give overrides "
-                             "(section.key=value) instead of --config")
-        from dipaco.stages.published import PUBLICATION_WAIT, fetch_run
+def dispatch(args: argparse.Namespace) -> None:
+    """Run the stage function of `args.command` with the command's config and run directory."""
+    module, function = COMMANDS[args.command]
+    stage = getattr(importlib.import_module(module), function)
+    if args.command == "status":  # no run directory to prepare: it only reads
+        stage(args)
+        return
+    from dipaco.pipeline.invocation import config_and_run, prepare_run_dir
+    from dipaco.pipeline.published import PUBLICATION_WAIT
 
-        return fetch_run(args.store, run_root=Path(args.run) if args.run else None, overrides=args.overrides,
-                         wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
-    if args.run is None:
-        raise ValueError(f"dipaco {args.command}: give --run DIR (or --store URL for a run published in a store)")
-    config_file = args.config
-    if config_file is None and args.command in RUN_CONFIG_STAGES and (Path(args.run) / "config.yaml").exists():
-        config_file = Path(args.run) / "config.yaml"  # the run's own resolved config
-    return load_config(config_file, args.overrides), RunDir(args.run)
+    config, run = config_and_run(args.command, config_file=args.config, run=args.run,
+                                 store=getattr(args, "store", None), overrides=args.overrides,
+                                 run_config=args.command in RUN_CONFIG_STAGES,
+                                 wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
+    prepare_run_dir(run, needs_run=args.command in RUN_CONFIG_STAGES, writes=args.command not in READ_ONLY_STAGES)
+    stage(config, run, args)
 
 
 def stop_on_signals():
@@ -190,236 +210,6 @@ def stop_on_signals():
 
     return signal.signal(signal.SIGTERM, stop)  # the handler it replaces, restored when main() returns
 
-
-READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
-
-
-def prepare_run_dir(run: RunDir, command: str) -> None:
-    """Before any work: refuse a `--run` that is not a run directory (`dipaco.outputs`); stages that read a
-    finished run need it to exist, and stages that write into it need it writable."""
-    from dipaco.outputs import check_run_dir, check_writable, mark_run_dir
-
-    check_run_dir(run.root)
-    if command in RUN_CONFIG_STAGES:  # eval, export, generate, report: a run made by earlier stages
-        run.require(run.root, "run")
-    if command in READ_ONLY_STAGES:
-        return
-    run.root.mkdir(parents=True, exist_ok=True)
-    check_writable(run.root)
-    mark_run_dir(run.root)
-
-
-def cmd_route(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.route import format_routing, route
-
-    stats = route(config, run)
-    print(format_routing(stats))
-
-
-def cmd_shard(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.shard import format_shards, shard
-
-    print(format_shards(shard(config, run)))
-
-
-def cmd_train(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.train import train
-
-    summary = train(config, run, force=args.force)
-    print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
-          f"({summary['inner_steps_per_path']} inner steps each, {summary['tokens']:,} tokens) "
-          f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
-
-
-def cmd_coordinator(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.train import train
-
-    summary = train(config, run, local_islands=False, force=args.force)
-    print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
-          f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
-
-
-def cmd_island(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.island import island
-
-    island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
-           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
-
-
-def cmd_baselines(config: Config, run: RunDir, args, *, alongside=None) -> None:
-    """`alongside` (`dipaco run`): a stage to run while the longest baseline trains (`dipaco.stages.baselines`)."""
-    from dipaco.stages.baselines import train_baselines
-
-    train_baselines(config, run, alongside=alongside)
-
-
-def cmd_baseline(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.baselines import train_baseline
-
-    summary = train_baseline(config, run, name=args.name)
-    print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))
-
-
-def cmd_eval(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.evaluate import evaluate, format_results
-
-    results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
-    print(format_results(results))
-    print(f"\nresults in {run.eval_results}")
-
-
-def cmd_pretrain(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.pretrain import pretrain
-
-    summary = pretrain(config, run)
-    print(f"dense warm start: {summary['steps']} steps, {summary['tokens']:,} tokens, final train loss "
-          f"{summary['final_train_loss']:.3f}, {summary['seconds']:.0f}s")
-
-
-def cmd_reroute(config: Config, run: RunDir, args) -> None:
-    """One re-routing phase, then the shards rewritten for the new assignments."""
-    from dipaco.stages.reroute import format_phase, reroute
-    from dipaco.stages.shard import shard
-
-    record = reroute(config, run)
-    try:
-        shard(config, run)
-    except ValueError as err:
-        raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
-                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
-    from dipaco.stages.fingerprints import accept_new_shards
-
-    accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
-    print(format_phase(record))
-
-
-def cmd_run(config: Config, run: RunDir, args) -> None:
-    """Every stage in order; route and shard are skipped when done, but never when their artifacts were made
-    with other config values or inputs (`dipaco.stages.fingerprints`): that stops before anything is written,
-    naming the keys, unless `--restart-from STAGE` moves STAGE's and later stages' artifacts aside."""
-    from dipaco.stages.fingerprints import check, restart_from
-
-    started = time.perf_counter()
-    restart = getattr(args, "restart_from", None)
-    kept = STAGE_ORDER[: STAGE_ORDER.index(restart)] if restart else STAGE_ORDER
-    check(run, config, tuple(s for s in ("route", "shard", "train") if s in kept))
-    if restart:
-        restart_from(run, config, restart)
-    if config.pretrain_steps and not (run.root / "pretrain" / "summary.json").exists():
-        cmd_pretrain(config, run, args)
-    if (run.routing / "assignments.json").exists():
-        log.info("route: %s exists, skipping (run `dipaco route` to redo it)", run.routing)
-    else:
-        cmd_route(config, run, args)
-    if (run.shards / "index.json").exists():
-        log.info("shard: %s exists, skipping (run `dipaco shard` to redo it)", run.shards)
-    else:
-        cmd_shard(config, run, args)
-    if config.eval.baselines and config.eval.baselines_with_train:
-        # the longest baseline trains alongside the islands, the others after them (dipaco.stages.baselines)
-        cmd_baselines(config, run, args, alongside=lambda: cmd_train(config, run, args))
-    else:
-        cmd_train(config, run, args)
-        if config.eval.baselines:
-            cmd_baselines(config, run, args)
-    cmd_eval(config, run, args)
-    cmd_report(config, run, args)
-    print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")
-
-
-def _rounds(factory, args) -> dict[int, int]:
-    """The module version of each path that `--round` / `--best` ask for."""
-    if getattr(args, "best", False):
-        from dipaco.device import resolve_device
-        from dipaco.eval.early_stopping import best_of_run
-
-        return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
-                           device=resolve_device(factory.config.hardware.device))[0]
-    last = factory.store.current_round()
-    round = last if args.round is None else args.round
-    if not 0 <= round <= last:
-        raise ValueError(f"--round {round} is outside the store's rounds 0..{last}")
-    return {p: round for p in range(factory.topology.n_paths)}
-
-
-def cmd_export(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.context import PathFactory
-    from dipaco.stages.export import export_all, export_path
-
-    factory = PathFactory(config, run)
-    rounds = _rounds(factory, args)
-    if args.all:
-        out = export_all(factory, rounds=rounds, out=args.out, overwrite=args.overwrite)
-        print(f"exported {factory.topology.n_paths} paths, the router and the tokenizer to {out}")
-        return
-    if not 0 <= args.path < factory.topology.n_paths:
-        raise ValueError(f"--path {args.path} is outside 0..{factory.topology.n_paths - 1}")
-    out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out, overwrite=args.overwrite)
-    print(f"exported path {args.path} (round {rounds[args.path]}) to {out}; "
-          f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
-
-
-def cmd_generate(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.context import PathFactory
-    from dipaco.stages.generate import check_options, generate
-
-    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, route=args.route)
-    factory = PathFactory(config, run)
-    rounds = _rounds(factory, args)
-    text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, seed=args.seed, route=args.route)
-    print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
-    print(text)
-
-
-def cmd_report(config: Config, run: RunDir, args) -> None:
-    from dipaco.stages.report import write_report
-
-    path = write_report(config, run)
-    print(f"report: {path}")
-
-
-def cmd_simulate(config: Config, run: RunDir, args) -> None:
-    from dipaco.simulate.scenario import format_comparison
-    from dipaco.stages.simulate import simulate
-
-    results = simulate(config, run, with_sweep=not args.no_sweep)
-    sim = config.simulate
-    print(f"{sim.learners} learners x {sim.chips_per_learner:,} chips, per-chip MTBI {sim.chip_mtbi_hours:g} h, "
-          f"{sim.horizon_hours:g} h simulated")
-    print(format_comparison(results["strategies"]))
-    print(f"\nresults in {run.root / 'simulate'}")
-
-
-def cmd_status(args) -> None:
-    from dipaco.stages.status import config_of, source, status
-
-    if args.watch < 0:
-        raise ValueError(f"--watch must be >= 0 seconds, got {args.watch}")
-    src = source(run=args.run, store=args.store, config=config_of(args.run, args.config))
-    status(src, watch=args.watch, as_json=args.json)
-
-
-RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")
-STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
-
-STAGES = {
-    "run": cmd_run,
-    "route": cmd_route,
-    "shard": cmd_shard,
-    "train": cmd_train,
-    "island": cmd_island,
-    "coordinator": cmd_coordinator,
-    "baselines": cmd_baselines,
-    "baseline": cmd_baseline,
-    "eval": cmd_eval,
-    "export": cmd_export,
-    "generate": cmd_generate,
-    "report": cmd_report,
-    "pretrain": cmd_pretrain,
-    "reroute": cmd_reroute,
-    "simulate": cmd_simulate,
-}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal
 
 from dipaco.atomic import write_text
 from dipaco.config_keys import build_config, read_raw
-from routing.config import CorpusConfig, RerouteConfig, RoutingConfig
 from routing.fields import Count, NonNegative, Positive, PositiveInt, Range, Section, Seed
-from sharding.config import ShardingConfig
+from routing.routing_config import CorpusConfig, RerouteConfig, RoutingConfig
+from sharding.sharding_config import ShardingConfig
 
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16"]

@@ -9,7 +9,7 @@
       store/           the module store (dipaco.store), unless store.url points elsewhere
       baselines/       dense baselines: <name>/model.safetensors + <name>/summary.json
       logs/            one log file per island task and baseline
-      tensorboard/     the coordinator's per-round metrics as TensorBoard event files (dipaco.islands.metrics)
+      tensorboard/     the coordinator's per-round metrics as TensorBoard event files (dipaco.islands.coordinator.metrics)
       train.json       per-round training summary;  eval.json  the evaluation results
 """
 

@@ -113,8 +113,8 @@ def module_scales(base: Path) -> dict:
     """Σα · s of each module for this run's shard sizes, a whole round of fresh results, per variant."""
     from dipaco.config import OuterConfig, load_config
     from dipaco.optim.weighting import result_weights
+    from dipaco.pipeline.context import PathFactory
     from dipaco.run_dir import RunDir
-    from dipaco.stages.context import PathFactory
     from dipaco.store.records import ManifestEntry
 
     factory = PathFactory(load_config(RunDir(base).config), RunDir(base))

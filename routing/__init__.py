@@ -6,9 +6,10 @@ embed_hf.py  mean-pooled last hidden states of a local HF model (featurizers "hf
 kmeans.py  faiss k-means, nearest-centroid assignment, product k-means
 balance.py per-path penalties and exact capacity assignment (routing.balance)
 discriminative.py  logistic-regression router with a size-matching bias (dipaco reroute)
-report.py  routing report: sizes, balance, churn, purity / NMI, PNG histogram
-router.py  the Router artifact and the per-document Assignments (path, split, top-k)
-config.py  CorpusConfig, RoutingConfig
+routing_report.py  routing report: sizes, balance, churn, purity / NMI, PNG histogram
+router.py  the Router artifact (featurizers.py: which featurizer; artifacts.py: its files)
+assignments.py  every document's path, split and top-k paths
+routing_config.py  CorpusConfig, RoutingConfig, RerouteConfig
 
 Standalone CLI (CPU, seconds on a small corpus):
 
@@ -17,12 +18,12 @@ Standalone CLI (CPU, seconds on a small corpus):
 
 import importlib
 
-# Submodules are imported on first use, so `import routing.config` (as every island does) does not
+# Submodules are imported on first use, so `import routing.routing_config` (as every island does) does not
 # pay for faiss, scikit-learn and datasets. The k-means function is `routing.kmeans.kmeans`: the
 # name `routing.kmeans` is its module.
 _EXPORTS = {
-    "CorpusConfig": "config",
-    "RoutingConfig": "config",
+    "CorpusConfig": "routing_config",
+    "RoutingConfig": "routing_config",
     "load_corpus": "corpus",
     "assign_splits": "corpus",
     "TRAIN": "corpus",
@@ -31,9 +32,9 @@ _EXPORTS = {
     "fit_penalties": "balance",
     "capacity_assign": "balance",
     "fit_discriminative": "discriminative",
-    "routing_report": "report",
+    "routing_report": "routing_report",
     "Router": "router",
-    "Assignments": "router",
+    "Assignments": "assignments",
     "product_kmeans": "kmeans",
     "product_assign": "kmeans",
     "assign_nearest": "kmeans",

@@ -16,9 +16,10 @@ import logging
 
 import numpy as np
 
-from .config import CorpusConfig, RoutingConfig
+from .assignments import Assignments
 from .corpus import TEST, TRAIN, assign_splits, load_corpus
-from .router import Assignments, Router
+from .router import Router
+from .routing_config import CorpusConfig, RoutingConfig
 
 
 def main(argv: list[str] | None = None) -> None:

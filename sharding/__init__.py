@@ -7,8 +7,8 @@ serves them back as blocks, training batches and test documents. Inspect a shard
 """
 
 from sharding.build import build_shards
-from sharding.config import ShardingConfig
 from sharding.format import FORMAT_VERSION, ShardError
 from sharding.reader import ShardReader
+from sharding.sharding_config import ShardingConfig
 
 __all__ = ["FORMAT_VERSION", "ShardError", "ShardReader", "ShardingConfig", "build_shards"]

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,62 @@ def decode_array(
     if length is not None and len(array) != length:
         raise ShardError(f"shard file {where} holds {len(array)} items, the index says {length}")
     return array
+
+
+SPLITS = ("train", "val")
+INDEX_FIELDS = (
+    "seq_len",
+    "token_dtype",
+    "vocab_size",
+    "eos_token_id",
+    "tokenizer_fingerprint",
+    "router_fingerprint",
+    "n_paths",
+    "paths",
+    "test",
+)
+SPLIT_FIELDS = ("blocks", "tokens", "shards")
+BLOCK_SHARD_FIELDS = ("file", "blocks", "tokens", "bytes", "sha256")
+DOC_ARRAYS = ("", "offsets_", "doc_ids_", "paths_")  # prefixes of file / bytes / sha256 in a test shard
+DOC_SHARD_FIELDS = ("documents", "tokens") + tuple(
+    f"{a}{k}" for a in DOC_ARRAYS for k in ("file", "bytes", "sha256")
+)
+
+
+def check_index(index: Any, where: Path) -> None:
+    """Refuse an index.json of another format version or with missing fields, naming the file."""
+    if not isinstance(index, dict):
+        raise ShardError(f"{where}: expected a JSON object, got {type(index).__name__}")
+    if "format_version" not in index:
+        raise ShardError(f"{where}: missing field 'format_version'")
+    if index["format_version"] != FORMAT_VERSION:
+        raise ShardError(
+            f"{where}: unknown format_version {index['format_version']!r} (this reader knows "
+            f"{FORMAT_VERSION}); rebuild the shards or update dipaco"
+        )
+    _require(index, INDEX_FIELDS, where, "")
+    if index["token_dtype"] not in TOKEN_DTYPES:
+        raise ShardError(f"{where}: token_dtype {index['token_dtype']!r} not in {TOKEN_DTYPES}")
+    if len(index["paths"]) != index["n_paths"]:
+        raise ShardError(
+            f"{where}: n_paths is {index['n_paths']} but 'paths' has {len(index['paths'])} entries"
+        )
+    for i, entry in enumerate(index["paths"]):
+        _require(entry, ("path", *SPLITS), where, f"paths[{i}].")
+        if entry["path"] != i:
+            raise ShardError(f"{where}: paths[{i}] is for path {entry['path']}")
+        for split in SPLITS:
+            _require(entry[split], SPLIT_FIELDS, where, f"paths[{i}].{split}.")
+            for j, shard in enumerate(entry[split]["shards"]):
+                _require(shard, BLOCK_SHARD_FIELDS, where, f"paths[{i}].{split}.shards[{j}].")
+    _require(index["test"], ("documents", "tokens", "too_short", "shards"), where, "test.")
+    for j, shard in enumerate(index["test"]["shards"]):
+        _require(shard, DOC_SHARD_FIELDS, where, f"test.shards[{j}].")
+
+
+def _require(obj: Any, fields: Sequence[str], where: Path, prefix: str) -> None:
+    if not isinstance(obj, dict):
+        raise ShardError(f"{where}: {prefix.rstrip('.') or 'index'} is not an object")
+    missing = [f for f in fields if f not in obj]
+    if missing:
+        raise ShardError(f"{where}: missing field(s) {', '.join(prefix + f for f in missing)}")

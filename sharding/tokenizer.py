@@ -28,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-    from sharding.config import ShardingConfig
+    from sharding.sharding_config import ShardingConfig
 
 logger = logging.getLogger(__name__)
 

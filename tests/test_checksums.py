@@ -9,11 +9,11 @@ import torch
 from cli_helpers import copy_run, dipaco_in_process
 
 from dipaco.config import load_config
-from dipaco.islands.island import train_task
+from dipaco.islands.island.training import train_task
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import Task
 
@@ -57,7 +57,7 @@ def test_pruning_keeps_the_checksums_of_the_files_it_keeps(tmp_path):
 @pytest.fixture()
 def run(tiny_routed, tmp_path) -> RunDir:
     run = copy_run(tiny_routed, tmp_path / "run")
-    initialise_store(PathFactory(load_config(run.config), run))
+    start_or_resume_store(PathFactory(load_config(run.config), run))
     return run
 
 

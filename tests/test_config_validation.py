@@ -42,7 +42,7 @@ def test_no_float_takes_nan_or_infinity(key, value):
 
 def test_the_python_api_refuses_nan_too():
     from dipaco.config import InnerConfig, ModelConfig
-    from routing.config import CorpusConfig
+    from routing.routing_config import CorpusConfig
 
     with pytest.raises(ValueError, match=r"inner\.lr must be a finite number"):
         InnerConfig(lr=float("nan"))

@@ -19,13 +19,13 @@ import torch
 from tiny_runs import Clock, Crash, TinyRun, drive, make_run
 
 from dipaco.config import load_config, save_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import train_task
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.faults import FaultClock
+from dipaco.islands.island.training import train_task
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import RoundManifest, Task, task_key
@@ -342,7 +342,7 @@ def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_start
     batches = factory.reader.iter_batches(None, "train", batch_size=config.inner.batch_size, seed=0)
     train_dense(factory.spec, batches, steps=3, inner=config.inner, seed=0, device=torch.device("cpu"),
                 precision="fp32", out=run.pretrain, save_optimizer=True)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     setup = island_setup(config, run)
     saved, meta = read_inner(setup.store, warm_start_inner_ref())
     assert set(meta["step"].values()) == {3}

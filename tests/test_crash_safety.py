@@ -22,8 +22,8 @@ import torch
 from tiny_runs import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.stages.context import PathFactory
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.pipeline.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest
 from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder

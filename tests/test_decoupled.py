@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_coordinator import Clock, TinyRun, drive, make_run, manifests
 
-from dipaco.islands.faults import no_faults
-from dipaco.islands.island import IslandWorker
+from dipaco.islands.island.faults import no_faults
+from dipaco.islands.island.polling import IslandWorker
 from dipaco.stages.status import Source, collect, format_status
 from dipaco.store.board import result_exists
 
@@ -162,7 +162,7 @@ def test_no_island_idles_while_a_commit_would_give_its_path_work(tiny, tmp_path)
 
 
 def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
-    from dipaco.islands.checkpoint import InnerCheckpoint
+    from dipaco.islands.island.checkpoint import InnerCheckpoint
 
     broken = tmp_path / "a.safetensors"
     broken.write_bytes(b"not a checkpoint")
@@ -174,8 +174,8 @@ def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
 def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_path, monkeypatch):
     """A result's `seconds` are the useful seconds goodput counts (docs/islands.md#goodput): the time an
     island spends writing its inner checkpoints is overhead, like loading modules, so it is left out."""
-    from dipaco.islands.checkpoint import InnerCheckpoint
-    from dipaco.islands.island import train_task
+    from dipaco.islands.island.checkpoint import InnerCheckpoint
+    from dipaco.islands.island.training import train_task
     from dipaco.store.records import Task
 
     write = InnerCheckpoint.save
@@ -331,7 +331,7 @@ def test_an_island_goes_on_only_while_the_board_could_still_take_its_result():
     a board that may predate the task (its round <= the task's base) or none at all says nothing."""
     from dataclasses import replace
 
-    from dipaco.islands.island import result_wanted
+    from dipaco.islands.island.cancellation import result_wanted
     from dipaco.store.records import Board, Task
 
     task = replace(Task.open(path=1, base=3, step_offset=0, inner_from=None), status="assigned", island="a")
@@ -402,11 +402,11 @@ def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_versi
     tensors[name] = torch.full_like(tensors[name], math.nan)
     save_file(tensors, result)
     coordinator.tick()
-    assert "NaN" in coordinator.validator.verdicts[(held.key, 0)]
+    assert "NaN" in coordinator.checks.verdicts[(held.key, 0)]
     (again,) = [t for t in coordinator.tasks.values() if t.path == 1 and t.status in ("open", "assigned")]
     assert again.base == coordinator.committed >= 1 and again.key != held.key
     assert again.step_offset == held.step_offset and again.inner_from == held.inner_from
-    assert len(coordinator.validator.rejections[again.key]) == 1  # resilience.max_rejections counts on
+    assert len(coordinator.checks.rejections[again.key]) == 1  # resilience.max_rejections counts on
     drive(coordinator, [slow, fast], clock)
     applied = [e for m in manifests(run.store, coordinator.committed) for e in m.applied]
     assert held.key not in {e.key for e in applied}

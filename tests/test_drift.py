@@ -11,7 +11,7 @@ from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.data import demo_corpus_path
-from dipaco.stages.fingerprints import (
+from dipaco.pipeline.fingerprints import (
     DriftError,
     check,
     corpus_changes,
@@ -21,7 +21,7 @@ from dipaco.stages.fingerprints import (
     record_path,
     restart_from,
 )
-from routing.config import CorpusConfig
+from routing.routing_config import CorpusConfig
 
 TRAINED_PARTS = ("config.yaml", "tokenizer", "routing", "shards", "store", "train.json", "train-fingerprint.json")
 
@@ -118,8 +118,6 @@ def test_restart_from_moves_that_stage_and_later_ones_aside(tiny_routed, tmp_pat
 
 
 def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_path, monkeypatch):
-    from dipaco import cli
-
     run = copy_run(tiny_routed, tmp_path / "run")
     done = []
     def stage_done(config, run, args, *, alongside=None, stage):
@@ -127,8 +125,10 @@ def test_run_restart_from_shard_redoes_it_with_the_new_value(tiny_routed, tmp_pa
             alongside()
         done.append(stage)
 
-    for stage in ("train", "baselines", "eval", "report"):  # the stages after shard are tested elsewhere
-        monkeypatch.setitem(cli.__dict__, f"cmd_{stage}", partial(stage_done, stage=stage))
+    commands = {"train": "train.command_train", "baselines": "baselines.command", "eval": "evaluate.command",
+                "report": "report.command"}
+    for stage, function in commands.items():  # the stages after shard are tested elsewhere
+        monkeypatch.setattr(f"dipaco.stages.{function}", partial(stage_done, stage=stage))
     code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, "sharding.val_fraction=0.2",
                                   "--restart-from", "shard")
     assert code == 0, log

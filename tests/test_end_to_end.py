@@ -20,8 +20,9 @@ from cli_helpers import TINY, copy_run, dipaco, dipaco_in_process, start_dipaco
 from transformers import AutoTokenizer
 
 from dipaco.config import load_config
-from dipaco.stages.context import PathFactory
-from routing.router import Assignments, Router
+from dipaco.pipeline.context import PathFactory
+from routing.assignments import Assignments
+from routing.router import Router
 from sharding.reader import ShardReader
 
 

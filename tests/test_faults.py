@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from dipaco.islands.faults import FaultClock
+from dipaco.islands.island.faults import FaultClock
 
 
 def schedule(*, seed: int, island: str, n: int = 5) -> list[float]:

@@ -28,7 +28,7 @@ from bench.bench_memory import (  # noqa: E402
     write_synthetic_round,
 )
 from dipaco.config import OuterConfig  # noqa: E402
-from dipaco.islands.rounds import apply_round  # noqa: E402
+from dipaco.islands.coordinator.outer_step import apply_round  # noqa: E402
 from dipaco.store.module_store import ModuleStore  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import torch
 from cli_helpers import ROOT
 from test_coordinator import Clock, make_run
 
-from dipaco.islands.island import train_task
+from dipaco.islands.island.training import train_task
 from dipaco.store.board import read_result, result_exists
 from dipaco.store.records import task_key
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig, load_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.islands.rounds import apply_round
+from dipaco.islands.coordinator.outer_step import apply_round
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes, result_weights
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory
 from dipaco.store.board import write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, ResultMeta, Task

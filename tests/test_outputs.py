@@ -11,16 +11,16 @@ from cli_helpers import copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.outputs import OUTPUT_MARKER, OutputError, check_run_dir, check_writable, output_dir
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
-from dipaco.stages.train import initialise_store
 
 
 @pytest.fixture(scope="module")
 def run(tiny_routed, tmp_path_factory) -> RunDir:
     """The tiny routed run with module version 0 in its store: enough to export (read only)."""
     run = copy_run(tiny_routed, tmp_path_factory.mktemp("outputs") / "run")
-    initialise_store(PathFactory(load_config(run.config), run))
+    start_or_resume_store(PathFactory(load_config(run.config), run))
     return run
 
 

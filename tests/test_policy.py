@@ -1,10 +1,12 @@
-"""The round policy (`dipaco.islands.policy`) on its own: events in, decisions out, a clock it is given."""
+"""The round policy (`dipaco.rounds`) on its own: events in, decisions out, a clock it is given."""
 
 import pytest
 
 from dipaco.config import RoundsConfig, TopologyConfig
-from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPolicy, Running, staleness_weight
 from dipaco.model.topology import Topology
+from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
+from dipaco.rounds.policy import RoundPolicy
+from dipaco.rounds.staleness import staleness_weight
 
 ASYNC = RoundsConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
 
@@ -122,11 +124,13 @@ def test_assignment_prefers_pinned_then_last_path_and_respects_pins():
     assert policy.assign(behind, [IdleIsland("a")]) == [("p3", "a")]  # the path furthest behind first
 
 
-def test_the_policy_imports_neither_torch_nor_the_store():
+def test_the_round_policy_imports_neither_torch_nor_the_store_nor_the_model():
     import subprocess
     import sys
 
-    code = "import sys, dipaco.islands.policy; print(sorted(m for m in ('torch', 'dipaco.store') if m in sys.modules))"
+    code = ("import importlib, pkgutil, sys, dipaco.rounds\n"
+            "for m in pkgutil.iter_modules(dipaco.rounds.__path__): importlib.import_module(f'dipaco.rounds.{m.name}')\n"
+            "print(sorted(m for m in ('torch', 'dipaco.store', 'dipaco.model') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -185,8 +189,8 @@ def test_every_paths_outstanding_results_in_one_pass_match_outstanding():
         policy.commit(policy.plan())
     for path, base in ((0, 1), (0, 2), (2, 0), (3, 2)):  # path 2's result from version 0 is past max_staleness
         policy.received(result(path, base))
-    assert policy._outstanding_all() == [policy.outstanding(p) for p in range(4)] == [0, 2, 3, 1]
-    assert RoundPolicy(grid(), ASYNC)._outstanding_all() == [None] * 4
+    assert policy.outstanding_all() == [policy.outstanding(p) for p in range(4)] == [0, 2, 3, 1]
+    assert RoundPolicy(grid(), ASYNC).outstanding_all() == [None] * 4
 
 
 def test_a_resumable_task_whose_result_would_be_dropped_is_replaced():

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from dipaco.config import Config, ModelConfig, TopologyConfig, load_config
-from dipaco.eval.baselines import baseline_model_config, baseline_steps
+from dipaco.eval.dense_baselines import baseline_model_config, baseline_steps
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.model.path_model import build_path_model, count_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_pseudo_gradients, outer_update
-from dipaco.stages.context import baseline_budgets
+from dipaco.pipeline.context import baseline_budgets
 from dipaco.stages.route import assign_replicas
 from sharding.tokenizer import encode_batch, train_tokenizer
 

@@ -5,7 +5,7 @@ import torch
 
 from dipaco.config import TopologyConfig
 from dipaco.eval.early_stopping import read_best, record_val_losses
-from dipaco.islands.coordinator import prune_keeping_best
+from dipaco.islands.coordinator.pruning import prune_keeping_best
 from dipaco.model.topology import Topology
 from dipaco.store.board import (
     inner_ref,

@@ -19,8 +19,8 @@ from dipaco.cli import main
 from dipaco.config import load_config
 from dipaco.eval.early_stopping import best_rounds, read_history
 from dipaco.optim.dense import load_dense
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.generate import generate
 from routing.router import Router
 from sharding.tokenizer import decode_prefix, encode_batch, load_tokenizer

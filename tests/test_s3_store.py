@@ -22,9 +22,9 @@ import torch
 from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.stages.context import PathFactory
-from dipaco.stages.published import publish_run, shard_files
-from dipaco.stages.train import initialise_store
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.published import publish_run, shard_files
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.store.board import read_heartbeats
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
@@ -78,7 +78,7 @@ def test_an_s3_store_publishes_once_and_an_island_with_only_the_url_trains_its_p
     config = load_config(TINY, [f"store.url={url}", "hardware.device=cpu"])
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     first = publish_run(factory.store, run)
     again = publish_run(factory.store, run)
     assert first.uploaded > 0 and (again.uploaded, again.manifest_written) == (0, False)

@@ -116,8 +116,8 @@ def test_stream_reads_one_shard_at_a_time(shard_dir, monkeypatch):
     r = ShardReader(shard_dir)
     assert len(r.index["paths"][0]["train"]["shards"]) > 2
     reads = []
-    original = r._read_blocks
-    monkeypatch.setattr(r, "_read_blocks", lambda shard: reads.append(shard["file"]) or original(shard))
+    original = r.files.read_blocks
+    monkeypatch.setattr(r.files, "read_blocks", lambda shard: reads.append(shard["file"]) or original(shard))
     next(r.iter_batches(0, "train", batch_size=2, seed=0))
     assert len(reads) == 1
     next(r.iter_batches(0, "train", batch_size=2, seed=0, skip_batches=30))

@@ -1,4 +1,4 @@
-"""Tests of sharding.tokenizer and sharding.config: BPE training, save/load, fingerprints, prefixes.
+"""Tests of sharding.tokenizer and sharding.sharding_config: BPE training, save/load, fingerprints, prefixes.
 
 Run: HF_HUB_OFFLINE=1 python -m pytest tests/test_sharding_tokenizer.py -q
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharding.config import ShardingConfig
+from sharding.sharding_config import ShardingConfig
 from sharding.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dipaco.config import OuterConfig, ResilienceConfig, RoundsConfig, SimulateConfig
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.optim.weighting import PathSizes
 from dipaco.simulate.data_parallel import simulate_data_parallel
+from dipaco.simulate.diloco import RoundsSimulation, island_name, replica_topology
 from dipaco.simulate.failures import FailureModel
-from dipaco.simulate.rounds import RoundsSimulation, island_name, replica_topology
 from dipaco.simulate.scenario import STRATEGIES, run_strategy
 from dipaco.simulate.settings import Settings
 from dipaco.store.board import read_manifest, write_heartbeat, write_result

@@ -7,11 +7,11 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.islands.island import IslandWorker
-from dipaco.stages.context import PathFactory
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.polling import IslandWorker
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 
 
 def status_of(capsys, *args) -> tuple[str, dict]:
@@ -54,7 +54,7 @@ def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
     run = copy_run(tiny_routed, tmp_path / "run", parts=("tokenizer", "routing", "shards"))
     config = load_config(TINY, ["hardware.device=cpu"])
     save_config(config, run.config)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     setup = island_setup(config, run)
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
                               sizes=PathFactory(config, run).path_sizes)
@@ -109,8 +109,8 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
 
 def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):
     """run.tensorboard: false: the round hook writes nothing (and on, the same call writes the round)."""
-    from dipaco.islands.coordinator import committed_record
-    from dipaco.islands.metrics import RunMetrics
+    from dipaco.islands.coordinator.metrics import RunMetrics
+    from dipaco.store.run_state import committed_record
 
     store = PathFactory(load_config(tiny_trained.config), tiny_trained).store
     stats = committed_record(store)[1]

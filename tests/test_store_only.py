@@ -12,10 +12,10 @@ import pytest
 from cli_helpers import TINY, copy_run, dipaco_in_process
 
 from dipaco.config import load_config, save_config
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.published import fetch_run, publish_run, shard_files
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
-from dipaco.stages.published import fetch_run, publish_run, shard_files
-from dipaco.stages.train import initialise_store
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.publish import object_name, read_publication
@@ -31,7 +31,7 @@ def published_run(tiny_routed, tmp_path, overrides=()):
     config = load_config(TINY, [f"store.url={tmp_path / 'store'}", "hardware.device=cpu", *overrides])
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     return run, factory.store, publish_run(factory.store, run)
 
 
@@ -143,8 +143,8 @@ def test_a_corrupt_object_in_the_store_is_refused_by_name_and_a_bad_cached_copy_
 
 
 def test_a_store_with_nothing_published_says_how_to_publish(tmp_path, monkeypatch):
-    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_WAIT", 0.2)  # an island waits that long for it
-    monkeypatch.setattr("dipaco.stages.published.PUBLICATION_POLL", 0.05)
+    monkeypatch.setattr("dipaco.pipeline.published.PUBLICATION_WAIT", 0.2)  # an island waits that long for it
+    monkeypatch.setattr("dipaco.pipeline.published.PUBLICATION_POLL", 0.05)
     (tmp_path / "store").mkdir()
     code, log = dipaco_in_process("island", "--store", tmp_path / "store", "--run", tmp_path / "island")
     assert code == 1 and "has no published run" in log and "dipaco coordinator" in log

@@ -19,13 +19,14 @@ from safetensors.torch import load_file
 
 from dipaco.config import load_config
 from dipaco.model.path_model import split_into_modules
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.pretrain import pretrain
 from dipaco.stages.route import route
 from dipaco.stages.shard import shard
-from dipaco.stages.train import initialise_store
-from routing.router import Assignments, Router
+from routing.assignments import Assignments
+from routing.router import Router
 from sharding.reader import ShardReader
 
 OVERRIDES = ["corpus.max_documents=400", "corpus.router_fraction=0.15", "warm_start.fraction=0.2",  # 4 warm-start steps
@@ -75,7 +76,7 @@ def test_overlap_and_router_split_reach_the_shards(routed):
 def test_store_version_zero_is_the_dense_warm_start(routed):
     config = load_config(routed.config)
     factory = PathFactory(config, routed)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     dense = load_file(str(routed.root / "pretrain" / "model.safetensors"))
     model = factory.new_model()
     for k, p in model.named_parameters():
@@ -93,7 +94,7 @@ def test_a_warm_start_is_continued_only_under_the_schedule_it_was_trained_with(r
     assert summary["schedule"] == {"name": "cosine", "first_step": 0, "total_steps": 4}
     config = load_config(routed.config, ["inner.schedule=wsd", f"store.url={tmp_path / 'store'}"])
     with pytest.raises(ValueError, match=r"pretrain/summary.json.*'cosine'.*inner.schedule is 'wsd'"):
-        initialise_store(PathFactory(config, routed))
+        start_or_resume_store(PathFactory(config, routed))
 
 
 @pytest.mark.slow

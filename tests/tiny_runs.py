@@ -17,13 +17,14 @@ from pathlib import Path
 from cli_helpers import TINY
 
 from dipaco.config import Config, load_config, save_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.islands.island import IslandSetup, IslandWorker
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.polling import IslandWorker
+from dipaco.islands.island.training import IslandSetup
 from dipaco.model.topology import Topology
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore
 
 
@@ -70,7 +71,7 @@ def make_run(tiny: RunDir, root: Path, overrides: list[str]) -> TinyRun:
         shutil.copytree(tiny.root / part, run.root / part)
     config = load_config(TINY, ["hardware.device=cpu", *overrides])
     save_config(config, run.config)
-    initialise_store(PathFactory(config, run))
+    start_or_resume_store(PathFactory(config, run))
     return TinyRun(dir=run, config=config, setup=island_setup(config, run))
 
 

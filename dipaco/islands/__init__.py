@@ -1,6 +1,7 @@
-"""Training across islands: the `coordinator` (task board, round closing), the `island` (pulls a task,
-runs inner steps, pushes a pseudo-gradient), the round policy (`rounds`: sync / async, staleness),
-`ddp` inside an island, injected `faults`, and the local process pool (`processes`).
+"""Training across islands: the `coordinator` package (task board, round closing, retention, the service
+loop) and the `island` package (the training loop, polling, heartbeat, fault injection), which import
+neither the other; `processes` (local island processes) and `launch_ray` (islands as Ray tasks).
 
-May import `dipaco.eval`, `dipaco.optim`, `dipaco.model`, `dipaco.store` and `dipaco.config`; never a stage.
+The round policy they follow is `dipaco.rounds`. May import `dipaco.rounds`, `dipaco.eval`, `dipaco.optim`,
+`dipaco.model`, `dipaco.store` and `dipaco.config`; never a stage.
 """

@@ -3,30 +3,12 @@
     dipaco train --config configs/demo.yaml --run runs/demo launcher.kind=ray                      # a local Ray instance
     dipaco train --config configs/demo.yaml --run runs/demo launcher.kind=ray launcher.ray_address=auto  # the running cluster
 
-`dipaco train` (the driver) connects to Ray (`ray.init(address=launcher.ray_address)`: "" starts a local
-instance, "auto" joins the cluster this node belongs to) and places one Ray task, asking for
-`launcher.ray_coordinator_cpus` CPUs, that runs the coordinator: `dipaco train` over the run's
-`config.yaml`, the very round loop of a local run (`dipaco.stages.train`). That coordinator places its
-`hardware.islands` islands as Ray tasks (`RayIslands`), each asking for `launcher.ray_island_cpus` CPUs
-(its torch threads) and `launcher.ray_island_gpus` GPUs (Ray sets CUDA_VISIBLE_DEVICES), and each
-running `dipaco island` (pull-based, unpinned, named island-0, island-1, ...), the command a
-machine of any cluster runs. `hardware.islands: 0` places as many islands as the cluster's CPUs (less
-the coordinator's) hold, at most one per path.
-
-A Ray task runs its command as a child process (`dipaco.islands.processes.run_one`): its own process
-group, its log in `<run>/logs/<name>.log` as with local processes, and it exits within a second of
-its Ray worker's death (`exit_with_parent`). Failures are handled as for local island processes
-(`WorkerPool`): the coordinator hands a lost island's task to another island (heartbeats, new
-incarnations); an island whose process was killed (a signal: OOM killer, preemption) or whose Ray
-worker or node died is placed again by Ray, up to `launcher.ray_island_restarts` times, and comes back
-as a new incarnation of the same island; an island that exits with an error is reported with its log
-and the others carry on; the run fails when every island has exited. Stopping the driver (Ctrl-C,
-SIGTERM) cancels the coordinator task, which stops its islands (`ray.cancel`) and releases the lease;
-Ray ends tasks whose owner is gone, so nothing outlives the driver.
-
-Ray is an optional dependency (`pip install 'dipaco[ray]'`); everything here imports it when called.
-Every node needs this dipaco installed (the same version) and, until islands read their shards from
-the store, the run directory on a shared filesystem.
+The driver places one Ray task that runs the coordinator (`dipaco train` over the run's config.yaml);
+it places `hardware.islands` islands as Ray tasks (`RayIslands`, `dipaco island` each, with
+`launcher.ray_island_cpus` / `ray_island_gpus`; 0 islands: as many as the cluster holds). Each Ray task
+runs its command as a child process (`dipaco.islands.processes.run_one`); an island killed by a signal
+is placed again up to `launcher.ray_island_restarts` times; stopping the driver cancels everything.
+Ray is optional (`pip install 'dipaco[ray]'`) and imported when called. docs/islands.md#clusters.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from dipaco.simulate.data_parallel import simulate_data_parallel
+from dipaco.simulate.diloco import simulate_rounds
 from dipaco.simulate.failures import FailureModel
-from dipaco.simulate.rounds import simulate_rounds
 from dipaco.simulate.settings import Settings
 from dipaco.tables import format_table
 

@@ -1,4 +1,4 @@
-"""The coordinator's bookkeeping around the real round policy (`dipaco.islands.policy.RoundPolicy`), on
+"""The coordinator's bookkeeping around the real round policy (`dipaco.rounds.policy.RoundPolicy`), on
 the simulator's clock: the tasks (open, running, received) and one `tick` in the coordinator's order
 (`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close
 plan, commit, move open tasks to the newest version, cancel the running tasks the policy names (each
@@ -13,8 +13,10 @@ import itertools
 from dataclasses import dataclass
 
 from dipaco.config import RoundsConfig
-from dipaco.islands.policy import Grid, IdleIsland, OpenTask, Result, RoundPlan, RoundPolicy, Running
 from dipaco.model.topology import Topology
+from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
+from dipaco.rounds.plan import RoundPlan
+from dipaco.rounds.policy import RoundPolicy
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,7 @@ class Syncer:
 
     def grace_deadline(self) -> float | None:
         """When a running grace window ends (the round may close then with no other event)."""
-        starts = self.policy.quorum_since.values()
-        return max(starts) + self.policy.config.grace_seconds if starts else None
+        return self.policy.grace_deadline()
 
     def _running_view(self) -> list[Running]:
         return [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]

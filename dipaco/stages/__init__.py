@@ -1,5 +1,3 @@
-"""One file per `dipaco <command>`: route, shard, pretrain, train, island, baselines, evaluate, reroute,
-export, generate, report. A stage unpacks the config once (`context.PathFactory`) and calls the
-layers below it; stages do not import each other (shared inputs live in `documents` and `context`; what
-each stage's artifacts were made from, and the drift check, in `fingerprints`).
+"""One file per `dipaco <command>`, commands only; what several commands share is in `dipaco.pipeline`.
+Stages do not import each other.
 """

@@ -1,12 +1,12 @@
-"""`dipaco baselines`: the dense baselines (`dipaco.eval.baselines`), each a path-shaped model (a 1x1
+"""`dipaco baselines`: the dense baselines (`dipaco.eval.dense_baselines`), each a path-shaped model (a 1x1
 grid) trained on all paths' data with the same recipe.
 
     dipaco baselines --config configs/tiny.yaml --run runs/tiny     # all, in parallel processes
-    dipaco baseline --name dense-equal-steps --config ... --run ...  # one
+    dipaco _train-baseline --name dense-equal-steps --config ... --run ...  # one (internal: what each process runs)
 
 Each is trained by `dipaco.optim.dense.train_dense` (plain AdamW, the inner schedule stretched over
 its own steps) into `baselines/<name>/` (`model.safetensors` and `summary.json`). Its budget includes
-the steps of the warm start the grid started from (`dipaco.eval.baselines`): with
+the steps of the warm start the grid started from (`dipaco.eval.dense_baselines`): with
 `eval.baselines_init: warm-start` (the default) a path-sized baseline continues from that dense model
 (`pretrain/model.safetensors`) for the rest of its budget; with `scratch` it trains the whole budget
 from a fresh model. The summary records which (`init`) and the warm start's steps and tokens.
@@ -14,6 +14,7 @@ from a fresh model. The summary records which (`init`) and the warm start's step
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -21,16 +22,18 @@ from collections.abc import Callable
 
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.eval.baselines import baseline_model_config, continues_warm_start, own_steps
+from dipaco.eval.dense_baselines import baseline_model_config, continues_warm_start, own_steps
 from dipaco.islands.processes import Task, WorkerPool, available_cores, plan_parallelism, run_tasks
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import PARAMETERS, SUMMARY, is_trained, train_dense
 from dipaco.optim.inner import phase_steps
+from dipaco.pipeline.context import PathFactory, baseline_budgets, check_schedule, warm_start_optimizer
+from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets, check_schedule, warm_start_optimizer
-from dipaco.stages.fingerprints import check
 
 log = logging.getLogger(__name__)
+
+INTERNAL_COMMAND = "_train-baseline"  # `dipaco _train-baseline`: one baseline, in a process of its own (hidden from --help)
 
 
 def train_baseline(config: Config, run: RunDir, *, name: str) -> dict:
@@ -82,7 +85,7 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
     n_paths = Topology.from_config(config.topology, n_layers=config.model.n_layers).n_paths
     budgets = baseline_budgets(config, n_paths)
     names = sorted((name for name in budgets if not is_trained(run.baselines / name)), key=lambda n: -budgets[n])
-    tasks = [Task(name=f"baseline {name}", args=["baseline", "--name", name, "--config", str(run.config),
+    tasks = [Task(name=f"baseline {name}", args=[INTERNAL_COMMAND, "--name", name, "--config", str(run.config),
                                                  "--run", str(run.root)], log=run.logs / f"baseline-{name}.log")
              for name in names]
     first = None
@@ -108,3 +111,14 @@ def train_baselines(config: Config, run: RunDir, *, alongside: Callable[[], obje
         if first is not None:
             first.terminate()
         raise
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace, *, alongside: Callable[[], object] | None = None) -> None:
+    """`alongside` (`dipaco run`): a stage to run while the longest baseline trains."""
+    train_baselines(config, run, alongside=alongside)
+
+
+def command_one(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    """The internal `dipaco _train-baseline --name NAME`: one baseline, in the process `train_baselines` started."""
+    summary = train_baseline(config, run, name=args.name)
+    print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))

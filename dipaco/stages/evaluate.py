@@ -10,7 +10,7 @@ of per-token losses, so the `prefix` mode is the headline row, not scored again.
 `eval.json` and are printed as a table; each model's row says how many tokens it scored
 (`scored_tokens`) and that each document's first `skipped_prefix_tokens` (the routing prefix) were not. Every model's row says the dense warm-start steps it started
 from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
-included): the baselines' budgets count the warm start (`dipaco.eval.baselines`), which a path-sized
+included): the baselines' budgets count the warm start (`dipaco.eval.dense_baselines`), which a path-sized
 baseline continues from by default (its row then has the warm start's steps and tokens too). Results holding a
 NaN or infinite number (a broken module) never replace eval.json: they go to `eval-rejected.json` and
 the command fails naming them.
@@ -18,6 +18,7 @@ the command fails naming them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -28,16 +29,16 @@ import numpy as np
 from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
-from dipaco.eval.baselines import continues_warm_start
+from dipaco.eval.dense_baselines import continues_warm_start
 from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import perplexity, score_documents, token_losses
 from dipaco.model.path_model import count_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.dense import is_trained, load_dense
+from dipaco.pipeline.context import PathFactory, baseline_budgets
+from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, baseline_budgets
-from dipaco.stages.fingerprints import check
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     if round == 0:
         raise ValueError(f"store {store.url} has no trained round: run `dipaco train --run {run.root}` first")
     docs, _, shard_paths = factory.reader.test_documents()
-    prefix = config.routing.prefix_tokens
+    prefix = factory.prefix_tokens
     router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
     scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.hardware.precision,
                    pad_id=factory.tokenizer.pad_token_id or 0)
@@ -201,3 +202,9 @@ def _tokens(row: dict) -> str:
 
 def _load(path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    results = evaluate(config, run, modes=getattr(args, "mode", None), best=getattr(args, "best", None))
+    print(format_results(results))
+    print(f"\nresults in {run.eval_results}")

@@ -17,13 +17,16 @@ else is touched.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from pathlib import Path
 
 from dipaco.atomic import write_json
+from dipaco.config import Config
 from dipaco.outputs import output_dir
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory, chosen_versions
+from dipaco.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def _write_path(factory: PathFactory, *, path: int, round: int, out: Path) -> No
     topology = factory.topology
     info = {"path": path, "choice": topology.path_label(path), "round": round,
             "modules": topology.modules_of_path(path), "levels": list(topology.levels),
-            "prefix_tokens": factory.config.routing.prefix_tokens}
+            "prefix_tokens": factory.prefix_tokens}
     write_json(out / "dipaco_path.json", info)
 
 
@@ -59,7 +62,7 @@ def export_all(factory: PathFactory, *, rounds: dict[int, int], out: str | os.Pa
         factory.router.save(tmp / "router")
         factory.tokenizer.save_pretrained(tmp / "tokenizer")
         index = {"n_paths": factory.topology.n_paths, "levels": list(factory.topology.levels),
-                 "prefix_tokens": factory.config.routing.prefix_tokens,
+                 "prefix_tokens": factory.prefix_tokens,
                  "paths": {str(p): {"dir": f"path-{p:04d}", "round": rounds[p]} for p in range(factory.topology.n_paths)},
                  "router": "router", "tokenizer": "tokenizer"}
         write_json(tmp / "paths.json", index)
@@ -72,3 +75,17 @@ def _protected(factory: PathFactory) -> list[Path]:
     if factory.store.is_local:
         areas.append(Path(factory.store.root))
     return areas
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    factory = PathFactory(config, run)
+    rounds = chosen_versions(factory, round=args.round, best=args.best)
+    if args.all:
+        out = export_all(factory, rounds=rounds, out=args.out, overwrite=args.overwrite)
+        print(f"exported {factory.topology.n_paths} paths, the router and the tokenizer to {out}")
+        return
+    if not 0 <= args.path < factory.topology.n_paths:
+        raise ValueError(f"--path {args.path} is outside 0..{factory.topology.n_paths - 1}")
+    out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out, overwrite=args.overwrite)
+    print(f"exported path {args.path} (round {rounds[args.path]}) to {out}; "
+          f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")

@@ -14,6 +14,7 @@ the one that gives them the lowest loss continues it.
 
 from __future__ import annotations
 
+import argparse
 import math
 from functools import partial
 
@@ -21,10 +22,12 @@ import numpy as np
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from dipaco.config import Config
 from dipaco.eval.modes import LossTable, likelihood_choice
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import token_losses
-from dipaco.stages.context import PathFactory
+from dipaco.pipeline.context import PathFactory, chosen_versions
+from dipaco.run_dir import RunDir
 from sharding.tokenizer import encode_batch
 
 ROUTES = ("router", "likelihood")
@@ -41,7 +44,7 @@ def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_n
         path = likelihood_path(factory, prompt, rounds=rounds)
     else:
         router = PrefixRouter(factory.router, factory.tokenizer, factory.topology,
-                              prefix_tokens=factory.config.routing.prefix_tokens)
+                              prefix_tokens=factory.prefix_tokens)
         path = int(router.route_texts([prompt])[0])
     model = factory.load_path(path=path, round=rounds[path])
     text = continue_text(model, factory.tokenizer, prompt, max_length=factory.config.sharding.seq_len,
@@ -53,7 +56,7 @@ def likelihood_path(factory: PathFactory, prompt: str, *, rounds: dict[int, int]
     """The path among the evaluated ones (`rounds`; one model per DiLoCo replica group) whose model gives
     the prompt's first `routing.prefix_tokens` tokens the lowest loss, loaded one at a time."""
     (tokens,) = encode_batch(factory.tokenizer, [prompt])
-    prefix = np.asarray(tokens[: factory.config.routing.prefix_tokens])
+    prefix = np.asarray(tokens[: factory.prefix_tokens])
     if len(prefix) < 2:
         raise ValueError(f"--route likelihood needs a prompt of at least 2 tokens (this one has {len(prefix)}): "
                          "nothing predicts the first token")
@@ -99,3 +102,13 @@ def continue_text(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, p
                             else tokenizer.eos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
     return tokenizer.decode(output[0].tolist(), skip_special_tokens=True)
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, route=args.route)
+    factory = PathFactory(config, run)
+    rounds = chosen_versions(factory, round=args.round, best=args.best)
+    text, path = generate(factory, args.prompt, rounds=rounds, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, seed=args.seed, route=args.route)
+    print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
+    print(text)

@@ -10,6 +10,7 @@ config and the command line.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -17,11 +18,13 @@ import socket
 
 from dipaco.config import Config
 from dipaco.device import resolve_device
-from dipaco.islands import ddp
-from dipaco.islands.faults import FaultClock
-from dipaco.islands.island import IslandSetup, IslandWorker, follow_leader, run_pinned_task
+from dipaco.islands.island import ddp
+from dipaco.islands.island.faults import FaultClock
+from dipaco.islands.island.pinned import run_pinned_task
+from dipaco.islands.island.polling import IslandWorker, follow_leader
+from dipaco.islands.island.training import IslandSetup
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 
 
 def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0) -> IslandSetup:
@@ -69,3 +72,8 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         print(f"island {name}: {done} tasks, {clock.failures} injected failures")
     finally:
         ddp.shutdown(ctx)
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
+           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)

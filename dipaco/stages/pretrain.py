@@ -16,6 +16,7 @@ AdamW state in `pretrain/optimizer.safetensors` (what the paths and baselines co
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import numpy as np
@@ -24,9 +25,9 @@ from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.optim.dense import train_dense
 from dipaco.optim.inner import warm_start_total
+from dipaco.pipeline.context import PathFactory, path_spec
+from dipaco.pipeline.documents import load_run_corpus, run_splits, run_tokenizer
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import path_spec
-from dipaco.stages.documents import load_run_corpus, run_splits, run_tokenizer
 from routing.corpus import TRAIN
 from sharding.build import build_shards
 from sharding.reader import ShardReader
@@ -50,7 +51,7 @@ def pretrain(config: Config, run: RunDir) -> dict:
                      doc_paths=np.zeros(len(texts), dtype=np.int64), doc_split=split, n_paths=1,
                      tokenizer=tokenizer, config=config.sharding, out_dir=shards,
                      router_fingerprint="pretrain: all training documents on one path",
-                     min_test_tokens=config.routing.prefix_tokens + 1, overwrite=True)
+                     min_test_tokens=PathFactory(config, run).prefix_tokens + 1, overwrite=True)
     spec = path_spec(config, tokenizer)
     batches = ShardReader(shards).iter_batches(0, "train", batch_size=config.inner.batch_size, seed=config.run.seed)
     log.info("pretraining the dense warm start for %d steps", config.pretrain_steps)
@@ -62,3 +63,9 @@ def pretrain(config: Config, run: RunDir) -> dict:
     model.save_pretrained(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))
     return summary
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    summary = pretrain(config, run)
+    print(f"dense warm start: {summary['steps']} steps, {summary['tokens']:,} tokens, final train loss "
+          f"{summary['final_train_loss']:.3f}, {summary['seconds']:.0f}s")

@@ -14,6 +14,7 @@ Anything a stage has not produced yet is left out and said so.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
@@ -24,8 +25,8 @@ import numpy as np
 
 from dipaco.atomic import write_bytes, write_text
 from dipaco.config import Config
+from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -235,3 +236,7 @@ def _tokens(row: dict) -> str:
     """A model's training tokens, the warm start's included (older eval.json files say tokens_seen)."""
     tokens = row.get("train_tokens_total", row.get("tokens_seen"))
     return f"{tokens:,}" if tokens else "-"
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    print(f"report: {write_report(config, run)}")

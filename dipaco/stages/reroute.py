@@ -1,27 +1,21 @@
-"""Discriminative re-routing (DiPaCo §2.4.2, approximate hard EM): one phase of `dipaco reroute`.
+"""`dipaco reroute`: one discriminative re-routing phase (DiPaCo §2.4.2, approximate hard EM), then the
+shards rewritten for the new routing.
 
     dipaco route --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
-    dipaco shard ... ; dipaco train ... run.rounds=8 run.stop_after_round=4  # LR schedule spans 8 rounds
+    dipaco shard ... ; dipaco train ... run.rounds=8 run.stop_after_round=4
     dipaco reroute --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05
     dipaco train --config configs/demo.yaml --run runs/d corpus.router_fraction=0.05 run.rounds=8
 
-A phase: (1) every document of the held-out *router split* (`corpus.router_fraction`, never trained
-on) is scored by the current modules with each candidate path — all paths, or its top
-`reroute.candidates` paths by the current router's cost — one path model in memory at a
-time, on the tokens after the routing prefix (as in evaluation); (2) its label is the path of
-lowest mean token NLL; (3) a multinomial logistic regression on the prefix features predicts the
-label (`routing.discriminative`), with a bias that matches the current training path sizes
-(`reroute.target`; `labels` keeps the regression's own bias, for a last phase that only re-fits
-the router evaluation routes by: matching sizes keeps small paths from emptying out while they train);
-(4) every document is routed again by it; the `dipaco reroute` command then rewrites the train / val shards (`dipaco shard`), and training continues from the current
-modules (`dipaco train` with more rounds). Candidates are scored through the evaluation's loss
-table (`dipaco.eval.modes.LossTable`).
-The replaced router and assignments are kept in `routing/phase-<n>/`; each phase appends a record
-to `routing/phases.json` and writes `routing/report-reroute-<n>.{json,md,png}`.
+Every document of the router split is scored by the current modules under each candidate path
+(`reroute.candidates`), labelled with its lowest-loss path; a logistic regression on the prefix
+features (`routing.discriminative`, bias per `reroute.target`) routes every document again, and
+training continues from the current modules. The replaced router is kept in `routing/phase-<n>/`,
+each phase appended to `routing/phases.json` with its report (docs/routing.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import shutil
@@ -35,14 +29,16 @@ from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.eval.modes import LossTable
 from dipaco.eval.scoring import token_losses
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
+from dipaco.pipeline.fingerprints import accept_new_shards, check
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory
-from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, stream_features
-from dipaco.stages.fingerprints import check
+from dipaco.stages.shard import shard
+from routing.assignments import ASSIGN_JSON, ASSIGN_TENSORS, Assignments
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
-from routing.report import routing_report, write_report
-from routing.router import ASSIGN_JSON, ASSIGN_TENSORS, ROUTER_JSON, ROUTER_TENSORS, Assignments, Router
+from routing.router import ROUTER_JSON, ROUTER_TENSORS, Router
+from routing.routing_report import routing_report, write_report
 from sharding.tokenizer import encode_batch, prefix_texts
 
 log = logging.getLogger(__name__)
@@ -87,7 +83,7 @@ def reroute(config: Config, run: RunDir) -> dict:
                          f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
     texts = dataset["text"]
     tokenizer = factory.tokenizer
-    skip, seq_len = config.routing.prefix_tokens, config.sharding.seq_len
+    skip, seq_len = factory.prefix_tokens, config.sharding.seq_len
     features_file = run.routing / "features.npy"
     features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
     if features is None or features.shape != (len(texts), router.featurizer.dim):
@@ -151,9 +147,21 @@ def reroute(config: Config, run: RunDir) -> dict:
 
 
 def format_phase(record: dict) -> str:
-    from routing.report import format_report
+    from routing.routing_report import format_report
 
     return (f"reroute phase {record['phase']} after round {record['after_round']}: "
             f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "
             f"labels agree with the previous router on {record['label_agrees_with_previous_router']:.1%}; "
             f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n" + format_report(record["report"]))
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    """One re-routing phase, then the shards rewritten for the new assignments (`dipaco shard`)."""
+    record = reroute(config, run)
+    try:
+        shard(config, run)
+    except ValueError as err:
+        raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
+                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
+    accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
+    print(format_phase(record))

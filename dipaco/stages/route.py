@@ -17,6 +17,7 @@ against the corpus's `source`) is written to `routing/report-route.{json,md,png}
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 from collections import Counter
@@ -25,13 +26,15 @@ import numpy as np
 
 from dipaco.config import Config, save_config
 from dipaco.model.topology import Topology
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
+from dipaco.pipeline.fingerprints import corpus_digest, record, record_path
 from dipaco.run_dir import RunDir
-from dipaco.stages.documents import assign_all, load_run_corpus, run_splits, run_tokenizer, stream_features
-from dipaco.stages.fingerprints import corpus_digest, record, record_path
 from dipaco.tables import format_table
+from routing.assignments import Assignments
 from routing.corpus import TRAIN
-from routing.report import format_report, routing_report, write_report
-from routing.router import Assignments, Router
+from routing.router import Router
+from routing.routing_report import format_report, routing_report, write_report
 from sharding.tokenizer import prefix_texts
 
 log = logging.getLogger(__name__)
@@ -49,13 +52,14 @@ def routing_config(config: Config, run: RunDir):
 def route(config: Config, run: RunDir) -> dict:
     """Tokenizer, router and document → path assignments; returns routing statistics."""
     record_path(run, "route").unlink(missing_ok=True)  # until this routing is complete, no record claims it
+    context = PathFactory(config, run)
     dataset = load_run_corpus(config.corpus)
     split = run_splits(config.corpus, len(dataset))
     # the texts are read from the (memory-mapped) dataset a batch at a time, never held as one list
     tokenizer = run_tokenizer(config.sharding, run, _train_texts(dataset, split))
     prefixes = [prefix for batch in _text_batches(dataset)
-                for prefix in prefix_texts(tokenizer, batch, n_tokens=config.routing.prefix_tokens)]
-    topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
+                for prefix in prefix_texts(tokenizer, batch, n_tokens=context.prefix_tokens)]
+    topology = context.topology
     fit_docs = np.flatnonzero(split == TRAIN)
     if 0 < config.routing.fit_sample < len(fit_docs):  # a seeded sample; all documents are assigned below
         fit_docs = np.sort(np.random.default_rng(config.routing.seed).choice(fit_docs, config.routing.fit_sample,
@@ -138,3 +142,7 @@ def format_routing(stats: dict) -> str:
     if "report" in stats:
         text += "\n\n" + format_report(stats["report"])
     return text
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    print(format_routing(route(config, run)))

@@ -8,18 +8,19 @@ Reads the corpus, the run's tokenizer and the router's assignments (`dipaco rout
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import numpy as np
 
 from dipaco.config import Config, save_config
-from dipaco.model.topology import Topology
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.documents import corpus_location, load_run_corpus
+from dipaco.pipeline.fingerprints import check, record, record_path
 from dipaco.run_dir import RunDir
-from dipaco.stages.documents import corpus_location, load_run_corpus
-from dipaco.stages.fingerprints import check, record, record_path
 from dipaco.tables import format_table
+from routing.assignments import Assignments
 from routing.corpus import TRAIN
-from routing.router import Assignments
 from sharding.build import build_shards
 from sharding.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -38,7 +39,8 @@ def shard(config: Config, run: RunDir) -> dict:
             f"{corpus_location(config.corpus)} now has {len(dataset)}: run `dipaco route` again"
         )
     tokenizer = load_tokenizer(run.require(run.tokenizer, "route"))
-    topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
+    context = PathFactory(config, run)
+    topology = context.topology
     if list(assignments.levels) != topology.data_levels:
         raise ValueError(f"{run.routing / 'assignments.json'} was routed for levels {assignments.levels}, "
                          f"the config asks for {topology.data_levels}: run `dipaco route` again")
@@ -46,7 +48,7 @@ def shard(config: Config, run: RunDir) -> dict:
         texts=dataset["text"], doc_ids=np.asarray(dataset["doc_id"], dtype=np.int64),
         doc_paths=_shard_paths(assignments), doc_split=assignments.split, n_paths=topology.n_paths,
         tokenizer=tokenizer, config=config.sharding, out_dir=run.shards,
-        router_fingerprint=assignments.router_fingerprint, min_test_tokens=config.routing.prefix_tokens + 1,
+        router_fingerprint=assignments.router_fingerprint, min_test_tokens=context.prefix_tokens + 1,
         overwrite=True,
     )
     log.info("tokenizer %s", tokenizer_fingerprint(tokenizer)[:12])
@@ -72,3 +74,7 @@ def format_shards(index: dict) -> str:
     return (format_table(["path", "train blocks", "train tokens", "val blocks"], rows)
             + f"\ntest: {test['documents']} documents, {test['tokens']:,} tokens"
             + f" ({test.get('too_short', 0)} too short to score, left out)")
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    print(format_shards(shard(config, run)))

@@ -4,11 +4,12 @@
 
 Writes `<run>/simulate/simulate.json` (settings, the four strategies side by side, the sweep) and
 `<run>/simulate/goodput-vs-chips.png`, and returns the results. The round policy's settings (quorum,
-grace window, staleness) are the `outer` section's.
+grace window, staleness) are the `rounds` section's.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from dipaco.atomic import write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
-from dipaco.simulate.scenario import compare, sweep
+from dipaco.simulate.scenario import compare, format_comparison, sweep
 from dipaco.simulate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,3 +67,12 @@ def plot_sweep(rows: list[dict], path: Path, *, title: str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    results = simulate(config, run, with_sweep=not args.no_sweep)
+    sim = config.simulate
+    print(f"{sim.learners} learners x {sim.chips_per_learner:,} chips, per-chip MTBI {sim.chip_mtbi_hours:g} h, "
+          f"{sim.horizon_hours:g} h simulated")
+    print(format_comparison(results["strategies"]))
+    print(f"\nresults in {run.root / 'simulate'}")

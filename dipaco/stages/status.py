@@ -5,21 +5,15 @@
     dipaco status --run runs/demo --watch 5        # redrawn every 5 s until the run finishes (Ctrl-C stops)
     dipaco status --run runs/demo --json           # the same, as one JSON object
 
-It shows what the store's files already say, read once each: the committed round and whether the run
-is finished (`state.json`), the coordinator holding the lease (`lease.json`), the module versions
-kept, every island's last heartbeat (alive when younger than `resilience.heartbeat_timeout`, by the
-island's wall clock against this machine's) and the task the board assigned it, the queue of tasks
-(`tasks.json`, or the board of the last commit when that is newer), and from the round manifests
-the results applied, the island-seconds they took (goodput's useful time), the pseudo-gradient bytes
-applied and every path's latest training loss; validation losses come from `best.json`; the running
-tasks cancelled because their results could no longer be applied (async) from train.json's rows (the
-last commit's `RoundStats` without the run directory). Goodput is
-train.json's at the end of a run; while it runs, an estimate: applied island-seconds / (islands seen
-× the coordinator's time: train.json's round seconds, or since the lease holder started).
+It shows the committed round and whether the run is finished, the lease holder, the module versions
+kept, every island's last heartbeat and task, the queue of tasks, and from the round manifests the
+results applied, their island-seconds and bytes and every path's latest losses (validation losses from
+best.json); goodput is train.json's at the end of a run, an estimate while it runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -29,12 +23,12 @@ from typing import Any
 
 from dipaco.config import Config
 from dipaco.eval.early_stopping import best_rounds, read_history
-from dipaco.islands.coordinator import committed_record
 from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import TASK_STATUSES, RoundStats
+from dipaco.store.run_state import committed_record
 from dipaco.tables import format_table
 
 
@@ -249,3 +243,11 @@ def config_of(run: str | None, config_file: str | None) -> Config | None:
     if run and (Path(run) / "config.yaml").exists():
         return load_config(Path(run) / "config.yaml")
     return None
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dipaco status`: reads the store only (no config or run directory to prepare)."""
+    if args.watch < 0:
+        raise ValueError(f"--watch must be >= 0 seconds, got {args.watch}")
+    status(source(run=args.run, store=args.store, config=config_of(args.run, args.config)), watch=args.watch,
+           as_json=args.json)

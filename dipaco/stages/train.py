@@ -1,26 +1,19 @@
-"""The round loop: hand out island tasks, then apply the outer step module by module.
+"""`dipaco train` and `dipaco coordinator`: the round loop.
 
-    dipaco train --config configs/tiny.yaml --run runs/tiny
+    dipaco train       --config configs/tiny.yaml --run runs/tiny   # the coordinator and local island processes
+    dipaco coordinator --config configs/tiny.yaml --run runs/tiny   # the coordinator alone; islands elsewhere
 
-Round t: every path trains from module version t − 1 on an island (`hardware.islands` pull-based
-island processes on this machine, `dipaco.islands.island`, talking only to the store); the coordinator
-service (`dipaco.islands.coordinator`) hands out the tasks, and once the round may close (`rounds.mode`), every
-module is updated from the pseudo-gradients of the paths that contain it (`dipaco.islands.rounds`,
-`dipaco.optim.outer`) and version t is written, then `state.json` commits the round. `dipaco coordinator`
-runs the same loop without local islands; `launcher.kind=ray` runs this coordinator and its islands as
-Ray tasks (`dipaco.islands.launch_ray`). After each committed round the coordinator writes its metrics
-to <run>/tensorboard (`dipaco.islands.metrics`, `run.tensorboard`). A killed run resumes with the same command: finished
-rounds are kept, and so are the results of islands that finished in the interrupted round; the row
-of a round committed just before the kill comes from the commit itself (`state.json`). Only one
-coordinator runs per store: a second one stops naming the first (`force` takes the lease over).
-
-The run's length is counted in applied work, by the round policy (`RoundPolicy.done`): it ends when
-every path has had `run.rounds` results applied, which in sync mode is round `run.rounds` and in
-async mode (rounds closing on a quorum) usually takes more versions (docs/islands.md#the-runs-length).
+The coordinator (`dipaco.islands.coordinator`) hands out tasks to `hardware.islands` pull-based island
+processes (`dipaco.islands.island`, talking only to the store), closes rounds as `rounds.mode` says and
+writes each module version, train.json's rows and TensorBoard metrics; `launcher.kind=ray` runs the
+coordinator and its islands as Ray tasks. The run ends when every path has had `run.rounds` results
+applied. A killed run resumes with the same command; one coordinator holds a store's lease (`--force`
+takes it over).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -32,19 +25,20 @@ from tqdm import tqdm
 from dipaco import atomic
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
-from dipaco.islands import coordinator, launch_ray
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings, finish_run, goodput
-from dipaco.islands.metrics import RunMetrics
+from dipaco.islands import launch_ray
+from dipaco.islands.coordinator.acceptance import ResultChecks
+from dipaco.islands.coordinator.metrics import RunMetrics
+from dipaco.islands.coordinator.pruning import finish_run
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
-from dipaco.islands.validation import ResultValidator
-from dipaco.model.path_model import load_parameters
-from dipaco.optim.dense import SUMMARY, read_optimizer
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.fingerprints import check, index_digest, record
+from dipaco.pipeline.published import publish_run
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
-from dipaco.stages.context import PathFactory, check_schedule, warm_start_optimizer
-from dipaco.stages.fingerprints import check, index_digest, record
-from dipaco.stages.published import publish_run
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
+from dipaco.store.run_state import goodput
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +69,7 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
 
 
 def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, local_islands: bool) -> dict:
-    done = initialise_store(factory)
+    done = start_or_resume_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
     on_ray = local_islands and config.launcher.kind == "ray"
@@ -91,10 +85,10 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    validator = ResultValidator(store, topology, resilience=config.resilience,
+    checks = ResultChecks(store, topology, resilience=config.resilience,
                                 tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
-                          sizes=factory.path_sizes, validator=validator, lease=lease)
+                          sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
     def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version
@@ -185,31 +179,6 @@ def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, do
     return rounds
 
 
-def initialise_store(factory: PathFactory) -> int:
-    """Write module version 0 unless the store has a run; returns the last completed round.
-
-    Version 0 is one seeded dense init (`run.seed`), or the `dipaco pretrain` dense model when
-    `warm_start.init_modules` is set and it exists; every path's modules are cut from it. With
-    `warm_start.continue_optimizer` the warm start's AdamW state goes to the store too, and every path's
-    first task continues it."""
-    done = coordinator.committed_round(factory.store, factory.topology)
-    if done is not None:
-        return done
-    model = factory.new_model(seed=factory.config.run.seed)
-    warm_start = factory.run.pretrain / "model.safetensors"
-    inner = None
-    if factory.config.warm_start.init_modules and warm_start.exists():
-        check_schedule(factory.config, factory.run.pretrain / SUMMARY)
-        load_parameters(model, warm_start)
-        log.info("every module starts from the dense warm start %s", warm_start)
-        optimizer = warm_start_optimizer(factory.config, factory.run)
-        if optimizer is not None:
-            inner = read_optimizer(optimizer)
-            log.info("every path's inner AdamW starts from the warm start's state %s", optimizer)
-    coordinator.initialise_store(factory.store, factory.topology, model, inner=inner)
-    return 0
-
-
 def pull_island_tasks(run: RunDir, processes: int) -> list[Task]:
     """`processes` pull-based islands (`dipaco island`, unpinned) named island-0, island-1, ..."""
     return [Task(name=f"island-{i}", log=run.logs / f"island-{i}.log",
@@ -238,3 +207,16 @@ def _write_summary(path: Path, summary: dict) -> dict:
     summary = {**summary, "rounds": [r.to_json() for r in summary["rounds"]]}
     atomic.write_json(path, summary)
     return summary
+
+
+def command_train(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    summary = train(config, run, force=args.force)
+    print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
+          f"({summary['inner_steps_per_path']} inner steps each, {summary['tokens']:,} tokens) "
+          f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
+
+
+def command_coordinator(config: Config, run: RunDir, args: argparse.Namespace) -> None:
+    summary = train(config, run, local_islands=False, force=args.force)
+    print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
+          f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")

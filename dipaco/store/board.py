@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from safetensors.torch import load as load_safetensors
 
 from dipaco.store.compress import Index, compress, decode_module, decompress, header_size, read_index
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
@@ -165,6 +166,18 @@ def read_result(store: ModuleStore, *, round: int, path: int, attempt: int) -> t
     except Exception as err:  # zstd / safetensors raise their own error types
         raise StoreError(f"store file {store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
     return tensors, meta
+
+
+def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str]:
+    """A result's pseudo-gradient as its file holds it (a `none` file's tensors in their own dtypes, int8 /
+    int4 decoded to float32) and where the file is; a StoreError naming it when it cannot be decoded."""
+    name = f"results/{round_dir(meta.round)}/{meta.file}"
+    data = store.read_bytes(name)
+    try:
+        tensors = load_safetensors(data) if meta.compression == "none" else decompress(data, method=meta.compression)[0]
+    except Exception as err:  # safetensors / zstd raise their own error types
+        raise StoreError(f"{store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
+    return tensors, store.location(name)
 
 
 class ResultReader:

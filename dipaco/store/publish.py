@@ -1,7 +1,7 @@
 """The run's inputs published in its store, so that an island or a coordinator needs only the store's URL.
 
 `dipaco train` / `dipaco coordinator` publish the resolved config, the tokenizer, the router and every
-shard file (`dipaco.stages.published` lists them); `dipaco island --store URL` reads them back, each
+shard file (`dipaco.pipeline.published` lists them); `dipaco island --store URL` reads them back, each
 shard only when the island trains its path. Layout under the store's root:
 
     published.json                  {"version": 1, "files": {"shards/path-0003/train-00000.tok.zst":

@@ -236,7 +236,7 @@ class Heartbeat(Record):
 class ResultMeta(Record):
     """An island's report of one task: what it trained, how, and the bytes it moved.
 
-    The last six fields are filled in as the result is uploaded (`dipaco.islands.island.push_result`,
+    The last six fields are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
     `dipaco.store.board.write_result`)."""
 
     SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)

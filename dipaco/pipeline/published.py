@@ -2,22 +2,12 @@
 
     dipaco coordinator --config configs/demo.yaml --run runs/demo store.url=s3://bucket/demo  # publishes
     dipaco island --store s3://bucket/demo            # on any machine: nothing local but the cache
-    dipaco coordinator --store s3://bucket/demo       # a coordinator that has only the URL, too
 
-`publish_run` (called by `dipaco train` / `dipaco coordinator` once they hold the store's lease) puts the
-run's resolved `config.yaml`, `tokenizer/`, the router and fingerprints, `shards/index.json` and every
-shard file in the store, content-addressed (`dipaco.store.publish`: a shard's sha256 is its index's, an
-object already there is not uploaded again, `published.json` is written last and only when it changes).
-
-`fetch_run` makes a store-only command's local run directory (`--run DIR`, default
-`<store.cache_dir>/runs/<digest of the URL>`): it writes the small files there (checked), and a
-`published.json` that marks the directory as store-only. In such a directory `shard_fetcher` gives the
-shard reader each shard's bytes on first use from the machine's `ObjectCache` (`dipaco.store.cache`),
-downloading only the shards of the paths this process reads: an island's paths' train and val shards.
-
-The published config is the run's; the command line's `section.key=value` overrides apply on top of it.
-`store.cache_dir` and `store.cache_max_bytes` are the machine's own (the command line's or the defaults),
-and `store.url` is the URL given, however the coordinator reaches the same store.
+`publish_run` (`dipaco train` / `dipaco coordinator`, holding the lease) puts the run's config,
+tokenizer, router, shard index and shard files in the store, content-addressed (`dipaco.store.publish`).
+`fetch_run` makes a store-only command's local run directory from them (small files only), and
+`shard_fetcher` gives its shard reader each shard's bytes on first use from the machine's cache. The
+command line's overrides apply on top of the published config (docs/islands.md#store-only-islands).
 """
 
 from __future__ import annotations

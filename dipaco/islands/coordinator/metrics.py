@@ -1,25 +1,12 @@
-"""Training metrics as TensorBoard event files: what the coordinator writes when it commits a round.
+"""Training metrics as TensorBoard event files, written by the round loop after each committed round.
 
     tensorboard --logdir runs/demo/tensorboard        # while `dipaco train` runs, or after
 
-The round loop (`dipaco.stages.train`) calls `RunMetrics.round` after each committed round and
-`RunMetrics.final` after the run's last version is scored; `run.tensorboard: false` turns it off.
-Everything comes from what the round already wrote (its `RoundStats`, its manifest and the applied
-results' metadata in the store) and the outer step's norms the coordinator kept; the step of every
-scalar is the module version (round) it belongs to. Tags:
-
-| tag | value at step t |
-|---|---|
-| `train/loss/path-P` | path P's training loss (mean of its last inner steps) in the result round t applied |
-| `val/loss/path-P` | path P's validation loss of module version t (the islands score the version they start from) |
-| `outer/grad_norm/<module>`, `outer/update_norm/<module>` | the module's outer gradient ‖g‖ and parameter change ‖θ_t − θ_{t−1}‖ |
-| `bytes/up_pseudo_gradients`, `bytes/up_inner`, `bytes/down_modules`, `bytes/down_inner` | bytes the applied results moved |
-| `round/seconds`, `round/tokens`, `round/applied`, `round/stale`, `round/dropped`, `round/in_flight`, `round/cancelled` | the round's `RoundStats` |
-| `outer/plain_average` | 1 where the round was a plain average in the inner lr's decay (`outer.decay: average`), 0 where it took the configured outer step |
-| `goodput` | applied island-seconds so far / (islands × seconds since the first heartbeat) (docs/islands.md#goodput) |
-
-Event files are written with `torch.utils.tensorboard.SummaryWriter` (the `tensorboard` package) and
-flushed after every round, so TensorBoard shows a running run.
+`RunMetrics.round` after each round, `RunMetrics.final` after the last version is scored (`run.tensorboard:
+false` turns it off). Everything comes from what the round wrote (its `RoundStats`, manifest and the
+applied results' metadata) and the outer step's norms; the step of a scalar is its module version. The
+tags (train / val loss per path, outer gradient and update norms per module, bytes, the round's stats,
+goodput) are listed in docs/islands.md#watching-a-run.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import numpy as np
 
 from dipaco.atomic import replacing
 from dipaco.run_dir import RunDir
-from routing.config import CorpusConfig
 from routing.corpus import TRAIN, assign_splits, load_corpus
 from routing.router import Router
-from sharding.config import ShardingConfig
+from routing.routing_config import CorpusConfig
+from sharding.sharding_config import ShardingConfig
 from sharding.tokenizer import load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)

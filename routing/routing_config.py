@@ -6,7 +6,7 @@ clustered into paths; `RerouteConfig` says how `dipaco reroute` fits the discrim
 Each field's type says what it allows (`routing.fields`); the `dipaco` config loader fills them from
 YAML. Nothing to run here:
 
-    python -c "from routing.config import RoutingConfig; print(RoutingConfig(featurizer='tfidf'))"
+    python -c "from routing.routing_config import RoutingConfig; print(RoutingConfig(featurizer='tfidf'))"
 """
 
 from __future__ import annotations

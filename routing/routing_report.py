@@ -8,7 +8,7 @@
 `write_report` writes `<name>.json`, `<name>.md` (the table) and `<name>.png` (a histogram of path
 sizes, matplotlib's Agg backend). CPU check:
 
-    python -c "import numpy as np; from routing.report import routing_report, format_report; \
+    python -c "import numpy as np; from routing.routing_report import routing_report, format_report; \
 print(format_report(routing_report(paths=np.arange(10) % 3, split=np.zeros(10, 'int8'), n_paths=3)))"
 """
 

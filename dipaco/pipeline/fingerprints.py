@@ -23,7 +23,6 @@ never trigger it. Runs made before records existed are accepted with a warning.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -32,7 +31,8 @@ from typing import Any
 from dipaco.atomic import write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
-from routing.config import CorpusConfig
+from dipaco.store.publish import file_sha256
+from routing.routing_config import CorpusConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def stage_values(config: Config, stage: str) -> dict[str, Any]:
 
 def corpus_files(corpus: CorpusConfig) -> list[Path]:
     """The local files the corpus is read from ([] for a Hugging Face hub dataset name)."""
-    from dipaco.stages.documents import corpus_location  # (imports datasets: not at `dipaco --help`)
+    from dipaco.pipeline.documents import corpus_location  # (imports datasets: not at `dipaco --help`)
 
     location = corpus_location(corpus)
     path = Path(location)
@@ -87,20 +87,12 @@ def corpus_files(corpus: CorpusConfig) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(location) if Path(p).is_file())
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def corpus_digest(corpus: CorpusConfig) -> dict[str, dict]:
     """Every corpus file's size, mtime and sha256 (keyed by path)."""
     out = {}
     for path in corpus_files(corpus):
         stat = path.stat()
-        out[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_digest(path)}
+        out[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
     return out
 
 
@@ -114,7 +106,7 @@ def corpus_changes(recorded: dict[str, dict], corpus: CorpusConfig) -> list[str]
     for name in sorted(set(current) - set(recorded)):
         size = current[name].stat().st_size
         sized = [old for old, rec in gone.items() if rec["size"] == size]
-        digest = file_digest(current[name]) if sized else None  # hashed once, and only if a size matches
+        digest = file_sha256(current[name]) if sized else None  # hashed once, and only if a size matches
         same = next((old for old in sized if gone[old]["sha256"] == digest), None)
         if same is None:
             changes.append(f"corpus file {name}: new")
@@ -126,13 +118,13 @@ def corpus_changes(recorded: dict[str, dict], corpus: CorpusConfig) -> list[str]
         old, stat = recorded[name], current[name].stat()
         if (stat.st_size, stat.st_mtime_ns) == (old["size"], old["mtime_ns"]):
             continue
-        if stat.st_size != old["size"] or file_digest(current[name]) != old["sha256"]:
+        if stat.st_size != old["size"] or file_sha256(current[name]) != old["sha256"]:
             changes.append(f"corpus file {name}: content changed ({old['size']:,} → {stat.st_size:,} bytes)")
     return changes
 
 
 def index_digest(run: RunDir) -> str:
-    return file_digest(run.shards / "index.json")
+    return file_sha256(run.shards / "index.json")
 
 
 def record(run: RunDir, stage: str, config: Config, **inputs: Any) -> None:

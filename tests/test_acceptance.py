@@ -1,4 +1,4 @@
-"""Island results are validated before any shared module sees them (issue 13, item 3).
+"""Island results are checked before any shared module sees them (issue 13, item 3).
 
 Every probe of the issue edits a result file an island wrote: on main each was accepted (exit 0) and
 poisoned the outer step. Here the coordinator rejects it, names the reason, hands the task out again
@@ -19,12 +19,12 @@ from cli_helpers import copy_run
 from safetensors.torch import load_file, save_file
 
 from dipaco.config import load_config
-from dipaco.islands.coordinator import Coordinator, CoordinatorSettings
-from dipaco.islands.island import push_result, train_task
-from dipaco.islands.validation import ResultValidator
-from dipaco.stages.context import PathFactory
+from dipaco.islands.coordinator.acceptance import ResultChecks
+from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.island.training import push_result, train_task
+from dipaco.pipeline.context import PathFactory
+from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.stages.island import island_setup
-from dipaco.stages.train import initialise_store
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Task, task_key
 
@@ -35,7 +35,7 @@ TAMPERED = 1  # the path whose result the probes edit
 class Case:
     store: ModuleStore
     coordinator: Coordinator
-    validator: ResultValidator
+    checks: ResultChecks
     setup: object
     tasks: dict[int, Task]
     root: Path
@@ -58,15 +58,15 @@ def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     run = copy_run(tiny_routed, root / "run")
     config = load_config(run.config, ["hardware.device=cpu", "run.rounds=2", *overrides])
     factory = PathFactory(config, run)
-    initialise_store(factory)
+    start_or_resume_store(factory)
     setup = island_setup(config, run)
     tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
-    validator = ResultValidator(setup.store, setup.topology, resilience=config.resilience, tokens_per_task=tokens)
+    checks = ResultChecks(setup.store, setup.topology, resilience=config.resilience, tokens_per_task=tokens)
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
-                              sizes=factory.path_sizes, validator=validator)
+                              sizes=factory.path_sizes, checks=checks)
     coordinator.tick()  # opens a task for every path
     tasks = {t.path: t for t in coordinator.tasks.values()}
-    return Case(setup.store, coordinator, validator, setup, tasks, root)
+    return Case(setup.store, coordinator, checks, setup, tasks, root)
 
 
 def result_files(case: Case, path: int, attempt: int = 0) -> tuple[Path, Path]:
@@ -133,7 +133,7 @@ def test_a_tampered_result_is_rejected_requeued_and_never_applied(probe, trained
     assert case.coordinator.committed == 0  # the round waits for a good result of the tampered path
     task = case.coordinator.tasks[task_key(TAMPERED, 0)]
     assert (task.status, task.attempt) == ("open", 1)
-    assert reason in case.validator.verdicts[(task.key, 0)]
+    assert reason in case.checks.verdicts[(task.key, 0)]
     assert f"rejected the result of {task.key} attempt 0" in caplog.text
     push_result(case.setup, task, results[TAMPERED], island="j")  # attempt 1, as an honest island trains it
     case.coordinator.tick()
@@ -147,13 +147,13 @@ def test_an_outlier_norm_against_the_paths_history_is_rejected(trained, tiny_rou
     results, _ = trained
     case = fresh(tiny_routed, tmp_path, ("resilience.max_norm_ratio=10",))
     norm = math.sqrt(sum(float(t.double().square().sum()) for t in results[TAMPERED].pseudo_gradient.values()))
-    case.validator.norms[TAMPERED] = [norm / 20]  # its earlier results were 20 times smaller
+    case.checks.norms[TAMPERED] = [norm / 20]  # its earlier results were 20 times smaller
     for p, task in case.tasks.items():
         push_result(case.setup, task, results[p], island="i")
     case.coordinator.tick()
-    assert "resilience.max_norm_ratio 10" in case.validator.verdicts[(task_key(TAMPERED, 0), 0)]
+    assert "resilience.max_norm_ratio 10" in case.checks.verdicts[(task_key(TAMPERED, 0), 0)]
     assert case.coordinator.committed == 0
-    case.validator.norms[TAMPERED] = [norm / 5]  # within the ratio
+    case.checks.norms[TAMPERED] = [norm / 5]  # within the ratio
     push_result(case.setup, case.coordinator.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="j")
     case.coordinator.tick()
     assert case.coordinator.committed == 1
@@ -186,7 +186,7 @@ def test_store_names_cannot_leave_the_store(tmp_path):
 
 def test_each_result_is_found_by_one_listing_and_its_json_read_once(trained, tiny_routed, tmp_path, monkeypatch):
     """The coordinator lists a round's results folder instead of asking whether each result exists, and
-    the JSON the validator read is the one the policy and the outer step use: read once per result."""
+    the JSON the checks read is the one the policy and the outer step use: read once per result."""
     results, clean = trained
     case = fresh(tiny_routed, tmp_path)
     for p, task in case.tasks.items():
@@ -205,14 +205,14 @@ def test_each_result_is_found_by_one_listing_and_its_json_read_once(trained, tin
 
 def test_the_board_is_serialised_and_written_only_when_it_changed(tiny_routed, tmp_path, monkeypatch):
     """An idle tick serialises nothing (at 16x16 that was 256 tasks' JSON every tick); a hand-out is written."""
-    from dipaco.islands import coordinator as coordinator_module
+    from dipaco.islands.coordinator import task_board as board_module
     from dipaco.store.board import read_board, write_board, write_heartbeat
     from dipaco.store.records import Board, Heartbeat
 
     case = fresh(tiny_routed, tmp_path)
     written, serialised = [], []
     to_json = Board.to_json
-    monkeypatch.setattr(coordinator_module, "write_board", lambda store, board: written.append(board) or write_board(store, board))
+    monkeypatch.setattr(board_module, "write_board", lambda store, board: written.append(board) or write_board(store, board))
     monkeypatch.setattr(Board, "to_json", lambda self: serialised.append(self) or to_json(self))
     case.coordinator.tick()  # nothing happened since the fixture's tick
     assert written == [] and serialised == []

@@ -1,27 +1,11 @@
-"""The outer step of one round as the round policy planned it (`dipaco.islands.policy`: when a round
-closes, which results it applies to which module with what weight, sync / async).
+"""A round's outer step as the round policy planned it (`dipaco.rounds.plan.RoundPlan`), written to the store.
 
-Each result's weight and what the weights are divided by are `dipaco.optim.weighting.result_weights`
-(`outer.weighting`, `outer.normalize`; the shard sizes come from the run's shards/index.json).
+    manifest = apply_round(store, topology, round=t, pending=tasks, config=cfg.outer, plan=plan, sizes=sizes)
 
-The outer step itself is `dipaco.optim.outer` (weighted average per module, then Nesterov SGD); a module
-no result touches this round is carried over unchanged.
-
-Memory: the outer step streams, module by module and result by result. It reads every result's
-metadata (the weights) and its file's header (where each module's bytes lie), then for each module
-reads that module's bytes from one contributing result at a time and adds them into a running sum
-(`combine_streamed`), and only then reads the module's parameters and momentum. The coordinator so
-holds about six copies of one module (the sum, one decoded Δ_p, parameters and momentum before and
-after the step, the bytes being written) whatever the grid: bounded by one module × the paths that
-share it, and in fact independent of them, where reading whole results held every pseudo-gradient of
-the round (paths × a path's size; bench/results/memory.md: 22 MiB against 790 MiB at 8x8). Why this
-design rather than decoding each result once and spilling its modules to temporary files: it writes
-nothing more, and a ranged read of one module costs what its bytes cost (on object stores one GET
-per (result, module)). It needs a result file whose modules can be read alone: float32 safetensors
-can be (their header lists each tensor's byte range), and int8 / int4 results hold one zstd frame
-per module (`dipaco.store.compress`, format 2). With the weights known before any Δ_p is read, the
-sum adds the same floats in the same order as an all-in-memory average: the modules are bit-for-bit
-those of the earlier implementation (`tests/test_memory.py`).
+Per module: the weighted average of its contributions' pseudo-gradients (`dipaco.optim.weighting`), then
+the outer update (`dipaco.optim.outer`); a module no result touches is carried over unchanged. It streams
+module by module and result by result (one module's bytes of one result at a time, `ResultReader`), so
+memory holds a few copies of one module whatever the grid (docs/islands.md).
 """
 
 from __future__ import annotations
@@ -29,10 +13,12 @@ from __future__ import annotations
 import math
 
 from dipaco.config import OuterConfig, RoundsConfig
-from dipaco.islands.policy import Grid, Result, RoundPlan, RoundPolicy, staleness_weight
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
 from dipaco.optim.weighting import PathSizes, result_weights
+from dipaco.rounds.inputs import Grid, Result
+from dipaco.rounds.plan import RoundPlan
+from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, ResultMeta, RoundManifest, Task
@@ -100,5 +86,3 @@ def _norm(tensors) -> float:
     """The L2 norm of several tensors taken together."""
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
 
-
-__all__ = ["apply_round", "staleness_weight"]

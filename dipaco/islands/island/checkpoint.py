@@ -1,21 +1,14 @@
 """An island's inner checkpoint: a task's progress on the island's local disk (`resilience.checkpoint_steps`).
 
-Every `resilience.checkpoint_steps` inner steps the island writes, atomically, one safetensors file
-`<run>/islands/<island>.safetensors` holding the path model's parameters, the AdamW moments, and in
-its header the task it belongs to and how far it got: steps done (the data position and the LR
-schedule follow from them), the losses, tokens and inner-loop seconds so far and the validation
-loss at the start. A restarted island (a new incarnation, or a new process with the same `--name`)
-that is handed the same task — same path, base version, step offset and starting inner state, any
-attempt — resumes from it; any other task starts afresh and replaces it. It is removed once the
-task's result is in the store.
-
-Resuming is exact: the parameters and moments are the bytes the island had, the step count is
-restored, and the shard stream skips exactly the batches done (`ShardReader.iter_batches(skip_batches=)`),
-so a resumed task's pseudo-gradient is bit-identical to an uninterrupted one's (`tests/test_checkpoint.py`).
-
     saved = InnerCheckpoint.load(path)                 # None when absent
     if saved is not None and saved.matches(task): ...
     InnerCheckpoint(task=..., steps=4, ...).save(path)
+
+Every `resilience.checkpoint_steps` inner steps the island writes `<run>/islands/<island>.safetensors`
+(atomically): the path model's parameters, the AdamW moments, and in its header the task and its
+progress (steps, losses, tokens, seconds, the validation loss at the start). A restarted island handed
+the same task (path, base, step offset, starting inner state; any attempt) resumes from it bit for bit;
+any other task starts afresh and replaces it. It is removed once the task's result is in the store.
 """
 
 from __future__ import annotations

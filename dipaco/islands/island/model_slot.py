@@ -1,10 +1,6 @@
-"""The path model an island trains, built once and reused by every task.
-
-A task used to build a fresh `LlamaForCausalLM` (initialising every weight at random), overwrite
-every weight with the modules it read from the store, then move the model to the device. The slot
-builds the model on the device once per island (with its DDP wrapper under torchrun, and compiled
-when `hardware.compile` is set, so the compile is paid once per island, not per task); each task then
-copies its modules straight into the parameters on the device.
+"""The path model an island trains, built once on the device and reused by every task: each task copies
+its modules straight into the parameters (with the DDP wrapper under torchrun, and compiled once per
+island when `hardware.compile` is set).
 
     slot = ModelSlot()
     model, trained = slot.load(modules, spec=spec, device=device, compile=False)

@@ -3,11 +3,12 @@
     factory = PathFactory(config, RunDir("runs/demo"))
     model = factory.load_path(path=3, round=factory.store.current_round())
     factory.topology, factory.store, factory.tokenizer, factory.reader, factory.router, factory.spec
+    factory.prefix_tokens                     # the one place `routing.prefix_tokens` is read
 
 The vocabulary comes from the run's tokenizer, the sequence length from the shards, the grid from
 the topology; models are plain `LlamaForCausalLM`s holding one path's parameters at a time. Stages
-build one at their entry point and hand their helpers the pieces they use; `path_spec` and
-`baseline_budgets` are the two other readings of the config that several stages share.
+build one at their entry point and hand their helpers the pieces they use; `path_spec`,
+`baseline_budgets` and `chosen_versions` are the other readings of the config several stages share.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from dipaco.config import Config
-from dipaco.eval.baselines import baseline_steps
+from dipaco.eval.dense_baselines import baseline_steps
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.optim.weighting import PathSizes
+from dipaco.pipeline.published import shard_fetcher
 from dipaco.run_dir import RunDir
-from dipaco.stages.published import shard_fetcher
 from dipaco.store.module_store import ModuleStore
 from sharding.reader import ShardReader
 from sharding.tokenizer import load_tokenizer
@@ -44,6 +45,11 @@ class PathFactory:
     @cached_property
     def topology(self) -> Topology:
         return Topology.from_config(self.config.topology, n_layers=self.config.model.n_layers)
+
+    @property
+    def prefix_tokens(self) -> int:
+        """The routing prefix every stage cuts, scores after and exports (`routing.prefix_tokens`)."""
+        return self.config.routing.prefix_tokens
 
     @cached_property
     def store(self) -> ModuleStore:
@@ -100,6 +106,21 @@ class PathFactory:
         return assemble_path(self.spec, modules, device=device)
 
 
+def chosen_versions(factory: PathFactory, *, round: int | None, best: bool) -> dict[int, int]:
+    """The module version of each path that `--round` (default: the last) or `--best` ask for."""
+    if best:
+        from dipaco.device import resolve_device
+        from dipaco.eval.early_stopping import best_of_run
+
+        return best_of_run(factory.store, factory.topology, factory.spec, factory.validation,
+                           device=resolve_device(factory.config.hardware.device))[0]
+    last = factory.store.current_round()
+    round = last if round is None else round
+    if not 0 <= round <= last:
+        raise ValueError(f"--round {round} is outside the store's rounds 0..{last}")
+    return {p: round for p in range(factory.topology.n_paths)}
+
+
 def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
     """The shape of a path model: `config.model` with the tokenizer's vocabulary, `sharding.seq_len` long."""
     return PathSpec(model=config.model, vocab_size=len(tokenizer), seq_len=config.sharding.seq_len,
@@ -107,7 +128,7 @@ def path_spec(config: Config, tokenizer: PreTrainedTokenizerBase) -> PathSpec:
 
 
 def baseline_budgets(config: Config, n_paths: int) -> dict[str, int]:
-    """The step budget of each dense baseline this config asks for (`dipaco.eval.baselines`): the
+    """The step budget of each dense baseline this config asks for (`dipaco.eval.dense_baselines`): the
     warm start's steps included."""
     return baseline_steps(steps_per_path=config.run.rounds * config.inner.steps, n_paths=n_paths,
                           large=config.eval.large_hidden_size > 0, pretrain_steps=config.pretrain_steps)

@@ -1,19 +1,13 @@
-"""DiLoCo rounds over `learners` learners, each training its own replica path of one shared model
-(topology levels [1], replicas L: every module is shared by every path), decided by the real round
-policy (`dipaco.islands.policy`, through the coordinator's bookkeeping in `syncer`).
+"""DiLoCo rounds over `learners` learners, each training its own replica path of one shared model,
+decided by the real round policy (`dipaco.rounds`, through the coordinator's bookkeeping in `syncer`).
 
-Each learner is an island pinned to its path. It downloads the version its task starts from
-(`download seconds`), trains `inner_steps` steps (its speed drawn per task), uploads the
-pseudo-gradient (`upload seconds`), and is then idle until the policy gives it its next task: in sync
-mode after the round closes (stragglers and transfers block everyone); in async mode when the policy
-says (its quorum, adaptive grace window and idle-island rule), and stale results are weighted or
-dropped by the policy. When a commit leaves a running task's result unappliable the policy cancels it
-(async): the learner stops at once (a real island notices within `resilience.heartbeat_seconds`) and is
-handed its path's fresh task from the newest version; one already uploading finishes the upload, and
-its result is ignored.
-A failure rolls the learner's task back to its last inner checkpoint (`restart`) or costs it a step and
-a pause (`elastic`); the task stays its own. Results applied by a committed round are useful; dropped
-ones, cancelled tasks, and tasks unfinished or unapplied at the horizon, are lost.
+    ledger = simulate_rounds(settings, failures, mode="async")
+
+Each learner is an island pinned to its path: it downloads its task's base version, trains
+`inner_steps` steps (its speed drawn per task), uploads the pseudo-gradient, then waits for the policy's
+next task (sync: after the round closes; async: as the policy says). A cancelled task stops at once; a
+failure rolls the task back to its last checkpoint (`restart`) or costs a step and a pause (`elastic`).
+Applied results are useful; dropped, cancelled, unfinished or unapplied work is lost (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -22,8 +16,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dipaco.islands.policy import IdleIsland, RoundPlan
 from dipaco.model.topology import Topology
+from dipaco.rounds.inputs import IdleIsland
+from dipaco.rounds.plan import RoundPlan
 from dipaco.simulate.clock import EventQueue
 from dipaco.simulate.failures import FailureModel, schedule_failures
 from dipaco.simulate.learner import Learner, Work

@@ -1,7 +1,7 @@
 """Configuration of the sharding stage (tokenizer choice, block length, splits, shard size).
 
 Loaded by the ``dipaco`` config system from the ``sharding:`` section of a YAML file; on its own:
-``python -c "from sharding.config import ShardingConfig; print(ShardingConfig(seq_len=128))"``.
+``python -c "from sharding.sharding_config import ShardingConfig; print(ShardingConfig(seq_len=128))"``.
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 
     dipaco island --config configs/tiny.yaml --run runs/tiny --fail-mtbf 120 --return-after 30
 
-Failure times are drawn from an exponential distribution with mean `faults.mtbf` seconds of the
-island's up-time, from a generator seeded by `run.seed` and the island's name, so the same island
-fails on the same schedule in every run. What a failure does (`faults.mode`):
-- `die`: the island drops its task (no result, no inner state), stops heart-beating, and after
-  `faults.return_after` seconds comes back as a new incarnation that asks for work again with nothing
-  cached (its old task has by then been handed to another island, or is re-offered to it);
-- `stall`: the island stops heart-beating for `faults.return_after` seconds, then finishes its task
-  late (its result may arrive after the task was handed to another island: only one is applied; in
-  async mode, when the task was replaced meanwhile, it stops at its next look at the board instead:
-  `dipaco.islands.island.result_wanted`).
+Failure times are exponential with mean `faults.mtbf` seconds of the island's up-time, seeded by
+`run.seed` and the island's name, so an island fails on the same schedule in every run. `die`: the
+island drops its task, stops heart-beating and comes back after `faults.return_after` seconds as a new
+incarnation with nothing cached; `stall`: it stops heart-beating for `faults.return_after` seconds, then
+finishes its task late.
 """
 
 from __future__ import annotations
@@ -21,6 +16,8 @@ import random
 import time
 import zlib
 from collections.abc import Callable
+
+from dipaco.islands.island.presence import Presence
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +50,16 @@ class FaultClock:
 
 def no_faults() -> FaultClock:
     return FaultClock(mtbf=0.0, return_after=0.0, mode="die", seed=0, island="")
+
+
+def check_faults(faults: FaultClock, presence: Presence) -> None:
+    """Before each inner step (training thread): a due `die` raises `IslandFailure`; a due `stall` hangs
+    the island, silent, for its time away, then it carries on."""
+    if not faults.due():
+        return
+    away = faults.fail()
+    if faults.mode == "die":
+        raise IslandFailure(f"island {presence.name}: injected failure")
+    presence.silent = True
+    time.sleep(away)
+    presence.silent = False

@@ -1,45 +1,31 @@
-"""Island results are checked before any shared module sees them: the coordinator trusts no island.
+"""Which island results the coordinator accepts: it trusts no island, so each result is checked before
+any shared module sees it.
 
-    validator = ResultValidator(store, topology, resilience=cfg.resilience, tokens_per_task=steps * batch * seq_len)
-    reason = validator.check(task, attempt)          # None: apply it; else why it is rejected
-    task = validator.requeue(task, reason)           # the task as the next attempt (logged)
-    validator.moved(task, fresh)                     # ... replaced by one from a newer version (async)
+    checks = ResultChecks(store, topology, resilience=cfg.resilience, tokens_per_task=steps * batch * seq_len)
+    reason = checks.check(task, attempt)          # None: apply it; else why it is rejected
+    task = checks.requeue(task, reason)           # the task as the next attempt (logged)
+    checks.moved(task, fresh)                     # ... replaced by one from a newer version (async)
 
-A result (its `ResultMeta` JSON and its pseudo-gradient file) is accepted only when
-- its JSON parses into a `ResultMeta` (types, schema) that names this task: path, round, base, attempt;
-- its file is exactly the name this task's attempt writes (`dipaco.store.board.result_file`): no other
-  folder, nothing outside the store (`ModuleStore` refuses such names too);
-- its tensors are exactly the path's module parameters, `module/param`, each with the module file's
-  shape and float32 (a 1×1 tensor is not broadcast over a 32×32 weight), every value finite;
-- its token count is the coordinator's own, inner.steps × inner.batch_size × sharding.seq_len (what
-  every task trains; data-parallel ranks split the batch), so a claimed 1e15 cannot dominate the
-  weighted average; its losses and seconds are finite;
-- its norm is not an outlier: at most `resilience.max_norm_ratio` times the median norm of the path's
-  last accepted results (none to compare with: accepted; the history lives in the coordinator's
-  memory and starts again after a restart).
-
-A rejected result is logged with its reason and its task handed out again as the next attempt; after
-`resilience.max_rejections` rejections of one task the run stops with the reasons (a deterministic island
-would only repeat them). Each (task, attempt) is checked once, and the `ResultMeta` an accepted one was
-checked with is handed to the coordinator (`accepted_meta`), so its JSON is read once per result.
+A result is accepted when its `ResultMeta` names this task (path, round, base, attempt) and this
+attempt's own file; its tensors are exactly the path's module parameters (names, shapes, float32) with
+finite values; its token count is inner.steps × inner.batch_size × sharding.seq_len; and its norm is at
+most `resilience.max_norm_ratio` × the median of the path's last accepted norms. After
+`resilience.max_rejections` rejections of one task the run stops with the reasons.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import statistics
 
 import torch
-from safetensors.torch import load as load_safetensors
 
 from dipaco.config import ResilienceConfig
 from dipaco.model.topology import Topology
-from dipaco.store.board import read_result_meta, result_file
-from dipaco.store.compress import decompress
-from dipaco.store.module_store import ModuleStore, StoreError, round_dir
+from dipaco.store.board import read_result_as_stored, read_result_meta, result_file
+from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
 
 log = logging.getLogger(__name__)
@@ -47,7 +33,7 @@ log = logging.getLogger(__name__)
 HISTORY = 8  # accepted norms per path the outlier test compares with
 
 
-class ResultValidator:
+class ResultChecks:
     def __init__(self, store: ModuleStore, topology: Topology, *, resilience: ResilienceConfig,
                  tokens_per_task: int | None):
         self.store, self.topology, self.resilience = store, topology, resilience
@@ -101,13 +87,8 @@ class ResultValidator:
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt))
         _check_meta(meta, task, attempt, where=where, tokens=self.tokens_per_task)
-        name = f"results/{round_dir(task.round)}/{meta.file}"
-        data = self.store.read_bytes(name)
-        try:
-            tensors = load_safetensors(data) if meta.compression == "none" else decompress(data, method=meta.compression)[0]
-        except Exception as err:  # safetensors / zstd raise their own error types
-            raise StoreError(f"{self.store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
-        return self._check_tensors(tensors, task.path, where=self.store.location(name)), meta
+        tensors, location = read_result_as_stored(self.store, meta)
+        return self._check_tensors(tensors, task.path, where=location), meta
 
     def _check_tensors(self, tensors: dict[str, torch.Tensor], path: int, *, where: str) -> float:
         expected = {f"{module}/{param}": spec for module in self.topology.modules_of_path(path)
@@ -141,16 +122,8 @@ class ResultValidator:
         return None
 
     def _module_shapes(self, module: str) -> dict[str, tuple[list[int], str]]:
-        """Each parameter's (shape, dtype) from module version 0's safetensors header (shapes never change)."""
         if module not in self._shapes:
-            relative = f"modules/{round_dir(0)}/{module}.safetensors"
-            versions = self.store.versions("modules")
-            if not self.store.exists(relative) and versions:
-                relative = f"modules/{round_dir(versions[-1])}/{module}.safetensors"
-            size = int.from_bytes(self.store.read_range(relative, 0, 8), "little")
-            header = json.loads(self.store.read_range(relative, 8, 8 + size))
-            self._shapes[module] = {name: (spec["shape"], spec["dtype"]) for name, spec in header.items()
-                                    if name != "__metadata__"}
+            self._shapes[module] = self.store.module_shapes(module)
         return self._shapes[module]
 
 

@@ -1,0 +1,90 @@
+"""Closing a round: when the policy says it is due, apply the outer step it planned and commit.
+
+Version t's modules and its manifest `rounds/round-t.json` are written first, the board is settled in
+memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
+applied are cancelled), then round, board and stats are committed in one write (`state.json`): a crash
+before it leaves round t to be done again from the same inputs, a crash after it nothing but retention.
+The lease's fencing token is checked before the outer step and before the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from dipaco.config import OuterConfig
+from dipaco.islands.coordinator.heartbeats import Liveness
+from dipaco.islands.coordinator.intake import ResultIntake
+from dipaco.islands.coordinator.outer_step import apply_round
+from dipaco.islands.coordinator.task_board import TaskBoard
+from dipaco.model.topology import Topology
+from dipaco.optim.outer import round_outer_step
+from dipaco.optim.weighting import PathSizes
+from dipaco.rounds.policy import RoundPolicy
+from dipaco.store.board import write_manifest
+from dipaco.store.lease import Lease
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import ResultMeta, RoundManifest, RoundStats
+from dipaco.store.run_state import commit_round
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClosedRound:
+    manifest: RoundManifest  # what the round applied and dropped
+    stats: RoundStats  # train.json's row
+    norms: dict[str, tuple[float, float]]  # module -> (outer gradient norm, update norm), for the metrics
+    metas: dict[str, ResultMeta]  # task key -> the metadata of the results it read
+    at: float  # when it was committed (coordinator clock)
+
+
+class RoundCloser:
+    def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, inner_steps: int,
+                 decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease):
+        """`outer`: the configured outer step; `inner_steps`: per task; `decay_from`: the path step where the
+        inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation)."""
+        self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
+        self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
+
+    def due(self, board: TaskBoard, policy: RoundPolicy, liveness: Liveness, now: float) -> bool:
+        """Does the policy close the round now (told which idle islands a hand-out would leave idle)?"""
+        idle, open_tasks = board.idle_islands(liveness, now), board.open_tasks()
+        taken = {island for _, island in policy.assign(open_tasks, idle)}
+        return policy.close_due(now, running=board.running(), idle=[i for i in idle if i.name not in taken],
+                                open=open_tasks)
+
+    def close(self, board: TaskBoard, policy: RoundPolicy, intake: ResultIntake, *, round_started: float,
+              clock: Callable[[], float]) -> ClosedRound:
+        """Write version committed + 1 and its manifest, settle the board, commit; returns what it did."""
+        round = board.committed + 1
+        pending = [t for t in board.tasks.values() if t.status == "received" and t.key not in board.used]
+        plan = policy.plan()
+        self.lease.check()
+        norms: dict[str, tuple[float, float]] = {}
+        metas = {t.key: intake.meta(t) for t in pending}  # read once: the outer step, the metrics
+        configured = self.outer
+        outer = round_outer_step(configured, step_ends=[t.step_offset + self.inner_steps for t in pending],
+                                 decay_from=self.decay_from)
+        outer_step = "configured" if outer is configured else "average"
+        if outer_step == "average":
+            log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
+                     configured.decay)
+        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
+                               sizes=self.sizes, norms=norms, metas=metas)
+        write_manifest(self.store, manifest)
+        finished = policy.finishes(plan)
+        board.committed = round
+        policy.commit(plan)
+        intake.forget(board.settle(manifest.keys))
+        board.rebase_open(policy)
+        cancelled = board.cancel_doomed(policy, max_staleness=self.max_staleness)
+        in_flight = sum(1 for t in board.tasks.values() if t.status == "assigned")
+        now = clock()
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, outer_step=outer_step),
+                        seconds=now - round_started)
+        self.lease.check()  # the fencing check: a deposed coordinator never commits
+        commit_round(self.store, self.topology, round, finished=finished, board=board.snapshot().to_json(),
+                     stats=stats.to_json())
+        return ClosedRound(manifest=manifest, stats=stats, norms=norms, metas=metas, at=now)

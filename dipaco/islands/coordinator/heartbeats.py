@@ -1,0 +1,42 @@
+"""Which islands are alive: each island's heartbeat as the coordinator last saw it change, and when.
+
+An island whose `seq` has not changed for `resilience.heartbeat_timeout` seconds (coordinator clock)
+is lost; one that came back as a new incarnation has lost its task (`TaskBoard.reassign_lost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dipaco.store.board import HeartbeatCache, read_heartbeats
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Heartbeat
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An island's heartbeat as the coordinator last saw it change, and when (coordinator clock)."""
+
+    beat: Heartbeat
+    changed_at: float
+
+
+class Liveness:
+    def __init__(self, store: ModuleStore, *, timeout: float):
+        self.store, self.timeout = store, timeout
+        self.cache = HeartbeatCache()  # heartbeat files unchanged since the last read are not read again
+        self.seen: dict[str, Seen] = {}
+        self.first_beat: float | None = None  # when an island was first seen (goodput counts island time from here)
+
+    def read(self, now: float) -> None:
+        """Read the heartbeats (one listing; only the files that changed since are read)."""
+        for name, beat in read_heartbeats(self.store, cache=self.cache).items():
+            if self.first_beat is None:
+                self.first_beat = now
+            seen = self.seen.get(name)
+            if seen is None or (seen.beat.incarnation, seen.beat.seq) != (beat.incarnation, beat.seq):
+                self.seen[name] = Seen(beat=beat, changed_at=now)
+
+    def alive(self, island: str, now: float) -> bool:
+        seen = self.seen.get(island)
+        return seen is not None and now - seen.changed_at < self.timeout

@@ -1,0 +1,183 @@
+"""The task board in the coordinator's memory: every task and path state, changed only by replacing a
+frozen record (`dataclasses.replace`), so what was last written is never aliased.
+
+    board, last_stats, applied = resume_board(store, n_paths=topology.n_paths)
+    board.open_paths(policy); board.reassign_lost(policy, liveness, now); board.assign(policy, liveness, now)
+    board.write(store, lease)            # tasks.json, only when something changed
+
+A path gets a task from the newest version, continuing its steps and inner state; open tasks move to
+the newest version at each commit; a running task whose result could no longer be applied is
+cancelled (async) and its path gets a fresh task; a lost task is retried or replaced as the policy says.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from dipaco.islands.coordinator.heartbeats import Liveness
+from dipaco.rounds.inputs import IdleIsland, OpenTask, Running
+from dipaco.rounds.policy import RoundPolicy
+from dipaco.store.board import read_board, read_manifest, write_board
+from dipaco.store.lease import Lease
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Board, PathState, RoundStats, Task, task_key
+from dipaco.store.run_state import committed_record, first_inner
+
+log = logging.getLogger(__name__)
+
+
+class TaskBoard:
+    def __init__(self, *, committed: int, tasks: dict[str, Task], paths: dict[int, PathState],
+                 used: set[str] | None = None, written: str | None = None):
+        self.committed = committed
+        self.tasks, self.paths = tasks, paths
+        self.used: set[str] = used or set()  # task keys applied or dropped by committed rounds
+        self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
+        self._written = written  # the board's JSON as last written
+        self._snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
+
+    # --- views ---------------------------------------------------------------------------------------
+    def open_tasks(self) -> list[OpenTask]:
+        return [open_view(t) for t in self.tasks.values() if t.status == "open"]
+
+    def running(self) -> list[Running]:
+        return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key))
+                for t in self.tasks.values() if t.status == "assigned"]
+
+    def in_flight(self) -> list[Task]:
+        return [t for t in self.tasks.values() if t.status in ("open", "assigned")]
+
+    def idle_islands(self, liveness: Liveness, now: float) -> list[IdleIsland]:
+        busy = {t.island for t in self.tasks.values() if t.status == "assigned"}
+        return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
+                for name, seen in sorted(liveness.seen.items())
+                if name not in busy and liveness.alive(name, now) and seen.beat.status == "idle"]
+
+    # --- changes -------------------------------------------------------------------------------------
+    def new_task(self, path: int) -> Task:
+        """A task for `path` from the newest version, continuing the path's steps and inner state; on the board."""
+        state = self.paths[path]
+        task = Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner)
+        self.tasks[task.key] = task
+        return task
+
+    def open_paths(self, policy: RoundPolicy) -> None:
+        """A task for every path the policy names (none in flight, results still owed)."""
+        busy = {t.path for t in self.in_flight()}
+        for path in policy.paths_to_open(busy=busy):
+            if task_key(path, self.committed) not in self.tasks:  # else reported from the newest version, or lost
+                self.new_task(path)
+
+    def move_to_newest(self, stale: Task) -> Task:
+        """Replace the open task `stale` by its path's task from the newest version; returns it."""
+        del self.tasks[stale.key]
+        task = self.new_task(stale.path)
+        log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
+        return task
+
+    def rebase_open(self, policy: RoundPolicy) -> None:
+        """Open tasks nobody has taken move to the newest version (a returning island never gets an old one)."""
+        for stale in policy.rebase(self.open_tasks()):
+            self.move_to_newest(self.tasks[stale.key])
+
+    def cancel_doomed(self, policy: RoundPolicy, *, max_staleness: int) -> int:
+        """Cancel the running tasks whose results could no longer be applied (`RoundPolicy.cancel`, after a
+        commit): status `cancelled` (its island stops when it next reads the board), and the path an open
+        task from the newest version. Returns how many."""
+        doomed = policy.cancel(self.running())
+        for key in doomed:
+            task = self.tasks[key]
+            self.tasks[key] = replace(task, status="cancelled")
+            self.started.pop(key, None)
+            fresh = self.new_task(task.path)
+            log.warning("%s: cancelled on island %s (%d versions behind version %d, rounds.max_staleness %d); "
+                        "path %d trains on as %s", key, task.island, self.committed - task.base, self.committed,
+                        max_staleness, task.path, fresh.key)
+        return len(doomed)
+
+    def reassign_lost(self, policy: RoundPolicy, liveness: Liveness, now: float) -> None:
+        """Tasks whose island stopped heart-beating or came back as a new incarnation: the next attempt
+        opens, or (the policy's `on_lost`) the path gets a task from the newest version."""
+        for key, task in list(self.tasks.items()):
+            if task.status != "assigned":
+                continue
+            alive = liveness.alive(task.island, now)
+            beat = liveness.seen[task.island].beat if alive else None
+            came_back = beat is not None and beat.incarnation != task.incarnation
+            if alive and not came_back:
+                continue
+            resumable = came_back and beat.last_path == task.path  # it reports its checkpointed path
+            if policy.on_lost(task.base, resumable=resumable) == "replace":
+                log.warning("%s: island %s lost it; replaced by a task from version %d", key, task.island, self.committed)
+                self.tasks[key] = replace(task, status="lost")
+                self.new_task(task.path)
+            else:
+                log.warning("%s: island %s lost it; attempt %d is open", key, task.island, task.attempt + 1)
+                self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
+
+    def assign(self, policy: RoundPolicy, liveness: Liveness, now: float) -> None:
+        for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now)):
+            task = self.tasks[key]
+            self.tasks[key] = replace(task, status="assigned", island=island,
+                                      incarnation=liveness.seen[island].beat.incarnation)
+            self.started[key] = now
+            log.info("%s attempt %d -> island %s", key, task.attempt, island)
+
+    def settle(self, used: set[str]) -> list[str]:
+        """After a commit: `used` tasks (applied or dropped) and lost or cancelled ones leave the board (the
+        manifests keep the record); returns their keys."""
+        self.used |= used
+        gone = [k for k, t in self.tasks.items() if k in self.used or t.status in ("lost", "cancelled")]
+        for key in gone:
+            del self.tasks[key]
+            self.started.pop(key, None)
+        return gone
+
+    # --- the store's copy ----------------------------------------------------------------------------
+    def snapshot(self) -> Board:
+        return Board(round=self.committed, tasks=dict(self.tasks), paths=dict(self.paths))
+
+    def write(self, store: ModuleStore, lease: Lease) -> None:
+        """tasks.json, when the board changed since it was last written (checked by identity first)."""
+        snapshot = (self.committed, dict(self.tasks), dict(self.paths))
+        if snapshot == self._snapshot:
+            return  # nothing changed since the last pass: not even serialised (256 tasks' JSON every tick at 16x16)
+        board = self.snapshot()
+        written = board.to_json()
+        if written != self._written:
+            lease.check()
+            write_board(store, board)
+            self._written = written
+        self._snapshot = snapshot
+
+
+def open_view(task: Task) -> OpenTask:
+    """An open task as the policy sees it."""
+    return OpenTask(key=task.key, path=task.path, base=task.base, steps_done=task.step_offset)
+
+
+def resume_board(store: ModuleStore, *, n_paths: int) -> tuple[TaskBoard, RoundStats | None, list[tuple[int, int]]]:
+    """The board after the store's last commit: `tasks.json` when it is at least as new as the commit,
+    else the commit's own board; with the last round's stats and the (round, path) of every applied
+    result (the manifests say which tasks are used)."""
+    committed = store.current_round()
+    board = on_disk = read_board(store)
+    committed_board, last_stats = committed_record(store)
+    if committed_board is not None and (board is None or board.round < committed_board.round):
+        board = committed_board  # a crash between the commit and the next board write
+    tasks = dict(board.tasks) if board else {}
+    known = board.paths if board else {}
+    first = first_inner(store) if len(known) < n_paths else None  # one look, not one per path
+    paths = {p: known.get(p) or PathState(steps_done=0, inner=first) for p in range(n_paths)}
+    used: set[str] = set()
+    applied: list[tuple[int, int]] = []
+    for r in range(1, committed + 1):
+        manifest = read_manifest(store, r)
+        if manifest is not None:
+            used |= manifest.keys
+            applied += [(r, e.path) for e in manifest.applied]
+    for key in [k for k in tasks if k in used]:
+        del tasks[key]  # applied by a committed round whose board update was lost in a crash
+    written = on_disk.to_json() if on_disk else None
+    return TaskBoard(committed=committed, tasks=tasks, paths=paths, used=used, written=written), last_stats, applied

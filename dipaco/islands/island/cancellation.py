@@ -1,0 +1,67 @@
+"""A task the board no longer wants is stopped at once (async mode).
+
+While it trains, an island reads the board at most every `resilience.heartbeat_seconds` (between inner
+steps, in the training thread): when the board no longer holds its task open or assigned — cancelled
+because its result could no longer be applied, lost and replaced, or received from another attempt — it
+raises `TaskCancelled`. Sync mode never cancels and never looks; a DDP island does not look either (its
+ranks would part ways), it trains a cancelled task to the end and the coordinator ignores the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from dipaco.store.board import read_board
+from dipaco.store.module_store import ModuleStore, StoreError
+from dipaco.store.records import Board, Task
+
+log = logging.getLogger(__name__)
+
+
+class TaskCancelled(RuntimeError):
+    """Raised inside an island's inner loop when the board no longer wants its task's result."""
+
+
+def result_wanted(board: Board | None, task: Task) -> bool:
+    """Could the coordinator still take `task`'s result? Only while its board holds the task open or
+    assigned (any attempt: a late result of an older attempt is taken too); not when it is cancelled,
+    lost or received from another attempt, nor when it has left a board newer than the task (one
+    written at version `task.base` may predate it). No board: yes (nothing to go by)."""
+    if board is None:
+        return True
+    held = board.tasks.get(task.key)
+    if held is None:
+        return board.round <= task.base
+    return held.status in ("open", "assigned")
+
+
+class BoardWatch:
+    def __init__(self, store: ModuleStore, *, island: str, every: float | None, clock: Callable[[], float]):
+        """`every`: seconds between looks at the board (None: never look, sync mode or a DDP island)."""
+        self.store, self.island, self.every, self.clock = store, island, every, clock
+
+    def wanted(self, task: Task) -> bool:
+        try:
+            return result_wanted(read_board(self.store), task)
+        except StoreError as err:  # a transient read error must not stop training
+            log.warning("island %s: cannot read the board (%s); %s goes on", self.island, err, task.key)
+            return True
+
+    def watch(self, task: Task) -> Callable[[], None]:
+        """The check to run before each inner step: raises `TaskCancelled` once the board no longer
+        wants `task`'s result (it reads the board at most every `every` seconds, island clock)."""
+        if self.every is None:
+            return lambda: None
+        every, last = self.every, self.clock()
+
+        def watch() -> None:
+            nonlocal last
+            now = self.clock()
+            if now - last < every:
+                return
+            last = now
+            if not self.wanted(task):
+                raise TaskCancelled(f"{task.key} attempt {task.attempt}: the board no longer wants its result")
+
+        return watch

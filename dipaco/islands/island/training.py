@@ -1,0 +1,227 @@
+"""The island's training loop: one task's inner steps from its base modules, then its upload.
+
+    meta, stats, ref = push_result(setup, task, train_task(setup, task), island="island-0")
+
+`train_task` pulls the task's modules at its base version and the inner AdamW state it names (from
+memory when this island wrote it, else from the store), trains `inner.steps` steps on the path's shard
+continuing its data order and lr schedule at `step_offset`, and returns the pseudo-gradient
+Δ = θ_base − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
+then Δ compressed per `compression.codec`, then the result JSON (the commit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, ResilienceConfig, RunConfig
+from dipaco.device import resolve_device
+from dipaco.eval.early_stopping import ValidationData
+from dipaco.islands.island import ddp as ddp_mod
+from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
+from dipaco.islands.island.model_slot import ModelSlot
+from dipaco.islands.island.timing import checked, timed, waited
+from dipaco.model.path_model import PathSpec, path_parameters
+from dipaco.model.topology import Topology
+from dipaco.optim.inner import (
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state,
+    phase_steps,
+    train_steps,
+)
+from dipaco.optim.prefetch import Prefetcher
+from dipaco.store.board import inner_ref, read_inner, write_inner, write_result
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import ResultMeta, Task
+from sharding.reader import ShardReader
+
+log = logging.getLogger(__name__)
+
+InnerState = tuple[dict[str, torch.Tensor], dict]  # an AdamW state: tensors and metadata (dipaco.optim.inner)
+
+
+@dataclass(frozen=True)
+class IslandSetup:
+    """What an island needs to train paths: the store, the grid, the shape of a path model, the shards,
+    and the settings it reads from the config."""
+
+    store: ModuleStore
+    topology: Topology
+    spec: PathSpec
+    reader: ShardReader
+    inner: InnerConfig  # steps, batch size, AdamW, validation batches
+    compression: CompressionConfig  # how it uploads pseudo-gradients
+    hardware: HardwareConfig  # device, precision, compile, TF32
+    run: RunConfig  # rounds (the lr schedule's length), seed (data order)
+    resilience: ResilienceConfig  # heartbeats, inner checkpoints
+    cancellable: bool = False  # watch the board for the cancellation of its task (rounds.mode async)
+    slowdown: float = 1.0  # an injected straggler: every inner step takes this many times longer (faults.slowdown)
+    checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (resilience.checkpoint_steps)
+    warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
+    models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
+
+    @cached_property
+    def validation(self) -> ValidationData:
+        """Each path's validation batches (read once per island)."""
+        return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
+                              max_batches=self.inner.val_batches, precision=self.hardware.precision)
+
+
+@dataclass(frozen=True)
+class TrainedTask:
+    """One task's outcome before it is uploaded."""
+
+    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end
+    inner: InnerState  # the AdamW state after the task
+    meta: ResultMeta  # without the upload fields (island, bytes, ...)
+
+
+def data_seed(seed: int, *, path: int) -> int:
+    """One data order per path for the whole run (tasks continue it, so each epoch is exact)."""
+    return seed * 1_000_003 + path * 7919 + 17
+
+
+def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
+               cached_inner: tuple[str, dict, dict] | None = None,
+               check: Callable[[], None] | None = None, timings: dict[str, float] | None = None,
+               checkpoint: Path | None = None) -> TrainedTask:
+    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state.
+
+    `checkpoint`: the island's inner checkpoint file (`checkpoint.InnerCheckpoint`), resumed from when it
+    holds this task and written every `resilience.checkpoint_steps` steps (not inside a DDP island).
+    `setup.slowdown` F > 1 sleeps (F − 1) × each step's time after it (an injected straggler).
+    `timings`, when given, receives the seconds of each phase (`timing.PHASES`; bench/bench_speed.py)."""
+    store, inner, hardware, resilience = setup.store, setup.inner, setup.hardware, setup.resilience
+    read_before = store.bytes_read
+    device = _device(hardware, ctx)
+    path = task.path
+    with timed(timings, "load_modules", device):
+        start = store.read_modules(task.base, setup.topology.modules_of_path(path))
+        module_bytes = store.bytes_read - read_before
+        model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
+                                           wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
+    params = path_parameters(model)
+    names = {param: name for name, param in params.items()}
+    if ctx is not None or not resilience.checkpoint_steps:
+        checkpoint = None
+    resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
+    if resume is not None and not resume.matches(task):
+        resume = None  # another task's: this one starts afresh and replaces it
+    with timed(timings, "restore_inner", device):
+        optimizer = make_optimizer(model, inner, fused=inner.fused)
+        inner_local = False
+        if resume is not None:
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(resume.params[name])
+            load_optimizer_state(optimizer, params, resume.adam, resume.adam_meta)
+        elif task.inner_from:
+            if cached_inner is not None and cached_inner[0] == task.inner_from:
+                saved, inner_local = cached_inner[1:], True
+            else:
+                saved = read_inner(store, task.inner_from)
+            load_optimizer_state(optimizer, params, *saved)
+    done = resume.steps if resume is not None else 0
+    if resume is not None:
+        log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, inner.steps)
+
+    last_seconds = 0.0  # inner-loop seconds at the end of the previous step (slowdown included)
+    saving = 0.0  # seconds spent writing inner checkpoints: overhead, not training (docs/islands.md#goodput)
+
+    def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
+        nonlocal last_seconds, saving
+        seconds -= saving
+        if setup.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
+            time.sleep((setup.slowdown - 1) * (seconds - last_seconds))
+            seconds += (setup.slowdown - 1) * (seconds - last_seconds)
+        last_seconds = seconds
+        if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < inner.steps:
+            save_started = time.perf_counter()
+            adam, adam_meta = optimizer_state(optimizer, names)
+            InnerCheckpoint(task=task_identity(task), steps=done + steps,
+                            params={name: p.detach().cpu().clone() for name, p in params.items()},
+                            adam=adam, adam_meta=adam_meta,
+                            losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
+                            tokens=(resume.tokens if resume else 0) + tokens,
+                            seconds=(resume.seconds if resume else 0.0) + seconds,
+                            val_loss_start=val_loss).save(checkpoint)
+            saving += time.perf_counter() - save_started
+
+    batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
+                                                              seed=data_seed(setup.run.seed, path=path),
+                                                              skip_batches=task.step_offset + done)
+    if ctx is not None:
+        batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
+    with Prefetcher(batches, count=inner.steps - done, device=device) as ahead:  # reads the shard during validation
+        with timed(timings, "validation", device):
+            val_loss = resume.val_loss_start if resume is not None else setup.validation.loss(model, path=path)
+        with timed(timings, "inner_loop", device):
+            first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
+            stats = train_steps(trained, optimizer, checked(waited(ahead, timings), check),
+                                start_step=first + task.step_offset + done, steps=inner.steps - done,
+                                total_steps=total, config=inner, device=device,
+                                precision=hardware.precision,
+                                after_step=after_step if checkpoint is not None or setup.slowdown > 1 else None)
+    setup.models.release_gradients()
+    losses = stats["losses"]
+    tokens, seconds = stats["tokens"], stats["seconds"] - saving
+    if resume is not None:
+        losses, tokens, seconds = list(resume.losses) + losses, resume.tokens + tokens, resume.seconds + seconds
+    train_loss = sum(losses[-5:]) / len(losses[-5:])
+    if ctx is not None:
+        train_loss = ddp_mod.all_mean(ctx, train_loss)
+        tokens *= ctx.world
+    with timed(timings, "pseudo_gradient", device):
+        pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
+    meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
+                      train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
+                      bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
+                      inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1)
+    with timed(timings, "save_inner", device):
+        saved_inner = optimizer_state(optimizer, names)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=saved_inner, meta=meta)
+
+
+def pseudo_gradient_of(start: dict[str, dict[str, torch.Tensor]], params: dict[str, torch.nn.Parameter],
+                       topology: Topology, *, path: int) -> dict[str, torch.Tensor]:
+    """Δ = θ_base − θ_end as `{"module/param": tensor}` (CPU float32), computed in place in the base
+    tensors `start` (`{module: {param: tensor}}`, consumed): no copy of the trained parameters on the
+    CPU, one device-to-host copy each from a GPU. Ordered module by module, as `split_into_modules`."""
+    grouped: dict[str, dict[str, torch.Tensor]] = {}
+    for name, param in params.items():
+        module = topology.module_of_param(name, path)
+        grouped.setdefault(module, {})[name] = start[module][name].sub_(param.detach().float().cpu())
+    return {f"{module}/{name}": delta for module, tensors in grouped.items() for name, delta in tensors.items()}
+
+
+def _device(hardware: HardwareConfig, ctx: ddp_mod.DDPContext | None) -> torch.device:
+    """The device this island (or DDP rank) trains on; on CUDA, fp32 matmuls on TF32 as `hardware.tf32` says."""
+    device = resolve_device(hardware.device)
+    if ctx is not None:
+        device = ddp_mod.local_device(device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = hardware.tf32
+    return device
+
+
+def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str,
+                timings: dict[str, float] | None = None) -> tuple[ResultMeta, dict, str]:
+    """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
+    metadata (the commit). Returns (the metadata as written, compression stats, the inner state's reference)."""
+    ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt)
+    with timed(timings, "write_inner"):
+        inner_bytes = write_inner(setup.store, ref, *out.inner)
+    meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
+    with timed(timings, "write_result"):
+        meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.compression.codec,
+                                   level=setup.compression.zstd_level)
+    return meta, stats, ref

@@ -1,0 +1,136 @@
+"""The round policy: pure decisions on a clock it is given (no torch, no store, no wall clock).
+
+    policy = RoundPolicy(Grid.of(topology), cfg.rounds, rounds=cfg.run.rounds)  # committed=t, applied=... on a restart
+    policy.received(Result(key, path=2, base=4, tokens=51200, arrived=t, started=t0))
+    if policy.close_due(now, running=[Running(...)], idle=[IdleIsland(...)], open=[OpenTask(...)]):
+        plan = policy.plan(); ...write it...; policy.commit(plan)
+    policy.paths_to_open(busy={0, 3}); policy.rebase(open_tasks); policy.cancel(running)
+    policy.on_lost(task_base); policy.assign(open_tasks, idle_islands); policy.keep_from(keep_rounds=2, bases=[...])
+
+The coordinator's `tick` drives it in this order: `received` for each result; a task for each of
+`paths_to_open`; `on_lost` for lost tasks; `close_due` (told the idle islands a dry `assign` would
+leave without work), and when due `plan`, write, `commit`, `rebase` the open tasks, replace each of
+`cancel`'s; then `assign`. The rules (sync / async, staleness, grace window, the run's length) are in
+docs/islands.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dipaco.config import RoundsConfig
+from dipaco.rounds import tasks
+from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
+from dipaco.rounds.length import RunLength, unfinished
+from dipaco.rounds.plan import RoundPlan, plan_round
+from dipaco.rounds.quorum import QuorumClock
+from dipaco.rounds.staleness import staleness_weight
+
+
+class RoundPolicy:
+    """The committed version, the results not yet used, the run's length and the quorum clock."""
+
+    def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, committed: int = 0,
+                 applied: Iterable[tuple[int, int]] = ()):
+        """`rounds`: the run's length, in results applied per path (`run.rounds`; None = no end).
+        `applied`: (round, path) of every result applied by committed rounds (from their manifests)."""
+        self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
+        self.length = RunLength(grid.n_paths, rounds, applied=applied)
+        self.clock = QuorumClock(grid, config)
+        self.pending: dict[str, Result] = {}
+
+    def received(self, result: Result) -> None:
+        """A result arrived (at most one per task key; a second one for the same key is ignored)."""
+        if result.key in self.pending:
+            return
+        self.pending[result.key] = result
+        self.clock.measure(result)
+
+    # --- the run's length ----------------------------------------------------------------------------
+    def applied_results(self, path: int) -> int:
+        return self.length.applied_results(path)
+
+    def outstanding(self, path: int) -> int | None:
+        """Results `path` still owes beyond the committed rounds and the pending results the next round
+        applies (None: the run has no length)."""
+        return self.outstanding_all()[path]
+
+    def outstanding_all(self) -> list[int | None]:
+        """`outstanding` of every path, from one pass over the pending results."""
+        usable = [0] * self.grid.n_paths
+        for r in self.pending.values():
+            if staleness_weight(self.committed - r.base, config=self.config) is not None:
+                usable[r.path] += 1
+        return self.length.outstanding(usable)
+
+    @property
+    def done(self) -> bool:
+        """Every path has had `rounds` results applied: the run is over."""
+        return self.length.done
+
+    def finishes(self, plan: RoundPlan) -> bool:
+        return self.length.finishes(plan)
+
+    # --- closing a round -----------------------------------------------------------------------------
+    def fresh_paths(self) -> set[int]:
+        """Paths with a result based on the newest version."""
+        return {r.path for r in self.pending.values() if r.base == self.committed}
+
+    def close_due(self, now: float, *, running: Iterable[Running] = (), idle: Iterable[IdleIsland] = (),
+                  open: Iterable[OpenTask] = ()) -> bool:
+        """May round committed + 1 close at `now`? `running`: the tasks being trained, `idle`: the live
+        islands without a task, `open`: the tasks not yet taken."""
+        fresh = self.fresh_paths()
+        if self.config.mode == "sync":
+            return fresh >= set(range(self.grid.n_paths))
+        running, open = list(running), list(open)
+        outstanding = self.outstanding_all()
+        if self.length.finishing(outstanding, running=running, open=open):
+            return bool(self.pending) and not running  # the last results: wait for every one of them
+        return self.clock.due(now, committed=self.committed, fresh=fresh, unfinished=unfinished(outstanding),
+                              any_pending=bool(self.pending), running=running, idle=idle, open=open)
+
+    def grace_deadline(self) -> float | None:
+        return self.clock.grace_deadline()
+
+    def plan(self) -> RoundPlan:
+        """The outer step of round committed + 1 from every pending result."""
+        return plan_round(self.committed + 1, self.pending.values(), grid=self.grid, config=self.config,
+                          applied_rounds=self.length.applied_rounds)
+
+    def commit(self, plan: RoundPlan) -> None:
+        """Round `plan.round` is written: its results are used, its version is the newest."""
+        if plan.round != self.committed + 1:
+            raise ValueError(f"round {plan.round} committed after round {self.committed}")
+        for verdict in plan.verdicts:
+            self.pending.pop(verdict.key, None)
+        self.length.record(plan)
+        self.committed = plan.round
+        self.clock.quorum_since.clear()
+
+    # --- tasks ---------------------------------------------------------------------------------------
+    def paths_to_open(self, *, busy: set[int]) -> list[int]:
+        return tasks.paths_to_open(self.grid.n_paths, busy=busy, fresh=self.fresh_paths(),
+                                   outstanding=self.outstanding_all())
+
+    def rebase(self, open: Iterable[OpenTask]) -> list[OpenTask]:
+        return tasks.rebase(open, committed=self.committed)
+
+    def cancel(self, running: Iterable[Running]) -> list[str]:
+        return tasks.cancel(running, committed=self.committed, config=self.config)
+
+    def on_lost(self, base: int, *, resumable: bool = False) -> str:
+        return tasks.on_lost(base, committed=self.committed, config=self.config, resumable=resumable)
+
+    def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[str, str]]:
+        return tasks.assign(open, idle)
+
+    def keep_from(self, *, keep_rounds: int, bases: Iterable[int] = ()) -> int | None:
+        """The oldest version retention must keep after a commit (None: keep everything): the last
+        `keep_rounds`, in async mode the last max_staleness + 1 (a result may still be applied from
+        them), and every base of an open or running task (`bases`)."""
+        if not keep_rounds:
+            return None
+        at_least = self.config.max_staleness + 1 if self.config.mode == "async" else 0
+        keep = self.committed - max(keep_rounds, at_least) + 1
+        return min([keep, *bases])

@@ -1,0 +1,156 @@
+"""A store's files over fsspec: names that stay inside the store, atomic writes, ranged reads, listings,
+transient failures retried (`errors`). The raw layer under `module_store.ModuleStore`; only
+`dipaco.store`'s own modules use it directly.
+
+    files = StoreFiles("s3://bucket/run")    # or a local directory, or memory://
+    files.write_json("tasks.json", {...}); files.read_range("results/x.safetensors", 0, 8)
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from dipaco.store.errors import RetryingFileSystem, StoreError, check_reachable
+
+# listing fields that change when a file is rewritten: local disks (a rewrite is a rename of a new file: a new
+# inode), memory://, s3fs, gcsfs, adlfs
+STAMP_FIELDS = ("size", "mtime", "ino", "created", "ETag", "LastModified", "generation", "md5Hash", "updated", "etag",
+                "last_modified")
+
+
+class StoreFiles:
+    def __init__(self, url: str):
+        self.url = url
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        # Remote filesystems cache directory listings forever by default (s3fs, gcsfs): a coordinator would never
+        # see an island's heartbeat or result that appeared after its first look. The store lists live.
+        options = {} if protocol in ("file", "local", "memory") else {"use_listings_cache": False}
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **options)
+        except ImportError as err:
+            raise StoreError(f"store {url}: the fsspec backend for {protocol}:// is not installed ({err}); install "
+                             f"it (s3: `pip install s3fs`, gs: `pip install gcsfs`, az: `pip install adlfs`)") from None
+        except ValueError as err:
+            raise StoreError(f"store {url}: {err}; use a directory or an fsspec URL such as s3://bucket/run") from None
+        if not isinstance(self.fs, LocalFileSystem) and protocol != "memory":
+            self.fs = RetryingFileSystem(self.fs, url=url)  # transient failures retried, the others explained
+        self.shared = protocol != "memory"  # seen by other processes (memory:// lives in this one only)
+        self.bytes_written = 0
+        self.bytes_read = 0
+
+    @property
+    def is_local(self) -> bool:
+        """A directory on this machine's filesystem (not an object store)."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    def check_reachable(self) -> None:
+        """Refuse, before any work, a remote store whose bucket is missing or whose server cannot be reached."""
+        if not self.is_local and self.shared:
+            check_reachable(self.fs, self.root, url=self.url)
+
+    def _path(self, relative: str) -> str:
+        """The full name of a store file; a name that would lead outside the store is refused."""
+        parts = relative.replace("\\", "/").split("/")
+        if not relative or relative.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in relative:
+            raise StoreError(f"store file name {relative!r} does not stay inside the store {self.url}")
+        return f"{self.root.rstrip('/')}/{relative}"
+
+    def location(self, relative: str) -> str:
+        """The full name of a store file, for messages."""
+        return self._path(relative)
+
+    def exists(self, relative: str) -> bool:
+        return self.fs.exists(self._path(relative))
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Atomically write a file: readers see the old file, or the whole new one."""
+        target = self._path(relative)
+        parent = target.rsplit("/", 1)[0]
+        if isinstance(self.fs, LocalFileSystem):
+            self.fs.makedirs(parent, exist_ok=True)
+            tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+            self.fs.mv(tmp, target)
+        else:
+            self.fs.pipe_file(target, data)  # an object-store put is atomic
+        self.bytes_written += len(data)
+
+    def read_bytes(self, relative: str) -> bytes:
+        try:
+            data = self.fs.cat_file(self._path(relative))
+        except FileNotFoundError:
+            raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        self.bytes_read += len(data)
+        return data
+
+    def read_range(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file (a ranged GET on object stores), counted in `bytes_read`."""
+        try:
+            data = self.fs.cat_file(self._path(relative), start=start, end=end)
+        except FileNotFoundError:
+            raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        if len(data) != end - start:
+            raise StoreError(f"store file {self._path(relative)} ends before byte {end} (read {len(data)} "
+                             f"bytes from {start})")
+        self.bytes_read += len(data)
+        return data
+
+    def write_json(self, relative: str, obj: Any) -> None:
+        self.write_bytes(relative, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+    def read_json(self, relative: str) -> Any:
+        data = self.read_bytes(relative)
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as err:
+            raise StoreError(f"store file {self._path(relative)} is not valid JSON: {err}") from None
+
+    def listdir(self, relative: str) -> list[str]:
+        """The names in a store folder, sorted ([] when it does not exist). One listing call (on object
+        stores one LIST request), not an existence check first."""
+        try:
+            entries = self.fs.ls(self._path(relative), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
+
+    def listdir_stamped(self, relative: str) -> dict[str, tuple]:
+        """The files in a store folder, each with a stamp that changes when the file is rewritten (size,
+        modification time and inode on a local disk; ETag / generation on object stores), from one listing
+        call; {} when the folder does not exist. For skipping files that did not change since last read."""
+        try:
+            entries = self.fs.ls(self._path(relative), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: tuple(entry.get(k) for k in STAMP_FIELDS)
+                for entry in entries if entry.get("type") != "directory"}
+
+    def walk_files(self, relative: str) -> list[str]:
+        """Every file under a store folder (recursively), as store names relative to the root, sorted; []
+        when the folder does not exist. One recursive listing (on object stores a LIST without delimiter,
+        one request per 1000 names) rather than one listing per sub-folder."""
+        base = self._path(relative).rstrip("/")
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        root = self.root.rstrip("/") + "/"
+        return sorted(name[len(root):] if name.startswith(root) else name for name in found
+                      if name.startswith(base + "/"))
+
+    def size(self, relative: str) -> int:
+        return int(self.fs.size(self._path(relative)))
+
+    def remove(self, relative: str) -> bool:
+        """Delete a file or a folder with everything in it (nothing when it does not exist); True when
+        something was deleted."""
+        if not self.exists(relative):
+            return False
+        self.fs.rm(self._path(relative), recursive=True)
+        return True
