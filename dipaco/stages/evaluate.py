@@ -39,6 +39,8 @@ from dipaco.optim.dense import is_trained, load_dense
 from dipaco.pipeline.context import PathFactory, baseline_budgets
 from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.run_state import applied_tokens
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     nll, tokens = routed["nll"], routed["tokens"]
     summary = _load(run.train_summary)
     warm = warm_start(config, run)
-    steps = round * config.inner.steps
+    steps = steps_per_path(store, topology.n_paths, tokens_per_step=config.inner.batch_size * factory.reader.seq_len,
+                           fallback=round * config.inner.steps)
     rows = [{
         "model": f"DiPaCo {'x'.join(map(str, topology.levels))} routed",
         "paths": topology.n_paths,
@@ -136,6 +139,16 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                          f"(round {round}) and the baselines")
     write_json(run.eval_results, results)
     return results
+
+
+def steps_per_path(store: ModuleStore, n_paths: int, *, tokens_per_step: int, fallback: int) -> int:
+    """Inner steps a path trained in the applied results, on average over the paths (async runs commit more
+    versions than rounds; a partial result counts its own tokens): from the round manifests, `fallback`
+    for a store without them."""
+    tokens = applied_tokens(store, n_paths)
+    if tokens is None:
+        return fallback
+    return round(sum(tokens) / n_paths / tokens_per_step)
 
 
 def non_finite(obj, where: str = "") -> list[str]:

@@ -96,3 +96,17 @@ def goodput(store: ModuleStore, *, islands: int, seconds: float) -> dict[str, fl
             useful += sum(e.seconds for e in manifest.applied)
     total = islands * seconds
     return {"useful_island_seconds": useful, "island_seconds": total, "goodput": useful / total if total else math.nan}
+
+
+def applied_tokens(store: ModuleStore, n_paths: int) -> list[int] | None:
+    """The tokens each path trained in results the committed rounds applied (from their manifests); None
+    when a committed round has no manifest (a store written before manifests existed)."""
+    tokens = [0] * n_paths
+    for r in range(1, store.current_round() + 1):
+        manifest = read_manifest(store, r)
+        if manifest is None:
+            return None
+        for entry in manifest.applied:
+            tokens[entry.path] += entry.tokens
+    return tokens
+
