@@ -144,14 +144,16 @@ class OuterConfig(Section):
 
 @dataclass(kw_only=True)
 class RoundsConfig(Section):
-    """When a round closes: every path (sync) or a quorum per module and a grace window (async)."""
+    """When a round closes: every path (sync), or per module a quorum and a grace window while islands go on (async)."""
 
     section = "rounds"
-    mode: Literal["sync", "async"] = "sync"  # sync: a round waits for every path | async: quorum + grace window, stale results down-weighted
+    mode: Literal["sync", "async"] = "sync"  # sync: a round waits for every path | async: islands never wait; a round closes on a quorum + grace window, stale results down-weighted
     quorum: Annotated[float, Range(above=0, max=1)] = 0.5  # async: fraction of a module's paths that must report before its round can close
-    grace_seconds: NonNegative = 2.0  # async: after the quorum, wait at most this long for the other paths
-    staleness_power: NonNegative = 1.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power
-    max_staleness: Count = 2  # async: results more than this many versions stale are dropped; a running task that falls that far behind is cancelled
+    grace_fraction: NonNegative = 0.25  # async: after the quorum, wait for the results expected within this fraction of the median task time
+    grace_seconds: NonNegative = 600.0  # async: the grace window's upper bound (and its length before any task time is measured)
+    staleness_power: NonNegative = 0.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power; 0 = not at all (islands overlap the commit, so most results are one version behind)
+    max_staleness: Count = 4  # async: results more than this many versions behind are dropped (a running task that has run a median task time is cut one version before; one that could only be dropped is cancelled)
+    cut_after: Annotated[float, Range(min=1, off=0)] = 1.5  # async: a running task past this many median task times is cut (it reports the steps it trained), so its path moves on; 0 = never
 
 
 @dataclass(kw_only=True)

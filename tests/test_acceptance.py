@@ -60,8 +60,8 @@ def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     factory = PathFactory(config, run)
     start_or_resume_store(factory)
     setup = island_setup(config, run)
-    tokens = config.inner.steps * config.inner.batch_size * factory.reader.seq_len
-    checks = ResultChecks(setup.store, setup.topology, resilience=config.resilience, tokens_per_task=tokens)
+    checks = ResultChecks(setup.store, setup.topology, resilience=config.resilience, inner_steps=config.inner.steps,
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len)
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
                               sizes=factory.path_sizes, checks=checks)
     coordinator.tick()  # opens a task for every path

@@ -93,13 +93,16 @@ def test_one_listing_says_which_results_are_in_as_result_exists_does(tmp_path):
     folder = tmp_path / "results" / "round-000002"
     folder.mkdir(parents=True)
     for name in ("path-0003.json", "path-0003.a2.json", "path-0010.a1.json", "path-0004.safetensors",
+                 "path-0003.l1.json", "path-0003.l2.a1.json", "path-0004.a1.l1.json", "path-0007.l.json",
                  "path-0005.json.tmp-1a2b3c4d", "path-3.json", "path-0006.ax.json", "notes.json"):
         (folder / name).write_text("{}")
     reported = reported_results(store, 2)
-    assert reported == {3: {0, 2}, 10: {1}}
+    assert reported == {(3, 0): {0, 2}, (10, 0): {1}, (3, 1): {0}, (3, 2): {1}}  # links come before attempts
     for path in range(12):
-        for attempt in range(3):
-            assert (attempt in reported.get(path, set())) == result_exists(store, round=2, path=path, attempt=attempt)
+        for link in range(3):
+            for attempt in range(3):
+                assert (attempt in reported.get((path, link), set())) == result_exists(
+                    store, round=2, path=path, attempt=attempt, link=link)
     assert reported_results(store, 7) == {}  # no folder yet
 
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_coordinator import Clock, TinyRun, drive, make_run, manifests
+from test_coordinator import PLAIN, Clock, TinyRun, drive, make_run, manifests
 
 from dipaco.islands.island.faults import no_faults
 from dipaco.islands.island.polling import IslandWorker
-from dipaco.stages.status import Source, collect, format_status
-from dipaco.store.board import result_exists
+from dipaco.islands.island.training import rebase_on_chain
+from dipaco.store.board import read_result, result_exists
 
 
 @pytest.fixture(scope="module")
@@ -137,28 +137,51 @@ def test_a_returning_island_only_gets_tasks_from_the_newest_versions(tiny, tmp_p
     assert any(name == "a" for name, _, _ in handed_out[2:])  # a came back and got work
 
 
-def test_no_island_idles_while_a_commit_would_give_its_path_work(tiny, tmp_path):
-    """Async with a long grace window: the island pinned to path 0 reports, the quorum is met, another
-    path is still running; the round closes at once (no grace) and path 0 trains on from version 1."""
+def test_an_island_trains_its_path_on_and_both_results_count_once_for_the_path(tiny, tmp_path):
+    """Async, plain averaging: island a (path 0) reports and at once gets path 0's next task from the same
+    version (link 1, chained after its first result): it starts from version 0 minus that result's Δ and
+    reports the progress of its own steps. Round 1 applies both: in every module through path 0 the update
+    is (W0 (Δ1 + Δ2) + Σ others W_q Δ_q) / (W0 + Σ others W_q): path 0 counts once, with both tasks' progress."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=1000"])
+    run = make_run(tiny, tmp_path / "run", [*PLAIN, "rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            "outer.weighting=uniform"])
     coordinator = run.coordinator(clock)
-    a, b, c = (run.island("a", clock, pinned=[0]), run.island("b", clock, pinned=[3]),
-               run.island("c", clock, pinned=[1, 2]))
+    a, b = run.island("a", clock, pinned=[0]), run.island("b", clock, pinned=[1, 2, 3])
     coordinator.tick()
-    for island in (a, b, c):
-        island.heartbeat()
+    a.heartbeat(), b.heartbeat()
     coordinator.tick()
-    held = c.next_task()  # c takes path 1 (or 2) and does not finish it yet
-    assert held is not None and held.path in (1, 2)
-    a.poll(), b.poll()  # paths 0 and 3 report: every shared module has its quorum
+    first = a.next_task()
+    assert first.path == 0 and first.base == 0 and first.link == 0 and first.chain == ()
+    assert a.poll()
     clock.t += 0.5
-    coordinator.tick()
-    assert coordinator.committed == 1  # at once, not after the 1000 s grace window
-    c.heartbeat()
-    coordinator.tick()
-    assert a.next_task() is not None and a.next_task().base == 1
-    assert c.next_task() == held  # the running task keeps going (its result is applied stale later)
+    coordinator.tick()  # received; path 0 gets its next task at once, before any commit
+    second = a.next_task()
+    assert coordinator.committed == 0 and second is not None
+    assert (second.path, second.base, second.link) == (0, 0, 1) and len(second.chain) == 1
+    assert second.step_offset == first.step_offset + run.config.inner.steps
+    assert a.poll()
+    while coordinator.committed < 1:
+        clock.t += 0.5
+        coordinator.tick()
+        b.poll()
+    (round1,) = manifests(run.store, 1)
+    ours = [e for e in round1.applied if e.path == 0]
+    assert [e.link for e in ours] == [0, 1]
+    d = {e.key: read_result(run.store, round=1, path=e.path, attempt=e.attempt, link=e.link)[0] for e in round1.applied}
+    for name in run.topology.modules:
+        users = [e for e in round1.applied if e.path in run.topology.paths_of_module(name)]
+        paths = {e.path for e in users}
+        before, after = run.store.read_module(0, name), run.store.read_module(1, name)
+        for param in before:
+            expected = before[param] - sum(d[e.key][f"{name}/{param}"] for e in users) / len(paths)
+            torch.testing.assert_close(after[param], expected, rtol=1e-5, atol=1e-7)
+    # the chained task started from version 0 minus the first result's Δ (the island's rebase)
+    start = run.store.read_modules(0, run.topology.modules_of_path(0))
+    rebase_on_chain(run.store, start, second)
+    first_delta = read_result(run.store, round=1, path=0, attempt=0)[0]
+    for key, delta in first_delta.items():
+        module, _, param = key.partition("/")
+        torch.testing.assert_close(start[module][param], run.store.read_module(0, module)[param] - delta)
 
 
 def test_an_unreadable_inner_checkpoint_is_an_error_naming_the_file(tmp_path):
@@ -257,37 +280,31 @@ def test_two_replica_islands_per_routed_path_train_every_path_and_none_idles(tin
     assert sum(i.tasks_done for i in islands) >= 8 * rounds
 
 
-def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_trains_on(tiny, tmp_path):
-    """Async, max_staleness 1: while the island pinned to path 0 trains its task from version 0, the
-    other paths commit versions 1 and 2. At the commit of version 0 + max_staleness + 1 the task is
-    cancelled: the island stops at its next look at the board (after heartbeat_seconds), uploads
-    nothing, deletes its inner checkpoint, and takes path 0's fresh task from the newest version; no
-    result of the cancelled task is ever applied and the run still applies run.rounds results per path."""
+def test_a_task_that_falls_behind_is_cut_and_what_it_trained_is_applied(tiny, tmp_path):
+    """Async, max_staleness 1: while the island pinned to path 0 trains its task from version 0, the other
+    paths commit version 1. That commit cuts the task (its result can still go into round 2, no later
+    one): the island stops at its next look at the board, uploads the steps it trained, and round 2
+    applies them weighted by their tokens; path 0 then owes the steps it did not train, and the run
+    applies every planned step of every path, dropping nothing."""
     max_staleness = 1
     clock = Clock()
     run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
-                                            f"rounds.max_staleness={max_staleness}", "resilience.checkpoint_steps=1",
+                                            f"rounds.max_staleness={max_staleness}", "rounds.cut_after=0",
                                             "resilience.heartbeat_timeout=10", "run.rounds=3"])
     coordinator = run.coordinator(clock)
-    checkpoint = run.dir.root / "islands" / "slow.safetensors"
     fast = run.island("fast", clock, pinned=[1, 2, 3])
     seen = {}
 
     def world() -> None:  # inside slow's task, after 2 of its inner steps
-        seen["checkpoint"] = checkpoint.exists()
-        doomed_at = held.base + max_staleness + 1
         for _ in range(100):
             slow.heartbeat()  # what its heartbeat thread does meanwhile
             fast.poll()
             clock.t += 0.5
             coordinator.tick()
-            if coordinator.committed == max_staleness:  # the last version its result could still go into
-                seen["running_at_the_limit"] = coordinator.tasks[held.key].status
-            if coordinator.committed >= doomed_at:
+            if coordinator.committed >= held.base + max_staleness:
                 break
-        seen["stats"] = coordinator.last_stats
-        seen["board"] = dict(coordinator.tasks)
-        seen["status"] = collect(Source(store=run.store))  # what `dipaco status` shows now
+        seen["status"] = coordinator.tasks[held.key].status
+        seen["cut"] = coordinator.last_stats.cut
         clock.t += run.config.resilience.heartbeat_seconds  # slow's next look at the board is due
 
     slow = run.island("slow", clock, pinned=[0], faults=Meanwhile(at=3, world=world))
@@ -296,33 +313,53 @@ def test_a_running_task_that_can_no_longer_be_applied_is_cancelled_and_its_path_
     coordinator.tick()
     held = slow.next_task()
     assert held.path == 0 and held.base == 0
-    assert slow.execute(held) is None  # stopped, not finished
-    assert slow.cancelled == [f"{held.key}#0"] and slow.status == "idle"
-    assert seen["running_at_the_limit"] == "assigned"  # max_staleness versions behind: still applicable
-    stats = seen["stats"]
-    assert stats.round == held.base + max_staleness + 1 and stats.cancelled == 1
-    board = seen["board"]
-    assert board[held.key].status == "cancelled"
-    (fresh,) = [t for t in board.values() if t.path == 0 and t.status in ("open", "assigned")]
-    assert fresh.base == stats.round and fresh.step_offset == held.step_offset and fresh.inner_from == held.inner_from
-    shown = seen["status"]
-    assert shown["queue"]["cancelled"] == 1 and shown["last_round"]["cancelled"] == 1
-    assert shown["cancelled"]["tasks"] == 1 and "1 cancelled" in format_status(shown)
-    assert not result_exists(run.store, round=held.round, path=0, attempt=0)  # nothing uploaded
-    assert seen["checkpoint"] and not checkpoint.exists()  # it had one; it can never be resumed
+    meta = slow.execute(held)
+    assert seen["status"] == "cut" and seen["cut"] == 1
+    steps = run.config.inner.steps
+    assert meta is not None and 1 <= meta.steps < steps  # stopped early, reported what it trained
+    drive(coordinator, [slow, fast], clock)
+    decided = manifests(run.store, coordinator.committed)
+    applied = [e for m in decided for e in m.applied]
+    cut = next(e for e in applied if e.key == held.key)
+    assert cut.steps == meta.steps and cut.staleness == max_staleness
+    for path in range(4):  # every planned step applied, the cut result's own steps among path 0's
+        assert sum(e.steps for e in applied if e.path == path) == run.config.run.rounds * steps
+    assert not any(m.dropped for m in decided)
 
+
+def test_a_running_task_that_can_no_longer_be_applied_is_cancelled(tiny, tmp_path):
+    """A task still running when its result could no longer be applied (more than rounds.max_staleness
+    behind: its island never looked at the board) is cancelled at the commit: its island stops without
+    uploading, and its path trains on from the newest version."""
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0",
+                                            "rounds.max_staleness=0", "rounds.cut_after=0",
+                                            "resilience.heartbeat_timeout=10"])
+    coordinator = run.coordinator(clock)
+    fast = run.island("fast", clock, pinned=[1, 2, 3])
+    seen = {}
+
+    def world() -> None:
+        while coordinator.committed < 1:
+            slow.heartbeat()
+            fast.poll()
+            clock.t += 0.5
+            coordinator.tick()
+        seen["status"], seen["cancelled"] = coordinator.tasks[held.key].status, coordinator.last_stats.cancelled
+        clock.t += run.config.resilience.heartbeat_seconds
+
+    slow = run.island("slow", clock, pinned=[0], faults=Meanwhile(at=3, world=world))
+    coordinator.tick()
+    slow.heartbeat(), fast.heartbeat()
+    coordinator.tick()
+    held = slow.next_task()
+    assert slow.execute(held) is None and slow.cancelled == [f"{held.key}#0"]
+    assert seen == {"status": "cancelled", "cancelled": 1}
+    assert not result_exists(run.store, round=held.round, path=0, attempt=0)  # nothing uploaded
     clock.t += 0.5
-    coordinator.tick()  # slow is idle: it gets path 0's task from the newest version
+    coordinator.tick()
     again = slow.next_task()
     assert again is not None and again.path == 0 and again.base == coordinator.committed
-    drive(coordinator, [slow, fast], clock)
-    rounds = run.config.run.rounds
-    decided = manifests(run.store, coordinator.committed)
-    assert all(held.key not in m.keys for m in decided)
-    applied = [e for m in decided for e in m.applied]
-    assert sorted(e.path for e in applied) == sorted(list(range(4)) * rounds)
-    assert not any(m.dropped for m in decided)  # cancelled, not trained to be dropped
-    assert slow.cancelled == [f"{held.key}#0"]
 
 
 def test_an_island_goes_on_only_while_the_board_could_still_take_its_result():

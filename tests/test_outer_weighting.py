@@ -118,16 +118,30 @@ def test_weights_by_hand_for_every_setting():
         return result_weights(entries, n_paths=4, sizes=sizes,
                               config=OuterConfig(weighting=weighting, normalize=normalize))
 
+    # Z leaves the staleness factor out: the stale result is discounted, not just re-weighted
     shard = [2304256.0, 1184512.0 * 0.5, 793600.0 * 0.5]
-    assert weights("shard", "module") == (pytest.approx(shard), pytest.approx(sum(shard)))
+    assert weights("shard", "module") == (pytest.approx(shard), pytest.approx(2304256 + 1184512 * 0.5 + 793600))
     assert weights("shard", "all") == (pytest.approx(shard), pytest.approx(2304256 + 1184512 + 793600 + 3072000))
     tokens = [51200.0, 25600.0, 25600.0]
-    assert weights("tokens", "module") == (pytest.approx(tokens), pytest.approx(102400))
+    assert weights("tokens", "module") == (pytest.approx(tokens), pytest.approx(51200 + 25600 + 51200))
     assert weights("tokens", "all") == (pytest.approx(tokens), pytest.approx(4 * 51200))
-    assert weights("uniform", "module") == (pytest.approx([1.0, 1.0, 0.5]), pytest.approx(2.5))
+    assert weights("uniform", "module") == (pytest.approx([1.0, 1.0, 0.5]), pytest.approx(3.0))
     assert weights("uniform", "all") == (pytest.approx([1.0, 1.0, 0.5]), pytest.approx(4.0))
     over = result_weights([entry(0, tokens=2 * TASK_TOKENS)], n_paths=4, sizes=sizes, config=OuterConfig())
     assert over == ([2304256.0], 2304256.0)  # a task never counts for more than a whole one
+    alone = result_weights([stale], n_paths=4, sizes=sizes, config=OuterConfig())
+    assert alone == ([793600.0 * 0.5], 793600.0)  # a stale result alone in a module moves it by half its Δ
+
+
+def test_a_path_with_two_results_in_a_round_weighs_once():
+    """Async: path 1 brought two results (consecutive pieces of its training, each half a task) and path 0
+    one. In a shared module path 1 weighs as one path with its tokens together (a whole task), each of
+    its results by that weight: its Δs add up, and Z counts it once."""
+    sizes = PathSizes(shard_tokens=SHARD_TOKENS, task_tokens=TASK_TOKENS)
+    first, second = entry(1, tokens=TASK_TOKENS // 2), entry(1, tokens=TASK_TOKENS // 2)
+    weights, total = result_weights([entry(0), first, second], n_paths=4, sizes=sizes, config=OuterConfig())
+    assert weights == pytest.approx([2304256.0, 1184512.0, 1184512.0])
+    assert total == pytest.approx(2304256.0 + 1184512.0)
 
 
 def test_diloco_replicas_weigh_by_their_share_of_the_documents():

@@ -8,7 +8,8 @@ from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.rounds.staleness import staleness_weight
 
-ASYNC = RoundsConfig(mode="async", quorum=0.5, grace_seconds=10.0, max_staleness=2, staleness_power=1.0)
+ASYNC = RoundsConfig(mode="async", quorum=0.5, grace_fraction=1.0, grace_seconds=10.0, max_staleness=2,
+                     staleness_power=1.0)  # a grace window of one task time, at most 10 s
 
 
 def grid(**topology) -> Grid:
@@ -41,7 +42,7 @@ def test_sync_waits_for_every_path_and_applies_each_with_weight_one():
     policy = RoundPolicy(grid(private_blocks=[1]), RoundsConfig(mode="sync"))
     for path in (0, 1, 2):
         policy.received(result(path, 0))
-    assert not policy.close_due(1e9, idle=[IdleIsland("a")])
+    assert not policy.close_due(1e9)
     policy.received(result(3, 0))
     assert policy.close_due(0.0)
     plan = policy.plan()
@@ -86,18 +87,76 @@ def test_the_grace_window_waits_only_for_paths_expected_in_time():
     assert policy3.close_due(10.0, running=[slower])
 
 
-def test_no_island_idles_while_a_commit_would_give_it_work():
+def test_an_async_path_trains_on_without_waiting_for_a_commit():
+    """Async: a path that reported gets its next task at once, from the same version (its island never
+    waits); sync: only after a round has applied its result."""
+    for config, expected in ((ASYNC, [0, 3]), (RoundsConfig(mode="sync"), [])):
+        policy = RoundPolicy(grid(), config, rounds=3)
+        policy.received(result(0, 0, arrived=1.0, started=0.0))
+        policy.received(result(3, 0, arrived=1.0, started=0.0))
+        assert policy.committed == 0 and policy.paths_to_open(busy={1, 2}) == expected, config.mode
+
+
+def test_idle_islands_do_not_end_the_grace_window():
+    """A round waits for the results expected within the window whatever the islands do (none idles in
+    async: each trains its path on)."""
     policy = RoundPolicy(grid(), ASYNC)
     policy.received(result(0, 0, arrived=1.0, started=0.0))
     policy.received(result(3, 0, arrived=1.0, started=0.0))
-    running = [Running(key="p1-b0", path=1, base=0, started=0.5)]  # expected within the grace window
-    assert not policy.close_due(1.0, running=running)
-    assert not policy.close_due(1.0, running=running, idle=[IdleIsland("a")], open=[OpenTask("p2-b0", 2, 0)])
-    assert policy.close_due(1.0, running=running, idle=[IdleIsland("a")])  # nothing else it could do
-    assert policy.close_due(1.0, running=running, idle=[IdleIsland("b", pinned=(0,))], open=[OpenTask("p2-b0", 2, 0)])
+    running = [Running(key="p1-b0", path=1, base=0, started=0.5)]  # expected at 1.5, within the window
+    assert not policy.close_due(1.0, running=running, open=[])
+    assert policy.close_due(1.0, running=[])  # nothing expected: no wait
+
+
+def test_the_grace_window_adapts_to_the_measured_task_time():
+    """The window is rounds.grace_fraction x the median task time (at most rounds.grace_seconds): with
+    tasks of 10 s and a fraction of 0.25 the round waits 2.5 s after its quorum, for results expected by then."""
+    config = RoundsConfig(mode="async", quorum=0.5, grace_fraction=0.25, grace_seconds=100.0)
+    policy = RoundPolicy(grid(), config)
+    policy.received(result(0, 0, arrived=10.0, started=0.0))
+    policy.received(result(3, 0, arrived=10.0, started=0.0))
+    inside = Running(key="p1-b0", path=1, base=0, started=2.0)  # expected at 12 <= 12.5
+    outside = Running(key="p2-b0", path=2, base=0, started=3.0)  # expected at 13 > 12.5
+    assert not policy.close_due(10.0, running=[inside, outside])  # waits for path 1 only
+    assert policy.close_due(10.0, running=[outside])  # no result expected within it: closes at once
+    assert policy.grace_deadline() == pytest.approx(12.5)
+    capped = RoundPolicy(grid(), RoundsConfig(mode="async", quorum=0.5, grace_fraction=0.25, grace_seconds=1.0))
+    capped.received(result(0, 0, arrived=10.0, started=0.0))
+    capped.received(result(3, 0, arrived=10.0, started=0.0))
+    assert capped.close_due(10.0, running=[inside])  # a 1 s window: path 1, expected at 12, is past it
+    assert capped.grace_deadline() == pytest.approx(11.0)
+
+
+def test_stragglers_are_cut_not_waited_for_and_never_twice():
+    """Async, tasks of 10 s: a running task longer than rounds.cut_after median task times is cut at that
+    time; one that has run a median task time and is rounds.max_staleness versions behind is cut at once
+    (its result can still go into the next round, no later one); a task already cut is not cut again;
+    nothing is cut before a task time was measured; sync never cuts."""
+    config = RoundsConfig(mode="async", quorum=0.5, max_staleness=2, cut_after=2.0)
+    policy = RoundPolicy(grid(), config, committed=3)
+    behind = Running("p0-b1", 0, 1, started=100.0)  # 2 versions behind version 3
+    fresh = Running("p1-b3", 1, 3, started=100.0)
+    assert policy.cut([behind, fresh], now=111.0) == []  # no task time measured yet
+    policy.received(result(2, 3, arrived=10.0, started=0.0))  # a task takes 10 s
+    assert policy.cut([behind, fresh], now=105.0) == []  # behind, but younger than a task time
+    assert policy.cut([behind, fresh], now=111.0) == ["p0-b1"]
+    assert policy.cut([Running("p0-b1", 0, 1, started=100.0, cut=True)], now=111.0) == []
+    assert policy.next_cut([fresh]) == pytest.approx(120.0)
+    assert policy.cut([fresh], now=119.0) == [] and policy.cut([fresh], now=121.0) == ["p1-b3"]
+    sync = RoundPolicy(grid(), RoundsConfig(mode="sync"), committed=3)
+    assert sync.cut([behind], now=1e9) == [] and sync.next_cut([behind]) is None
+
+
+def test_the_runs_length_counts_the_steps_applied_a_cut_result_its_own():
+    """rounds 2 of 10 steps: 20 steps per path; a result cut after 4 steps counts 4, and the path owes 16."""
+    policy = RoundPolicy(grid(), ASYNC, rounds=2, inner_steps=10)
+    policy.received(Result(key="p0-b0", path=0, base=0, tokens=40, arrived=1.0, steps=4))
+    for path in (1, 2, 3):
+        policy.received(result(path, 0))  # whole tasks
+    assert [policy.outstanding(p) for p in range(4)] == [16, 10, 10, 10]
     plan = policy.plan()
     policy.commit(plan)
-    assert policy.paths_to_open(busy={1, 2}) == [0, 3]  # the reported paths train on from version 1
+    assert [policy.applied_steps(p) for p in range(4)] == [4, 10, 10, 10] and not policy.done
 
 
 def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_async():
@@ -146,19 +205,20 @@ def test_the_runs_length_is_applied_results_per_path_and_its_end_waits_for_the_l
     assert not policy.close_due(0.0, running=slow)  # paths 1 and 2 owe 2 results each: the usual grace window
     assert policy.close_due(10.0, running=slow)
     policy.commit(policy.plan())
-    assert policy.paths_to_open(busy={1, 2}) == [0, 3]
+    assert policy.paths_to_open(busy={1, 2}) == [0, 3]  # (also before the commit: async never waits)
     policy.received(result(0, 1))
     policy.received(result(3, 1))
     assert [policy.outstanding(p) for p in range(4)] == [0, 2, 2, 0]
     assert policy.paths_to_open(busy={1, 2}) == []  # paths 0 and 3 are covered: no more tasks for them
-    assert policy.close_due(20.0, running=slow)  # paths 1 and 2 will need more tasks: not the end yet
+    assert not policy.close_due(20.0, running=slow)  # the grace window waits for their results (still applicable)
+    assert policy.close_due(30.0, running=slow)  # paths 1 and 2 will need more tasks: not the end yet
     policy.commit(policy.plan())
     policy.received(result(1, 0, arrived=25.0))
     policy.received(result(2, 0, arrived=30.0))
     assert policy.paths_to_open(busy=set()) == [1, 2]  # each owes one more result
     last = [Running("p1-b2", 1, 2, 25.0), Running("p2-b2", 2, 2, 30.0)]
     # the tasks in flight cover everything outstanding: the end; it waits for both
-    assert not policy.close_due(30.0, running=last, idle=[IdleIsland("a")])  # an idle island does not hurry it
+    assert not policy.close_due(30.0, running=last)
     assert not policy.close_due(500.0, running=last)  # nor does the grace window
     policy.received(result(1, 2, arrived=501.0, started=25.0))
     assert not policy.close_due(501.0, running=last[1:])

@@ -32,7 +32,7 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
     train = json.loads(tiny_trained.train_summary.read_text())
     assert status["goodput"]["value"] == pytest.approx(train["goodput"]["goodput"])
     assert status["bytes_up"] == train["bytes_up"]
-    assert status["queue"] == {"open": 0, "assigned": 0, "received": 0, "lost": 0, "cancelled": 0}
+    assert status["queue"] == {"open": 0, "assigned": 0, "received": 0, "lost": 0, "cancelled": 0, "cut": 0}
     assert status["cancelled"] == {"tasks": 0, "how": "train.json"}  # sync never cancels
     assert [p["results_applied"] for p in status["paths"]] == [3, 3, 3, 3]
     last = {r["round"]: r for r in train["rounds"]}[3]
@@ -70,7 +70,7 @@ def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
         text, status = status_of(capsys, "--run", run.root)
         assert not status["finished"] and "round 0 committed, running" in text
         assert status["coordinator"]["pid"] > 0 and "coordinator:" in text
-        assert status["queue"] == {"open": 1, "assigned": 2, "received": 1, "lost": 0, "cancelled": 0}
+        assert status["queue"] == {"open": 1, "assigned": 2, "received": 1, "lost": 0, "cancelled": 0, "cut": 0}
         islands = {i["island"]: i for i in status["islands"]}
         assert islands["busy"]["task"] == busy_task and islands["busy"]["alive"]
         assert islands["fast"]["task"] == fast_task != busy_task and islands["fast"]["alive"]

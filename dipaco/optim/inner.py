@@ -108,17 +108,22 @@ def train_steps(
     the device once per check, not once per step; a non-finite loss raises FloatingPointError naming
     its step (the steps after it, up to the check, ran on a model that is then thrown away).
     `after_step(steps done, their losses on the device, seconds so far, tokens so far)` runs after each step
-    (an island's inner checkpoints and injected slowdown)."""
+    (an island's inner checkpoints and injected slowdown). When `batches` ends early the steps stop there
+    (a task cut short); "steps" says how many ran."""
     model.train()
     losses = torch.zeros(steps, device=device)  # (steps,) float32
     values: list[float] = []  # the losses checked so far
     tokens = 0
     started = time.perf_counter()
+    done = 0
     for i in range(steps):
+        batch = next(batches, None)
+        if batch is None:
+            break
         lr = lr_at(start_step + i, config=config, total_steps=total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        input_ids = torch.as_tensor(next(batches), dtype=torch.long, device=device)  # (B, T)
+        input_ids = torch.as_tensor(batch, dtype=torch.long, device=device)  # (B, T)
         with autocast(device, precision):
             loss = model(input_ids=input_ids, labels=input_ids).loss
         loss.backward()
@@ -128,11 +133,14 @@ def train_steps(
         optimizer.zero_grad(set_to_none=True)  # here, not before backward: no gradients live through the next forward
         losses[i] = loss.detach()
         tokens += input_ids.numel()
-        if i + 1 - len(values) == CHECK_EVERY or i + 1 == steps:
-            values += _finite(losses[len(values) : i + 1].tolist(), first_step=start_step + len(values), lr=config.lr)
+        done = i + 1
+        if done - len(values) == CHECK_EVERY or done == steps:
+            values += _finite(losses[len(values) : done].tolist(), first_step=start_step + len(values), lr=config.lr)
         if after_step is not None:
-            after_step(i + 1, losses[: i + 1], time.perf_counter() - started, tokens)
-    return {"losses": values, "tokens": tokens, "seconds": time.perf_counter() - started}
+            after_step(done, losses[:done], time.perf_counter() - started, tokens)
+    if len(values) < done:  # ended early
+        values += _finite(losses[len(values) : done].tolist(), first_step=start_step + len(values), lr=config.lr)
+    return {"losses": values, "tokens": tokens, "seconds": time.perf_counter() - started, "steps": done}
 
 
 def _finite(losses: list[float], *, first_step: int, lr: float) -> list[float]:

@@ -1,15 +1,19 @@
 """How much each result weighs in a module's outer step (`outer.weighting`, `outer.normalize`).
 
-For the results R(m) applied to module m this round, `combine_streamed` adds Δ_p with factor w_p / Z:
+For the results applied to module m this round, `combine_streamed` adds each result r of path p with
+factor W_p × f_r / Z. A path carries one weight however many results it brought (async: the results of
+one path in one round are consecutive pieces of its training, each the progress of its own steps):
 
-    w_p = |D_p| × min(1, tokens trained / tokens asked) × f_p     outer.weighting: shard (the paper's)
-    w_p = tokens trained × f_p                                    outer.weighting: tokens
-    w_p = f_p                                                     outer.weighting: uniform
-    Z   = Σ_{q ∈ R(m)} w_q                                        outer.normalize: module
-    Z   = Σ_{q ∈ all paths} w_q at full weight (f = 1, whole task) outer.normalize: all
+    W_p = |D_p| × min(1, tokens p trained / tokens asked)    outer.weighting: shard (the paper's)
+    W_p = tokens p trained                                   outer.weighting: tokens
+    W_p = 1                                                  outer.weighting: uniform
+    Z   = Σ_{paths q reporting to m} W_q                     outer.normalize: module
+    Z   = Σ_{q ∈ all paths} W_q at full weight (whole task)  outer.normalize: all
 
 |D_p| is the number of tokens in path p's training shard (`dipaco shard` writes it to
-shards/index.json), f_p the async staleness factor (1 in sync mode). With DiLoCo replicas each
+shards/index.json), f_r the result's async staleness factor (1 in sync mode); Z leaves the factors out,
+so a stale result is discounted even when it is the only one a module gets. A result cut short weighs
+by the tokens it trained. With DiLoCo replicas each
 replica is a path of its own whose shard holds its random share of the routed path's documents
 (`dipaco route`), so its |D_p| is that share. With `module`, the weights of the results a module got
 sum to 1 (a weighted average); with `all` they sum to the share of the whole data those results
@@ -54,27 +58,31 @@ def needs_sizes(config: OuterConfig) -> bool:
 
 def result_weights(entries: Sequence[Weighed], *, n_paths: int, sizes: PathSizes | None,
                    config: OuterConfig) -> tuple[list[float], float]:
-    """(w_p for each of `entries`, the results applied to one module, and the Z they are divided by)."""
+    """(W_p × f_r for each of `entries`, the results applied to one module, and the Z they are divided by)."""
     if needs_sizes(config):
         if sizes is None:
             raise ValueError(f"outer.weighting {config.weighting!r} with outer.normalize {config.normalize!r} "
                              f"needs each path's shard size: pass the run's PathSizes")
         if len(sizes.shard_tokens) != n_paths:
             raise ValueError(f"{len(sizes.shard_tokens)} shard sizes for a grid of {n_paths} paths")
-    weights = [_weight(entry, sizes=sizes, weighting=config.weighting) * entry.factor for entry in entries]
+    trained: dict[int, int] = {}  # path -> its tokens in these results, in the order the paths first appear
+    for entry in entries:
+        trained[entry.path] = trained.get(entry.path, 0) + entry.tokens
+    path_weight = {p: _weight(p, tokens, sizes=sizes, weighting=config.weighting) for p, tokens in trained.items()}
+    weights = [path_weight[entry.path] * entry.factor for entry in entries]
     if config.normalize == "module":
-        return weights, sum(weights)
+        return weights, sum(path_weight.values())
     return weights, sum(_full_weight(path, sizes=sizes, weighting=config.weighting) for path in range(n_paths))
 
 
-def _weight(entry: Weighed, *, sizes: PathSizes | None, weighting: str) -> float:
+def _weight(path: int, tokens: int, *, sizes: PathSizes | None, weighting: str) -> float:
     if weighting == "uniform":
         return 1.0
     if weighting == "tokens":
-        return float(entry.tokens)
+        return float(tokens)
     assert sizes is not None
-    trained = min(1.0, entry.tokens / sizes.task_tokens)
-    return float(sizes.shard_tokens[entry.path]) * trained
+    trained = min(1.0, tokens / sizes.task_tokens)
+    return float(sizes.shard_tokens[path]) * trained
 
 
 def _full_weight(path: int, *, sizes: PathSizes | None, weighting: str) -> float:

@@ -42,6 +42,7 @@ class Result:
     tokens: int
     arrived: float  # policy clock
     started: float | None = None  # when the task was handed out (policy clock); None = unknown
+    steps: int | None = None  # inner steps it trained (fewer when it was cut); None = a whole task
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Running:
     path: int
     base: int
     started: float | None  # when it was handed out; None = unknown (e.g. before a coordinator restart)
+    cut: bool = False  # already told to stop and report what it trained
+    steps: int | None = None  # inner steps it was asked for; None = a whole task
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ class Verdict:
     base: int
     staleness: int  # of its shared modules (its private ones: `Contribution.staleness`)
     factor: float | None
+    steps: int | None = None  # inner steps it trained (None: a whole task)
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,11 @@ def plan_round(round: int, pending: Iterable[Result], *, grid: Grid, config: Rou
     """The plan of round `round` from the `pending` results; `applied_rounds`: path -> the rounds that
     applied its earlier results (a private module's staleness)."""
     verdicts, by_key = [], {}
-    for result in sorted(pending, key=lambda r: (r.path, r.base)):
+    for result in sorted(pending, key=lambda r: (r.path, r.base, r.key)):
         staleness = round - 1 - result.base
         factor = staleness_weight(staleness, config=config)
-        verdicts.append(Verdict(key=result.key, path=result.path, base=result.base, staleness=staleness, factor=factor))
+        verdicts.append(Verdict(key=result.key, path=result.path, base=result.base, staleness=staleness, factor=factor,
+                                steps=result.steps))
         by_key[result.key] = result
     modules: dict[str, tuple[Contribution, ...]] = {}
     for m, paths in grid.modules.items():

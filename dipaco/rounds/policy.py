@@ -2,16 +2,15 @@
 
     policy = RoundPolicy(Grid.of(topology), cfg.rounds, rounds=cfg.run.rounds)  # committed=t, applied=... on a restart
     policy.received(Result(key, path=2, base=4, tokens=51200, arrived=t, started=t0))
-    if policy.close_due(now, running=[Running(...)], idle=[IdleIsland(...)], open=[OpenTask(...)]):
+    if policy.close_due(now, running=[Running(...)], open=[OpenTask(...)]):
         plan = policy.plan(); ...write it...; policy.commit(plan)
-    policy.paths_to_open(busy={0, 3}); policy.rebase(open_tasks); policy.cancel(running)
+    policy.paths_to_open(busy={0, 3}); policy.rebase(open_tasks); policy.cancel(running); policy.cut(running, now)
     policy.on_lost(task_base); policy.assign(open_tasks, idle_islands); policy.keep_from(keep_rounds=2, bases=[...])
 
 The coordinator's `tick` drives it in this order: `received` for each result; a task for each of
-`paths_to_open`; `on_lost` for lost tasks; `close_due` (told the idle islands a dry `assign` would
-leave without work), and when due `plan`, write, `commit`, `rebase` the open tasks, replace each of
-`cancel`'s; then `assign`. The rules (sync / async, staleness, grace window, the run's length) are in
-docs/islands.md.
+`paths_to_open`; `on_lost` for lost tasks; `close_due`, and when due `plan`, write, `commit`, `rebase`
+the open tasks, replace each of `cancel`'s; `cut`; then `assign`. The rules (sync / async, staleness,
+grace window, cutting, the run's length) are in docs/islands.md.
 """
 
 from __future__ import annotations
@@ -30,12 +29,12 @@ from dipaco.rounds.staleness import staleness_weight
 class RoundPolicy:
     """The committed version, the results not yet used, the run's length and the quorum clock."""
 
-    def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, committed: int = 0,
-                 applied: Iterable[tuple[int, int]] = ()):
-        """`rounds`: the run's length, in results applied per path (`run.rounds`; None = no end).
-        `applied`: (round, path) of every result applied by committed rounds (from their manifests)."""
+    def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, inner_steps: int = 1,
+                 committed: int = 0, applied: Iterable[tuple] = ()):
+        """`rounds` × `inner_steps`: the run's length, in steps applied per path (`run.rounds`; None = no
+        end). `applied`: (round, path[, steps]) of every result applied by committed rounds (manifests)."""
         self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
-        self.length = RunLength(grid.n_paths, rounds, applied=applied)
+        self.length = RunLength(grid.n_paths, rounds, inner_steps=inner_steps, applied=applied)
         self.clock = QuorumClock(grid, config)
         self.pending: dict[str, Result] = {}
 
@@ -44,14 +43,17 @@ class RoundPolicy:
         if result.key in self.pending:
             return
         self.pending[result.key] = result
-        self.clock.measure(result)
+        self.clock.measure(result, whole=result.steps is None or result.steps >= self.length.inner_steps)
 
     # --- the run's length ----------------------------------------------------------------------------
     def applied_results(self, path: int) -> int:
         return self.length.applied_results(path)
 
+    def applied_steps(self, path: int) -> int:
+        return self.length.applied_steps[path]
+
     def outstanding(self, path: int) -> int | None:
-        """Results `path` still owes beyond the committed rounds and the pending results the next round
+        """Steps `path` still owes beyond the committed rounds and the pending results the next round
         applies (None: the run has no length)."""
         return self.outstanding_all()[path]
 
@@ -60,7 +62,7 @@ class RoundPolicy:
         usable = [0] * self.grid.n_paths
         for r in self.pending.values():
             if staleness_weight(self.committed - r.base, config=self.config) is not None:
-                usable[r.path] += 1
+                usable[r.path] += self.length.steps(r.steps)
         return self.length.outstanding(usable)
 
     @property
@@ -73,13 +75,16 @@ class RoundPolicy:
 
     # --- closing a round -----------------------------------------------------------------------------
     def fresh_paths(self) -> set[int]:
-        """Paths with a result based on the newest version."""
-        return {r.path for r in self.pending.values() if r.base == self.committed}
+        """Paths that reported for the next round: sync, a result from the newest version; async, any
+        result received since the last commit that the next round can still apply."""
+        if self.config.mode == "sync":
+            return {r.path for r in self.pending.values() if r.base == self.committed}
+        return {r.path for r in self.pending.values()
+                if staleness_weight(self.committed - r.base, config=self.config) is not None}
 
-    def close_due(self, now: float, *, running: Iterable[Running] = (), idle: Iterable[IdleIsland] = (),
-                  open: Iterable[OpenTask] = ()) -> bool:
-        """May round committed + 1 close at `now`? `running`: the tasks being trained, `idle`: the live
-        islands without a task, `open`: the tasks not yet taken."""
+    def close_due(self, now: float, *, running: Iterable[Running] = (), open: Iterable[OpenTask] = ()) -> bool:
+        """May round committed + 1 close at `now`? `running`: the tasks being trained, `open`: the tasks
+        not yet taken."""
         fresh = self.fresh_paths()
         if self.config.mode == "sync":
             return fresh >= set(range(self.grid.n_paths))
@@ -88,7 +93,7 @@ class RoundPolicy:
         if self.length.finishing(outstanding, running=running, open=open):
             return bool(self.pending) and not running  # the last results: wait for every one of them
         return self.clock.due(now, committed=self.committed, fresh=fresh, unfinished=unfinished(outstanding),
-                              any_pending=bool(self.pending), running=running, idle=idle, open=open)
+                              any_pending=bool(self.pending), running=running)
 
     def grace_deadline(self) -> float | None:
         return self.clock.grace_deadline()
@@ -111,13 +116,20 @@ class RoundPolicy:
     # --- tasks ---------------------------------------------------------------------------------------
     def paths_to_open(self, *, busy: set[int]) -> list[int]:
         return tasks.paths_to_open(self.grid.n_paths, busy=busy, fresh=self.fresh_paths(),
-                                   outstanding=self.outstanding_all())
+                                   outstanding=self.outstanding_all(), config=self.config)
 
     def rebase(self, open: Iterable[OpenTask]) -> list[OpenTask]:
         return tasks.rebase(open, committed=self.committed)
 
     def cancel(self, running: Iterable[Running]) -> list[str]:
         return tasks.cancel(running, committed=self.committed, config=self.config)
+
+    def cut(self, running: Iterable[Running], now: float) -> list[str]:
+        return tasks.cut(running, committed=self.committed, now=now, median=self.clock.median_task_seconds(),
+                         config=self.config)
+
+    def next_cut(self, running: Iterable[Running]) -> float | None:
+        return tasks.next_cut(running, median=self.clock.median_task_seconds(), config=self.config)
 
     def on_lost(self, base: int, *, resumable: bool = False) -> str:
         return tasks.on_lost(base, committed=self.committed, config=self.config, resumable=resumable)

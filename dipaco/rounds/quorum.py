@@ -1,10 +1,13 @@
 """When an async round may close: per shared module a quorum of its own paths, then a grace window.
 
-A shared module m is ready when ceil(rounds.quorum × |P(m)|) of its reporting paths have a result from
-the newest version, and then all of them have, or its grace window has passed: after the quorum at
-q_m the round waits only for paths whose running task is expected (start + the median measured task
-time) by q_m + rounds.grace_seconds. A round closes when every shared module is ready, at once when an
-idle island has no task it may take; with no shared module, as soon as any result is in.
+A shared module m is ready when ceil(rounds.quorum × |P(m)|) of its reporting paths have reported since
+the last commit (a result the next round can apply), and then all of them have, or its grace window has
+passed. The window adapts to the
+measured task times: it is rounds.grace_fraction × their median (at most rounds.grace_seconds, which is
+also its length before any task was measured), and within it the round waits only for the paths whose
+running task is expected by then (its start + the median task time). A round closes when every shared
+module is ready; with no shared module, as soon as any result is in. Islands are never idle while it
+waits: each goes on training its path (`tasks.paths_to_open`).
 """
 
 from __future__ import annotations
@@ -12,12 +15,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable
 
 from dipaco.config import RoundsConfig
-from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
+from dipaco.rounds.inputs import Grid, Result, Running
 
-TASK_TIMES_KEPT = 16  # measured task times the grace window's median is taken over
+TASK_TIMES_KEPT = 16  # measured task times the median is taken over
 
 
 class QuorumClock:
@@ -28,22 +30,30 @@ class QuorumClock:
         self.task_times: deque[float] = deque(maxlen=TASK_TIMES_KEPT)
         self.quorum_since: dict[str, float] = {}
 
-    def measure(self, result: Result) -> None:
-        if result.started is not None:
+    def measure(self, result: Result, *, whole: bool = True) -> None:
+        """A result arrived; a whole task's time (not a cut one's) is measured."""
+        if result.started is not None and whole:
             self.task_times.append(max(0.0, result.arrived - result.started))
 
     def median_task_seconds(self) -> float | None:
         return statistics.median(self.task_times) if self.task_times else None
 
+    def window(self) -> float:
+        """The grace window's length: grace_fraction × the median task time, at most grace_seconds."""
+        median = self.median_task_seconds()
+        if median is None:
+            return self.config.grace_seconds
+        return min(self.config.grace_seconds, self.config.grace_fraction * median)
+
     def grace_deadline(self) -> float | None:
         """When a running grace window ends (the round may close then with no other event)."""
         starts = self.quorum_since.values()
-        return max(starts) + self.config.grace_seconds if starts else None
+        return max(starts) + self.window() if starts else None
 
     def due(self, now: float, *, committed: int, fresh: set[int], unfinished: set[int], any_pending: bool,
-            running: list[Running], idle: Iterable[IdleIsland], open: list[OpenTask]) -> bool:
-        """May the round close at `now`? `fresh`: paths with a result from version `committed`;
-        `unfinished`: paths that still owe results."""
+            running: list[Running]) -> bool:
+        """May the round close at `now`? `fresh`: paths that reported since the last commit; `unfinished`:
+        paths that still owe work."""
         shared = self.grid.shared
         if not shared:  # only private modules: nothing to wait for
             return any_pending
@@ -58,10 +68,6 @@ class QuorumClock:
                 quorum_met = False
         if not quorum_met:
             return False
-        open_paths = {t.path for t in open}
-        if any(not any(island.may_take(p) for p in open_paths) and any(island.may_take(p) for p in unfinished)
-               for island in idle):
-            return True  # an island would idle while a path it may train has work left: no grace
         return all(self._grace_over(m, now, committed, fresh, running, reporting) for m in shared)
 
     def _grace_over(self, module: str, now: float, committed: int, fresh: set[int], running: list[Running],
@@ -70,12 +76,12 @@ class QuorumClock:
         missing = paths - fresh
         if not missing:
             return True
-        deadline = self.quorum_since[module] + self.config.grace_seconds
+        deadline = self.quorum_since[module] + self.window()
         if now >= deadline:
             return True
         median = self.median_task_seconds()
         for task in running:
-            if task.path in missing and task.base == committed:
+            if task.path in missing and committed - task.base <= self.config.max_staleness:  # still applicable
                 if median is None or task.started is None:
                     return False  # nothing measured yet: the whole window
                 if task.started + median <= deadline:

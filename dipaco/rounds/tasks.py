@@ -1,6 +1,12 @@
 """Task decisions: which paths get a task, which open tasks move to the newest version, which running
-ones are cancelled (async: their result could no longer be applied), what happens to a lost one, and
-which idle island takes which open task."""
+ones are cut (async: they report the steps trained so far) or cancelled (their result could no longer be
+applied), what happens to a lost one, and which idle island takes which open task.
+
+Sync: a path gets its next task once a round has applied its result (from the newest version). Async:
+a path gets its next task as soon as it has none in flight, so its island never waits for a commit;
+the task continues from the path's own latest parameters (the newest version plus its results not yet
+applied: `Task.chain`), and its result is the progress of its own steps.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,13 @@ from dipaco.rounds.inputs import IdleIsland, OpenTask, Running
 from dipaco.rounds.staleness import staleness_weight
 
 
-def paths_to_open(n_paths: int, *, busy: set[int], fresh: set[int], outstanding: list[int | None]) -> list[int]:
-    """Paths that need a new task from the newest version: none in flight (`busy`), no result yet from the
-    newest version (`fresh`), and results still outstanding."""
+def paths_to_open(n_paths: int, *, busy: set[int], fresh: set[int], outstanding: list[int | None],
+                  config: RoundsConfig) -> list[int]:
+    """Paths that need a new task: none in flight (`busy`), work still outstanding, and in sync mode no
+    result yet from the newest version (`fresh`)."""
+    waiting = fresh if config.mode == "sync" else set()
     return [p for p in range(n_paths)
-            if p not in busy and p not in fresh and (outstanding[p] is None or outstanding[p] > 0)]
+            if p not in busy and p not in waiting and (outstanding[p] is None or outstanding[p] > 0)]
 
 
 def rebase(open: Iterable[OpenTask], *, committed: int) -> list[OpenTask]:
@@ -29,6 +37,34 @@ def cancel(running: Iterable[Running], *, committed: int, config: RoundsConfig) 
     if config.mode != "async":
         return []
     return [t.key for t in running if staleness_weight(committed - t.base, config=config) is None]
+
+
+def cut(running: Iterable[Running], *, committed: int, now: float, median: float | None,
+        config: RoundsConfig) -> list[str]:
+    """The keys of the running tasks to cut now (async; sync never cuts), stragglers: those running longer
+    than `rounds.cut_after` median task times, and those that have run a median task time and are
+    `rounds.max_staleness` versions behind (the next round can still apply their result, no later one).
+    A cut task's path moves on and what it trained is applied, weighted by its tokens."""
+    if config.mode != "async" or median is None:
+        return []
+    keys = []
+    for t in running:
+        if t.cut or t.started is None:
+            continue
+        ran = now - t.started
+        late = config.cut_after > 0 and ran > config.cut_after * median
+        last_chance = 1 <= committed - t.base == config.max_staleness and ran >= median
+        if late or last_chance:
+            keys.append(t.key)
+    return keys
+
+
+def next_cut(running: Iterable[Running], *, median: float | None, config: RoundsConfig) -> float | None:
+    """When the next running task becomes late enough to be cut (None: none will without another event)."""
+    if config.mode != "async" or config.cut_after <= 0 or median is None:
+        return None
+    times = [t.started + config.cut_after * median for t in running if not t.cut and t.started is not None]
+    return min(times) if times else None
 
 
 def on_lost(base: int, *, committed: int, config: RoundsConfig, resumable: bool = False) -> str:

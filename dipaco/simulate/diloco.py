@@ -117,8 +117,9 @@ class RoundsSimulation:
         self.uploading.discard(learner.ident)
         task: SimTask = work.tag
         tokens = max(1, round(work.chip_seconds))  # a shrunk (elastic) learner trains a smaller batch
-        self.trace.append(("result", self.queue.now, task, tokens))
-        if self.syncer.received(task.key, tokens=tokens, now=self.queue.now):
+        steps = max(1, round(work.seconds / work.step))  # fewer than asked when it was cut
+        self.trace.append(("result", self.queue.now, task, tokens, steps))
+        if self.syncer.received(task.key, tokens=tokens, steps=steps, now=self.queue.now):
             self.chip_seconds[task.key] = work.chip_seconds
         else:  # cancelled while it was uploading: ignored
             self.ledger.lost += work.chip_seconds
@@ -148,14 +149,16 @@ class RoundsSimulation:
                 self._account(decided.plan, now)
             for task, island in decided.cancelled:
                 self._stop(task, island)
+            for task, island in decided.cut:
+                self._cut(task, island)
             for task, island in decided.handed:
                 self._start(task, island, now)
-            if not decided.handed and decided.plan is None:
+            if not decided.handed and decided.plan is None and not decided.cut:
                 break
-        deadline = self.syncer.grace_deadline()
-        if deadline is not None and deadline > now and deadline not in self.wake_scheduled:
-            self.wake_scheduled.add(deadline)
-            self.queue.at(deadline, self._tick)
+        for deadline in (self.syncer.grace_deadline(), self.syncer.next_cut()):
+            if deadline is not None and deadline > now and deadline not in self.wake_scheduled:
+                self.wake_scheduled.add(deadline)
+                self.queue.at(deadline, self._tick)
 
     def _start(self, task: SimTask, island: str, now: float) -> None:
         learner = self.learners[task.path]
@@ -166,7 +169,16 @@ class RoundsSimulation:
         self.bytes_moved += self.settings.download_bytes
         step = sim.step_seconds * self.failures.speed_factor()
         download = self.settings.transfer_seconds(self.settings.download_bytes)
-        learner.give(Work(seconds=self.settings.inner_steps * step, step=step, not_before=now + download, tag=task))
+        learner.give(Work(seconds=task.steps * step, step=step, not_before=now + download, tag=task))
+
+    def _cut(self, task: SimTask, island: str) -> None:
+        """A running task was cut: its learner finishes the step in progress (one at least) and reports the
+        steps trained (one uploading it already reports the whole task)."""
+        now = self.queue.now
+        learner = self.learners[task.path]
+        self.trace.append(("cut", now, task))
+        if learner.work is not None and learner.work.tag is task:
+            learner.shorten()
 
     def _account(self, plan: RoundPlan, now: float) -> None:
         for verdict in plan.verdicts:

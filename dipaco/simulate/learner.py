@@ -100,6 +100,14 @@ class Learner:
         self._predict()  # a new generation: the scheduled finish is void
         return work
 
+    def shorten(self) -> None:
+        """Cut the work short: it ends with the step in progress (one step at least), then reports."""
+        self._advance(self.queue.now)
+        work = self.work
+        steps = max(1, math.ceil(work.done / work.step - _EPS))
+        work.seconds = min(work.seconds, steps * work.step)
+        self._predict()
+
     def finish_horizon(self) -> Work | None:
         """Book the training up to now and hand back the unfinished work (None when idle)."""
         self._advance(self.queue.now)

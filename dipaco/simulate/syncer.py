@@ -1,9 +1,9 @@
 """The coordinator's bookkeeping around the real round policy (`dipaco.rounds.policy.RoundPolicy`), on
 the simulator's clock: the tasks (open, running, received) and one `tick` in the coordinator's order
-(`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close
-plan, commit, move open tasks to the newest version, cancel the running tasks the policy names (each
-replaced by an open task from the newest version) and open tasks for the paths that reported; then
-hand open tasks to idle learners. Every decision is the policy's; this file only keeps the state the
+(`Coordinator.tick`): open the tasks the policy names; ask whether the round closes, and on a close plan,
+commit, move open tasks to the newest version, cancel the running tasks the policy names (each replaced
+by an open task from the newest version) and open tasks for the paths that reported; cut the running
+tasks the policy names; then hand open tasks to idle learners. Every decision is the policy's; this file only keeps the state the
 coordinator keeps in its task board.
 """
 
@@ -25,6 +25,7 @@ class SimTask:
     path: int
     base: int
     steps_done: int  # inner steps its path had trained when it was opened (the coordinator's step_offset)
+    steps: int  # inner steps it asks for
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,18 @@ class Pass:
     handed: list[tuple[SimTask, str]]  # (task, island) handed out
     plan: RoundPlan | None  # the round it closed, if any
     cancelled: list[tuple[SimTask, str]]  # (task, island) of the running tasks it cancelled (their islands stop them)
+    cut: list[tuple[SimTask, str]]  # (task, island) of the running tasks it cut (they report what they trained)
 
 
 class Syncer:
     def __init__(self, topology: Topology, closing: RoundsConfig, *, inner_steps: int, rounds: int | None = None) -> None:
         """`rounds`: the run's length in results applied per path, as `run.rounds` (None: to the horizon)."""
-        self.policy = RoundPolicy(Grid.of(topology), closing, rounds=rounds)
+        self.policy = RoundPolicy(Grid.of(topology), closing, rounds=rounds, inner_steps=inner_steps)
         self.inner_steps = inner_steps
         self.steps_done = {p: 0 for p in range(topology.n_paths)}  # per path, from the results received
         self.open: dict[str, SimTask] = {}
         self.running: dict[str, tuple[SimTask, str, float]] = {}  # key -> (task, island, handed out at)
+        self.cut_keys: set[str] = set()  # running tasks already cut
         self._serial = itertools.count()
 
     @property
@@ -52,32 +55,33 @@ class Syncer:
 
     def _new_task(self, path: int) -> SimTask:
         base = self.policy.committed
+        owed = self.policy.outstanding(path)
+        steps = self.inner_steps if owed is None else max(1, min(self.inner_steps, owed))
         return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
-                       steps_done=self.steps_done[path])
+                       steps_done=self.steps_done[path], steps=steps)
 
-    def received(self, key: str, *, tokens: int, now: float) -> bool:
-        """The result of running task `key` arrived; False (ignored, as the coordinator ignores it) when the
-        task was cancelled meanwhile."""
+    def received(self, key: str, *, tokens: int, steps: int, now: float) -> bool:
+        """The result of running task `key` (`steps` trained) arrived; False (ignored, as the coordinator
+        ignores it) when the task was cancelled meanwhile."""
         if key not in self.running:
             return False
         task, _, started = self.running.pop(key)
-        self.steps_done[task.path] = task.steps_done + self.inner_steps
+        self.cut_keys.discard(key)
+        self.steps_done[task.path] = task.steps_done + steps
         self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
-                                    started=started))
+                                    started=started, steps=steps))
         return True
 
     def tick(self, now: float, idle: list[IdleIsland]) -> Pass:
-        """One coordinator pass, in its order: open the tasks the policy names; close the round if the
-        policy says so (told which idle islands would stay idle), then cancel the running tasks the policy
+        """One coordinator pass, in its order: open the tasks the policy names; cut the running tasks it
+        names; close the round if the policy says so, then cancel and cut the running tasks the policy
         names and open tasks from the new version; hand open tasks to idle islands. Once the run's length
         is applied (`policy.done`) it decides nothing, as the coordinator."""
         if self.policy.done:
-            return Pass(handed=[], plan=None, cancelled=[])
+            return Pass(handed=[], plan=None, cancelled=[], cut=[])
         self._open_tasks()
-        plan, cancelled = None, []
-        taken = {island for _, island in self.policy.assign(self._open_view(), idle)}
-        if self.policy.close_due(now, running=self._running_view(), idle=[i for i in idle if i.name not in taken],
-                                 open=self._open_view()):
+        plan, cancelled, cut = None, [], []
+        if self.policy.close_due(now, running=self._running_view(), open=self._open_view()):
             plan = self.policy.plan()
             self.policy.commit(plan)
             for stale in self.policy.rebase(self._open_view()):
@@ -86,16 +90,23 @@ class Syncer:
                 self.open[task.key] = task
             for key in self.policy.cancel(self._running_view()):
                 task, island, _ = self.running.pop(key)
+                self.cut_keys.discard(key)
                 fresh = self._new_task(task.path)
                 self.open[fresh.key] = fresh
                 cancelled.append((task, island))
             self._open_tasks()  # the paths that reported train on from the new version
+        cut += self._cut(now)
         handed = []
         for key, island in self.policy.assign(self._open_view(), idle):
             task = self.open.pop(key)
             self.running[key] = (task, island, now)
             handed.append((task, island))
-        return Pass(handed=handed, plan=plan, cancelled=cancelled)
+        return Pass(handed=handed, plan=plan, cancelled=cancelled, cut=cut)
+
+    def _cut(self, now: float) -> list[tuple[SimTask, str]]:
+        keys = self.policy.cut(self._running_view(), now)
+        self.cut_keys |= set(keys)
+        return [self.running[k][:2] for k in keys]
 
     def _open_tasks(self) -> None:
         busy = {t.path for t in self.open.values()} | {t.path for t, _, _ in self.running.values()}
@@ -107,8 +118,14 @@ class Syncer:
         """When a running grace window ends (the round may close then with no other event)."""
         return self.policy.grace_deadline()
 
+    def next_cut(self) -> float | None:
+        """When a running task becomes late enough to be cut (a pass is due then with no other event)."""
+        return self.policy.next_cut(self._running_view())
+
     def _running_view(self) -> list[Running]:
-        return [Running(key=k, path=t.path, base=t.base, started=s) for k, (t, _, s) in self.running.items()]
+        return [Running(key=k, path=t.path, base=t.base, started=s, cut=k in self.cut_keys,
+                        steps=None if t.steps == self.inner_steps else t.steps)
+                for k, (t, _, s) in self.running.items()]
 
     def _open_view(self) -> list[OpenTask]:
         return [OpenTask(key=t.key, path=t.path, base=t.base, steps_done=t.steps_done) for t in self.open.values()]

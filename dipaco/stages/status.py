@@ -85,7 +85,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
 
     islands = []
     for name, beat in sorted(read_heartbeats(store).items()):
-        assigned = [t.key for t in tasks.values() if t.status == "assigned" and t.island == name]
+        assigned = [t.key for t in tasks.values() if t.status in ("assigned", "cut") and t.island == name]
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
                         "beat_seconds_ago": age, "alive": beat.status != "done" and age < config.resilience.heartbeat_timeout,

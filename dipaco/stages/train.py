@@ -85,8 +85,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    checks = ResultChecks(store, topology, resilience=config.resilience,
-                                tokens_per_task=config.inner.steps * config.inner.batch_size * factory.reader.seq_len)
+    checks = ResultChecks(store, topology, resilience=config.resilience, inner_steps=config.inner.steps,
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len)
     service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
                           sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)

@@ -5,11 +5,11 @@ Every file has exactly one writer, and holds one record of `dipaco.store.records
     tasks.json                                    coordinator: the `Board` (every `Task` and `PathState`)
     rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
     heartbeats/<island>.json                      island <island>: its `Heartbeat`
-    results/round-000004/path-0002[.a1].json      the island running attempt 1 of (path 2, round 4): `ResultMeta`
-    results/round-000004/path-0002[.a1].<ext>     its pseudo-gradient (.safetensors, .int8.safetensors, .int4.safetensors)
-    islands/path-0002/inner-round-000004[.a1].safetensors   its inner AdamW state after the task
+    results/round-000004/path-0002[.l1][.a1].json the island running attempt 1 of (path 2, round 4): `ResultMeta`
+    results/round-000004/path-0002[.l1][.a1].<ext> its pseudo-gradient (.safetensors, .int8.safetensors, .int4.safetensors)
+    islands/path-0002/inner-round-000004[.l1][.a1].safetensors   its inner AdamW state after the task
 
-Attempt 0 has no suffix. A task handed to another island (its island stopped heart-beating, or came
+Attempt 0 and link 0 have no suffix (`.lN`: the path's N-th further task from the same version, async). A task handed to another island (its island stopped heart-beating, or came
 back as a new incarnation) gets the next attempt number and so its own files: a late result from the
 old attempt never overwrites anything, and the coordinator accepts exactly one attempt per task. A
 result's JSON is written after its pseudo-gradient, so a result whose JSON exists is complete.
@@ -38,12 +38,12 @@ TASKS = "tasks.json"
 EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors"}
 
 
-def _suffix(attempt: int) -> str:
-    return "" if attempt == 0 else f".a{attempt}"
+def _suffix(attempt: int, link: int = 0) -> str:
+    return ("" if link == 0 else f".l{link}") + ("" if attempt == 0 else f".a{attempt}")
 
 
-def _result_stem(round: int, path: int, attempt: int) -> str:
-    return f"results/{round_dir(round)}/path-{path:04d}{_suffix(attempt)}"
+def _result_stem(round: int, path: int, attempt: int, link: int = 0) -> str:
+    return f"results/{round_dir(round)}/path-{path:04d}{_suffix(attempt, link)}"
 
 
 def _heartbeat_file(island: str) -> str:
@@ -115,57 +115,82 @@ def write_result(store: ModuleStore, task: Task, tensors: dict[str, torch.Tensor
     """Upload a pseudo-gradient (compressed) then its metadata (the commit).
 
     Returns the metadata as written (with the file, its bytes and the compression) and the compression stats."""
-    stem = _result_stem(task.round, task.path, task.attempt)
+    stem = _result_stem(task.round, task.path, task.attempt, task.link)
     data, stats = compress(tensors, method=compression, level=level)
     name = stem + EXTENSIONS[compression]
     store.write_bytes(name, data)
     meta = dataclasses.replace(meta, bytes=len(data), compression=compression, file=name.rsplit("/", 1)[-1],
-                               attempt=task.attempt)
+                               attempt=task.attempt, link=task.link)
     store.write_json(stem + ".json", meta.to_json())
     return meta, stats
 
 
-def result_file(*, round: int, path: int, attempt: int, compression: str | None = None) -> str:
+def result_file(*, round: int, path: int, attempt: int, compression: str | None = None, link: int = 0) -> str:
     """The store name of a result's JSON, or with `compression` of its pseudo-gradient (KeyError: unknown)."""
-    return _result_stem(round, path, attempt) + (".json" if compression is None else EXTENSIONS[compression])
+    return _result_stem(round, path, attempt, link) + (".json" if compression is None else EXTENSIONS[compression])
 
 
-def result_exists(store: ModuleStore, *, round: int, path: int, attempt: int) -> bool:
-    return store.exists(_result_stem(round, path, attempt) + ".json")
+def result_ref(*, round: int, path: int, attempt: int, link: int = 0) -> str:
+    """The reference of a result (in `Task.chain`), which only this module turns into files."""
+    return _result_stem(round, path, attempt, link)
 
 
-def reported_results(store: ModuleStore, round: int) -> dict[int, set[int]]:
-    """`{path: attempts}` whose result JSON is in round `round`'s results folder, from one listing (a
-    result whose JSON exists is complete); what `result_exists` says of each, without a check per task."""
-    reported: dict[int, set[int]] = {}
+def result_ref_base(ref: str) -> int:
+    """The base version of the task whose result `ref` is."""
+    round = parse_round(ref.split("/")[1]) if ref.count("/") == 2 else None
+    if round is None:
+        raise StoreError(f"{ref!r} is not a result reference")
+    return round - 1
+
+
+def read_result_ref(store: ModuleStore, ref: str) -> tuple[dict[str, torch.Tensor], ResultMeta]:
+    """The result `ref` names: its float32 pseudo-gradient and its metadata."""
+    relative = ref + ".json"
+    meta = ResultMeta.from_json(store.read_json(relative), file=store.location(relative))
+    return _decoded(store, meta), meta
+
+
+def result_exists(store: ModuleStore, *, round: int, path: int, attempt: int, link: int = 0) -> bool:
+    return store.exists(_result_stem(round, path, attempt, link) + ".json")
+
+
+def reported_results(store: ModuleStore, round: int) -> dict[tuple[int, int], set[int]]:
+    """`{(path, link): attempts}` whose result JSON is in round `round`'s results folder, from one listing
+    (a result whose JSON exists is complete); what `result_exists` says of each, without a check per task."""
+    reported: dict[tuple[int, int], set[int]] = {}
     for name in store.listdir(f"results/{round_dir(round)}"):
         if not (name.startswith("path-") and name.endswith(".json")):
             continue  # pseudo-gradients, temporary files
-        stem = name.removeprefix("path-").removesuffix(".json")
-        path, _, suffix = stem.partition(".")
-        if not path.isdigit() or (suffix and not (suffix.startswith("a") and suffix[1:].isdigit())):
+        path, *suffixes = name.removeprefix("path-").removesuffix(".json").split(".")
+        marks = {s[:1]: s[1:] for s in suffixes}
+        if not path.isdigit() or len(marks) != len(suffixes) or not all(k in "la" and v.isdigit() for k, v in marks.items()):
             continue
-        attempt = int(suffix[1:]) if suffix else 0
-        if _result_stem(round, int(path), attempt) + ".json" == f"results/{round_dir(round)}/{name}":
-            reported.setdefault(int(path), set()).add(attempt)
+        attempt, link = int(marks.get("a", 0)), int(marks.get("l", 0))
+        if _result_stem(round, int(path), attempt, link) + ".json" == f"results/{round_dir(round)}/{name}":
+            reported.setdefault((int(path), link), set()).add(attempt)
     return reported
 
 
-def read_result_meta(store: ModuleStore, *, round: int, path: int, attempt: int) -> ResultMeta:
-    relative = _result_stem(round, path, attempt) + ".json"
+def read_result_meta(store: ModuleStore, *, round: int, path: int, attempt: int, link: int = 0) -> ResultMeta:
+    relative = _result_stem(round, path, attempt, link) + ".json"
     return ResultMeta.from_json(store.read_json(relative), file=store.location(relative))
 
 
-def read_result(store: ModuleStore, *, round: int, path: int, attempt: int) -> tuple[dict[str, torch.Tensor], ResultMeta]:
+def read_result(store: ModuleStore, *, round: int, path: int, attempt: int,
+                link: int = 0) -> tuple[dict[str, torch.Tensor], ResultMeta]:
     """A result's float32 pseudo-gradient `{"module/param": tensor}` and its metadata."""
-    meta = read_result_meta(store, round=round, path=path, attempt=attempt)
-    name = f"results/{round_dir(round)}/{meta.file}"
+    meta = read_result_meta(store, round=round, path=path, attempt=attempt, link=link)
+    return _decoded(store, meta), meta
+
+
+def _decoded(store: ModuleStore, meta: ResultMeta) -> dict[str, torch.Tensor]:
+    name = f"results/{round_dir(meta.round)}/{meta.file}"
     data = store.read_bytes(name)
     try:
         tensors, _ = decompress(data, method=meta.compression)
     except Exception as err:  # zstd / safetensors raise their own error types
         raise StoreError(f"store file {store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
-    return tensors, meta
+    return tensors
 
 
 def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str]:
@@ -238,9 +263,9 @@ def read_manifest(store: ModuleStore, round: int) -> RoundManifest | None:
 
 
 # --- inner optimiser states ------------------------------------------------------------------------
-def inner_ref(*, path: int, round: int, attempt: int) -> str:
-    """The reference of the inner state the task (path, round, attempt) leaves (in tasks and path states)."""
-    return f"{_inner_folder(path)}/inner-{round_dir(round)}{_suffix(attempt)}.safetensors"
+def inner_ref(*, path: int, round: int, attempt: int, link: int = 0) -> str:
+    """The reference of the inner state the task (path, round, attempt, link) leaves (in tasks and path states)."""
+    return f"{_inner_folder(path)}/inner-{round_dir(round)}{_suffix(attempt, link)}.safetensors"
 
 
 def warm_start_inner_ref() -> str:

@@ -144,7 +144,7 @@ def _from_json(value: Any, hint: Any, *, file: str, where: str) -> Any:
 
 
 # --- the task board (tasks.json) -------------------------------------------------------------------
-TASK_STATUSES = ("open", "assigned", "received", "lost", "cancelled")
+TASK_STATUSES = ("open", "assigned", "cut", "received", "lost", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -153,9 +153,11 @@ class Task(Record):
 
     open → assigned (to an island incarnation) → received (some attempt's result is in the store);
     a task whose island is lost is open again as the next attempt, or in async mode `lost` and
-    replaced by a task from the newest version; in async mode a running task whose result could no
-    longer be applied is `cancelled` at a commit and replaced by a task from the newest version (its
-    island stops it). Lost and cancelled tasks leave the board at the next commit."""
+    replaced by a task from the newest version. Async: a running task may be `cut` (its island stops
+    and reports the steps it trained), or, when its result could no longer be applied, `cancelled` and
+    replaced by a task from the newest version. Lost and cancelled tasks leave the board at the next
+    commit. Async, a path's next task may start before its last result is applied: it continues from
+    that result (`chain`), and when it starts from the same version it is the next `link`."""
 
     SCHEMA: ClassVar[int] = 1
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"status": TASK_STATUSES}
@@ -169,11 +171,18 @@ class Task(Record):
     step_offset: int  # inner steps the path has done before this task (data order, LR schedule)
     inner_from: str | None  # the inner AdamW state to start from (a store reference), None = fresh
     result_attempt: int | None  # the attempt whose result was received
+    link: int = 0  # 0, or n: the path's n-th further task from the same base (async)
+    chain: tuple[str, ...] = ()  # the path's received results not in `base` (references): it starts from base − their Δ
+    steps: int = 0  # inner steps to train; 0 = inner.steps
+
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "chain", "steps")
 
     @classmethod
-    def open(cls, *, path: int, base: int, step_offset: int, inner_from: str | None) -> Task:
+    def open(cls, *, path: int, base: int, step_offset: int, inner_from: str | None, link: int = 0,
+             chain: tuple[str, ...] = (), steps: int = 0) -> Task:
         return cls(path=path, base=base, attempt=0, status="open", island=None, incarnation=None,
-                   step_offset=step_offset, inner_from=inner_from, result_attempt=None)
+                   step_offset=step_offset, inner_from=inner_from, result_attempt=None, link=link, chain=chain,
+                   steps=steps)
 
     @property
     def round(self) -> int:
@@ -182,12 +191,12 @@ class Task(Record):
 
     @property
     def key(self) -> str:
-        return task_key(self.path, self.base)
+        return task_key(self.path, self.base, self.link)
 
 
-def task_key(path: int, base: int) -> str:
+def task_key(path: int, base: int, link: int = 0) -> str:
     """The name of the task that trains `path` from version `base` (the same for every attempt)."""
-    return f"path-{path:04d}-round-{base + 1:06d}"
+    return f"path-{path:04d}-round-{base + 1:06d}" + (f".l{link}" if link else "")
 
 
 @dataclass(frozen=True)
@@ -260,6 +269,14 @@ class ResultMeta(Record):
     bytes: int = 0  # the pseudo-gradient file's size
     compression: str = "none"
     file: str = ""  # the pseudo-gradient file, next to this one
+    link: int = 0  # the task's link (`Task.link`)
+
+    ADDED: ClassVar[tuple[str, ...]] = ("link",)
+
+    @property
+    def steps(self) -> int:
+        """Inner steps it trained."""
+        return len(self.losses)
 
 
 # --- rounds ----------------------------------------------------------------------------------------
@@ -278,6 +295,10 @@ class ManifestEntry(Record):
     train_loss: float
     val_loss_start: float
     factor: float | None  # staleness weight; None for a dropped result
+    link: int = 0  # the task's link (`Task.link`)
+    steps: int | None = None  # inner steps it trained; None in manifests written before it was recorded
+
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps")
 
 
 @dataclass(frozen=True)
@@ -314,23 +335,30 @@ class RoundStats(Record):
     in_flight: int  # tasks assigned when the round closed
     seconds: float = 0.0  # time of the round on the coordinator's clock (since the previous commit or its start)
     cancelled: int = 0  # running tasks this commit cancelled (async: their results could no longer be applied)
+    cut: int = 0  # running tasks cut since the previous commit (async: they report the steps trained so far)
     # the outer step this round took: the configured one, or a plain average in the inner lr's decay
     # (outer.decay: average, dipaco.optim.outer.round_outer_step)
     outer_step: str = "configured"
 
-    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step")
+    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
-    def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0,
+    def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0, cut: int = 0,
            outer_step: str = "configured") -> RoundStats:
         applied = manifest.applied
+        seconds: dict[int, float] = {}
+        val_loss: dict[int, float] = {}  # a chained task's is NaN (it did not start from a version)
+        for e in applied:  # a path's results of one round together (async: consecutive pieces of its training)
+            seconds[e.path] = seconds.get(e.path, 0.0) + e.seconds
+            if e.path not in val_loss or not math.isnan(e.val_loss_start):
+                val_loss[e.path] = e.val_loss_start
         return cls(round=manifest.round, tokens=sum(e.tokens for e in applied), bytes_up=sum(e.bytes for e in applied),
                    train_loss={e.path: e.train_loss for e in applied},
-                   val_loss_start={e.path: e.val_loss_start for e in applied},
-                   island_seconds={e.path: e.seconds for e in applied}, applied=len(applied),
+                   val_loss_start=val_loss,
+                   island_seconds=seconds, applied=len(applied),
                    dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
-                   cancelled=cancelled, outer_step=outer_step)
+                   cancelled=cancelled, cut=cut, outer_step=outer_step)
 
     @property
     def mean_train_loss(self) -> float:

@@ -1,14 +1,15 @@
 """Which island results the coordinator accepts: it trusts no island, so each result is checked before
 any shared module sees it.
 
-    checks = ResultChecks(store, topology, resilience=cfg.resilience, tokens_per_task=steps * batch * seq_len)
+    checks = ResultChecks(store, topology, resilience=cfg.resilience, inner_steps=steps, tokens_per_step=batch * seq_len)
     reason = checks.check(task, attempt)          # None: apply it; else why it is rejected
     task = checks.requeue(task, reason)           # the task as the next attempt (logged)
     checks.moved(task, fresh)                     # ... replaced by one from a newer version (async)
 
-A result is accepted when its `ResultMeta` names this task (path, round, base, attempt) and this
+A result is accepted when its `ResultMeta` names this task (path, round, base, link, attempt) and this
 attempt's own file; its tensors are exactly the path's module parameters (names, shapes, float32) with
-finite values; its token count is inner.steps × inner.batch_size × sharding.seq_len; and its norm is at
+finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
+token count is those steps × inner.batch_size × sharding.seq_len; and its norm is at
 most `resilience.max_norm_ratio` × the median of the path's last accepted norms. After
 `resilience.max_rejections` rejections of one task the run stops with the reasons.
 """
@@ -35,9 +36,11 @@ HISTORY = 8  # accepted norms per path the outlier test compares with
 
 class ResultChecks:
     def __init__(self, store: ModuleStore, topology: Topology, *, resilience: ResilienceConfig,
-                 tokens_per_task: int | None):
+                 inner_steps: int | None = None, tokens_per_step: int | None = None):
+        """`inner_steps`: a whole task's steps; `tokens_per_step`: inner.batch_size × sharding.seq_len (None:
+        not checked, for a caller that does not know the batch shape)."""
         self.store, self.topology, self.resilience = store, topology, resilience
-        self.tokens_per_task = tokens_per_task  # None: not checked (a caller that does not know the batch shape)
+        self.inner_steps, self.tokens_per_step = inner_steps, tokens_per_step
         self.norms: dict[int, list[float]] = {}  # path -> norms of its accepted results, oldest first
         self.verdicts: dict[tuple[str, int], str | None] = {}  # (task key, attempt) -> None or the reason
         self.rejections: dict[str, list[str]] = {}  # task key -> reasons of its rejected attempts
@@ -84,9 +87,9 @@ class ResultChecks:
     # --- the checks ----------------------------------------------------------------------------------
     def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta]:
         """The result's pseudo-gradient norm and its metadata; a StoreError says what is wrong with it."""
-        meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt)
-        where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt))
-        _check_meta(meta, task, attempt, where=where, tokens=self.tokens_per_task)
+        meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt, link=task.link)
+        where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt, link=task.link))
+        _check_meta(meta, task, attempt, where=where, inner_steps=self.inner_steps, tokens_per_step=self.tokens_per_step)
         tensors, location = read_result_as_stored(self.store, meta)
         return self._check_tensors(tensors, task.path, where=location), meta
 
@@ -127,22 +130,28 @@ class ResultChecks:
         return self._shapes[module]
 
 
-def _check_meta(meta: ResultMeta, task: Task, attempt: int, *, where: str, tokens: int | None) -> None:
-    claimed = {"path": meta.path, "round": meta.round, "base": meta.base, "attempt": meta.attempt}
-    wanted = {"path": task.path, "round": task.round, "base": task.base, "attempt": attempt}
+def _check_meta(meta: ResultMeta, task: Task, attempt: int, *, where: str, inner_steps: int | None,
+                tokens_per_step: int | None) -> None:
+    claimed = {"path": meta.path, "round": meta.round, "base": meta.base, "link": meta.link, "attempt": meta.attempt}
+    wanted = {"path": task.path, "round": task.round, "base": task.base, "link": task.link, "attempt": attempt}
     for field, value in wanted.items():
         if claimed[field] != value:
             raise StoreError(f"{where}: {field} is {claimed[field]}, but the file belongs to {field} {value}")
     try:
-        expected_file = result_file(round=task.round, path=task.path, attempt=attempt,
+        expected_file = result_file(round=task.round, path=task.path, attempt=attempt, link=task.link,
                                     compression=meta.compression).rsplit("/", 1)[-1]
     except KeyError:
         raise StoreError(f"{where}: unknown compression {meta.compression!r}") from None
     if meta.file != expected_file:
         raise StoreError(f"{where}: file {meta.file!r} is not this result's file {expected_file!r}")
-    if tokens is not None and meta.tokens != tokens:
-        raise StoreError(f"{where}: tokens {meta.tokens} is not the {tokens} a task trains "
-                         f"(inner.steps x inner.batch_size x sharding.seq_len)")
+    if inner_steps is not None:
+        asked = task.steps or inner_steps
+        if not 1 <= meta.steps <= asked or (meta.steps < asked and task.status != "cut"):
+            raise StoreError(f"{where}: {meta.steps} inner steps (losses) where the task asks for {asked}"
+                             + ("" if task.status == "cut" else " and was not cut"))
+        if tokens_per_step is not None and meta.tokens != meta.steps * tokens_per_step:
+            raise StoreError(f"{where}: tokens {meta.tokens} is not the {meta.steps * tokens_per_step} its "
+                             f"{meta.steps} steps train (inner.batch_size x sharding.seq_len each)")
     numbers = {"train_loss": meta.train_loss, "seconds": meta.seconds, **{f"losses[{i}]": x for i, x in enumerate(meta.losses)}}
     for field, value in numbers.items():
         if not math.isfinite(value):

@@ -2,7 +2,7 @@
 
 Version t's modules and its manifest `rounds/round-t.json` are written first, the board is settled in
 memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
-applied are cancelled), then round, board and stats are committed in one write (`state.json`): a crash
+applied are cancelled, those one version from that are cut), then round, board and stats are committed in one write (`state.json`): a crash
 before it leaves round t to be done again from the same inputs, a crash after it nothing but retention.
 The lease's fencing token is checked before the outer step and before the commit.
 """
@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dipaco.config import OuterConfig
-from dipaco.islands.coordinator.heartbeats import Liveness
 from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.outer_step import apply_round
-from dipaco.islands.coordinator.task_board import TaskBoard
+from dipaco.islands.coordinator.task_board import RUNNING, TaskBoard
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import round_outer_step
 from dipaco.optim.weighting import PathSizes
@@ -48,15 +47,12 @@ class RoundCloser:
         self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
         self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
 
-    def due(self, board: TaskBoard, policy: RoundPolicy, liveness: Liveness, now: float) -> bool:
-        """Does the policy close the round now (told which idle islands a hand-out would leave idle)?"""
-        idle, open_tasks = board.idle_islands(liveness, now), board.open_tasks()
-        taken = {island for _, island in policy.assign(open_tasks, idle)}
-        return policy.close_due(now, running=board.running(), idle=[i for i in idle if i.name not in taken],
-                                open=open_tasks)
+    def due(self, board: TaskBoard, policy: RoundPolicy, now: float) -> bool:
+        """Does the policy close the round now?"""
+        return policy.close_due(now, running=board.running(), open=board.open_tasks())
 
     def close(self, board: TaskBoard, policy: RoundPolicy, intake: ResultIntake, *, round_started: float,
-              clock: Callable[[], float]) -> ClosedRound:
+              clock: Callable[[], float], cut: int = 0) -> ClosedRound:
         """Write version committed + 1 and its manifest, settle the board, commit; returns what it did."""
         round = board.committed + 1
         pending = [t for t in board.tasks.values() if t.status == "received" and t.key not in board.used]
@@ -65,7 +61,7 @@ class RoundCloser:
         norms: dict[str, tuple[float, float]] = {}
         metas = {t.key: intake.meta(t) for t in pending}  # read once: the outer step, the metrics
         configured = self.outer
-        outer = round_outer_step(configured, step_ends=[t.step_offset + self.inner_steps for t in pending],
+        outer = round_outer_step(configured, step_ends=[t.step_offset + (t.steps or self.inner_steps) for t in pending],
                                  decay_from=self.decay_from)
         outer_step = "configured" if outer is configured else "average"
         if outer_step == "average":
@@ -80,9 +76,10 @@ class RoundCloser:
         intake.forget(board.settle(manifest.keys))
         board.rebase_open(policy)
         cancelled = board.cancel_doomed(policy, max_staleness=self.max_staleness)
-        in_flight = sum(1 for t in board.tasks.values() if t.status == "assigned")
         now = clock()
-        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, outer_step=outer_step),
+        cut += board.cut(policy, now)  # behind by rounds.max_staleness now: the next round is their last
+        in_flight = sum(1 for t in board.tasks.values() if t.status in RUNNING)
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, cut=cut, outer_step=outer_step),
                         seconds=now - round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
         commit_round(self.store, self.topology, round, finished=finished, board=board.snapshot().to_json(),

@@ -57,7 +57,7 @@ class RunMetrics:
                 add(f"val/loss/path-{entry.path}", entry.val_loss_start, entry.base)
             try:
                 meta = (metas or {}).get(entry.key) or read_result_meta(store, round=entry.base + 1, path=entry.path,
-                                                                         attempt=entry.attempt)
+                                                                         attempt=entry.attempt, link=entry.link)
             except StoreError as err:  # pruned already (a resumed round): its bytes are not known
                 log.debug("no bytes for %s: %s", entry.key, err)
                 continue

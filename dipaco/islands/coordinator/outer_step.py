@@ -38,12 +38,13 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     tasks = {task.key: task for task in pending}
     known = metas or {}
     metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
-                                                               attempt=task.result_attempt)
-             for task in sorted(pending, key=lambda t: (t.path, t.base))}
+                                                               attempt=task.result_attempt, link=task.link)
+             for task in sorted(pending, key=lambda t: (t.path, t.base, t.key))}
     if plan is None:
         policy = RoundPolicy(Grid.of(topology), RoundsConfig(), committed=round - 1)
         for key, meta in metas.items():
-            policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0))
+            policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0,
+                                   steps=meta.steps))
         plan = policy.plan()
     if plan.round != round:
         raise ValueError(f"the plan is for round {plan.round}, not {round}")
@@ -52,7 +53,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         task, meta = tasks[verdict.key], metas[verdict.key]
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
                               staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
-                              train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor)
+                              train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor,
+                              link=task.link, steps=meta.steps)
         if verdict.factor is None:
             dropped.append(entry)
             continue

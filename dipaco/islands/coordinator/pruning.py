@@ -7,6 +7,7 @@ and the inner states no task or path state names. `finish_run` scores the last v
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -24,6 +25,7 @@ from dipaco.islands.coordinator.task_board import TaskBoard
 from dipaco.model.path_model import PathSpec
 from dipaco.model.topology import Topology
 from dipaco.rounds.policy import RoundPolicy
+from dipaco.store.board import result_ref_base
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry
 from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
@@ -38,10 +40,13 @@ def retain(store: ModuleStore, topology: Topology, *, board: TaskBoard, policy: 
     base of every open or running task; not a cancelled task's)."""
     losses: dict[int, dict[int, float]] = {}
     for entry in applied:
-        losses.setdefault(entry.base, {})[entry.path] = entry.val_loss_start
+        if math.isfinite(entry.val_loss_start):  # NaN: a chained task (it did not start from a version)
+            losses.setdefault(entry.base, {})[entry.path] = entry.val_loss_start
     if losses:
         record_val_losses(store, losses)
-    keep = policy.keep_from(keep_rounds=keep_versions, bases=[t.base for t in board.in_flight()])
+    in_flight = board.in_flight()
+    bases = [t.base for t in in_flight] + [result_ref_base(r) for t in in_flight for r in t.chain]  # their results too
+    keep = policy.keep_from(keep_rounds=keep_versions, bases=bases)
     if keep is None:
         return
     prune_keeping_best(store, topology, keep_from=keep)

@@ -83,12 +83,14 @@ class Coordinator:
                              f"starts to decay (dipaco.optim.outer.path_decay_from)")
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
-        self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience, tokens_per_task=None)
-        self.board, self.last_stats, applied = resume_board(store, n_paths=topology.n_paths)
+        self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,
+                                                   inner_steps=settings.inner_steps)
+        self.board, self.last_stats, applied = resume_board(store, n_paths=topology.n_paths,
+                                                            inner_steps=settings.inner_steps)
         self.intake = ResultIntake(store, self.checks, inner_steps=settings.inner_steps, clock=clock)
         self.liveness = Liveness(store, timeout=settings.resilience.heartbeat_timeout)
         self.policy = RoundPolicy(Grid.of(topology), settings.rounds, rounds=settings.run_rounds,
-                                  committed=self.committed, applied=applied)
+                                  inner_steps=settings.inner_steps, committed=self.committed, applied=applied)
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,
@@ -100,6 +102,7 @@ class Coordinator:
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
                                   sizes=sizes, lease=self.lease)
         self.round_started = clock()
+        self.cut = 0  # running tasks cut since the last commit
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed
         self.last_metas: dict[str, ResultMeta] = {}  # task key -> result metadata, of the last round closed
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
@@ -143,11 +146,12 @@ class Coordinator:
         if not self.done:
             self.board.open_paths(self.policy)
             self.board.reassign_lost(self.policy, self.liveness, now)
-            if self.closer.due(self.board, self.policy, self.liveness, now):
+            if self.closer.due(self.board, self.policy, now):
                 self._close()
                 if not self.done:
                     self.board.open_paths(self.policy)  # the paths that reported train on from the new version
             if not self.done:
+                self.cut += self.board.cut(self.policy, now)  # stragglers report what they trained
                 self.board.assign(self.policy, self.liveness, now)  # after any commit: from the newest version
         self.board.write(self.store, self.lease)
         return self.done
@@ -169,7 +173,8 @@ class Coordinator:
 
     def _close(self) -> None:
         closed = self.closer.close(self.board, self.policy, self.intake, round_started=self.round_started,
-                                   clock=self.clock)
+                                   clock=self.clock, cut=self.cut)
+        self.cut = 0
         self.last_stats, self.round_started = closed.stats, closed.at
         self.last_norms, self.last_metas = closed.norms, closed.metas
         self._retain(closed.manifest.applied)

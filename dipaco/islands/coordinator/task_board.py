@@ -5,9 +5,11 @@ frozen record (`dataclasses.replace`), so what was last written is never aliased
     board.open_paths(policy); board.reassign_lost(policy, liveness, now); board.assign(policy, liveness, now)
     board.write(store, lease)            # tasks.json, only when something changed
 
-A path gets a task from the newest version, continuing its steps and inner state; open tasks move to
-the newest version at each commit; a running task whose result could no longer be applied is
-cancelled (async) and its path gets a fresh task; a lost task is retried or replaced as the policy says.
+A path gets a task from the newest version, continuing its steps and inner state (async: also its
+results not yet applied, `Task.chain`, and only the steps it still owes); open tasks move to the newest
+version at each commit; a running task is cut when the policy says (async: it reports what it trained),
+or cancelled when its result could no longer be applied, and its path gets a fresh task; a lost task
+is retried or replaced as the policy says.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import replace
 from dipaco.islands.coordinator.heartbeats import Liveness
 from dipaco.rounds.inputs import IdleIsland, OpenTask, Running
 from dipaco.rounds.policy import RoundPolicy
-from dipaco.store.board import read_board, read_manifest, write_board
+from dipaco.store.board import read_board, read_manifest, result_ref, write_board
 from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Board, PathState, RoundStats, Task, task_key
@@ -29,8 +31,8 @@ log = logging.getLogger(__name__)
 
 class TaskBoard:
     def __init__(self, *, committed: int, tasks: dict[str, Task], paths: dict[int, PathState],
-                 used: set[str] | None = None, written: str | None = None):
-        self.committed = committed
+                 used: set[str] | None = None, written: str | None = None, inner_steps: int = 1):
+        self.committed, self.inner_steps = committed, inner_steps
         self.tasks, self.paths = tasks, paths
         self.used: set[str] = used or set()  # task keys applied or dropped by committed rounds
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
@@ -42,44 +44,54 @@ class TaskBoard:
         return [open_view(t) for t in self.tasks.values() if t.status == "open"]
 
     def running(self) -> list[Running]:
-        return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key))
-                for t in self.tasks.values() if t.status == "assigned"]
+        return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key), cut=t.status == "cut",
+                        steps=t.steps or None)
+                for t in self.tasks.values() if t.status in RUNNING]
 
     def in_flight(self) -> list[Task]:
-        return [t for t in self.tasks.values() if t.status in ("open", "assigned")]
+        return [t for t in self.tasks.values() if t.status in ("open", *RUNNING)]
 
     def idle_islands(self, liveness: Liveness, now: float) -> list[IdleIsland]:
-        busy = {t.island for t in self.tasks.values() if t.status == "assigned"}
+        busy = {t.island for t in self.tasks.values() if t.status in RUNNING}
         return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
                 for name, seen in sorted(liveness.seen.items())
                 if name not in busy and liveness.alive(name, now) and seen.beat.status == "idle"]
 
     # --- changes -------------------------------------------------------------------------------------
-    def new_task(self, path: int) -> Task:
-        """A task for `path` from the newest version, continuing the path's steps and inner state; on the board."""
+    def new_task(self, path: int, policy: RoundPolicy) -> Task:
+        """A task for `path` from the newest version, continuing the path's steps, inner state and received
+        results not yet applied (`chain`), for the steps it still owes (at most inner.steps); on the board."""
         state = self.paths[path]
-        task = Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner)
+        chain = tuple(result_ref(round=t.round, path=path, attempt=t.result_attempt, link=t.link)
+                      for t in sorted(self.tasks.values(), key=lambda t: (t.base, t.link))
+                      if t.path == path and t.status == "received" and t.key not in self.used)
+        link = 0
+        while task_key(path, self.committed, link) in self.tasks or task_key(path, self.committed, link) in self.used:
+            link += 1
+        owed = policy.outstanding(path)
+        steps = self.inner_steps if owed is None else max(1, min(self.inner_steps, owed))
+        task = Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner,
+                         link=link, chain=chain, steps=0 if steps == self.inner_steps else steps)
         self.tasks[task.key] = task
         return task
 
     def open_paths(self, policy: RoundPolicy) -> None:
-        """A task for every path the policy names (none in flight, results still owed)."""
+        """A task for every path the policy names (none in flight, work still owed)."""
         busy = {t.path for t in self.in_flight()}
         for path in policy.paths_to_open(busy=busy):
-            if task_key(path, self.committed) not in self.tasks:  # else reported from the newest version, or lost
-                self.new_task(path)
+            self.new_task(path, policy)
 
-    def move_to_newest(self, stale: Task) -> Task:
+    def move_to_newest(self, stale: Task, policy: RoundPolicy) -> Task:
         """Replace the open task `stale` by its path's task from the newest version; returns it."""
         del self.tasks[stale.key]
-        task = self.new_task(stale.path)
+        task = self.new_task(stale.path, policy)
         log.info("%s moved to version %d as %s", stale.key, self.committed, task.key)
         return task
 
     def rebase_open(self, policy: RoundPolicy) -> None:
         """Open tasks nobody has taken move to the newest version (a returning island never gets an old one)."""
         for stale in policy.rebase(self.open_tasks()):
-            self.move_to_newest(self.tasks[stale.key])
+            self.move_to_newest(self.tasks[stale.key], policy)
 
     def cancel_doomed(self, policy: RoundPolicy, *, max_staleness: int) -> int:
         """Cancel the running tasks whose results could no longer be applied (`RoundPolicy.cancel`, after a
@@ -90,17 +102,28 @@ class TaskBoard:
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="cancelled")
             self.started.pop(key, None)
-            fresh = self.new_task(task.path)
+            fresh = self.new_task(task.path, policy)
             log.warning("%s: cancelled on island %s (%d versions behind version %d, rounds.max_staleness %d); "
                         "path %d trains on as %s", key, task.island, self.committed - task.base, self.committed,
                         max_staleness, task.path, fresh.key)
         return len(doomed)
 
+    def cut(self, policy: RoundPolicy, now: float) -> int:
+        """Cut the running tasks the policy names (`RoundPolicy.cut`): status `cut`, so their islands stop
+        and report the steps they trained. Returns how many."""
+        keys = policy.cut(self.running(), now)
+        for key in keys:
+            task = self.tasks[key]
+            self.tasks[key] = replace(task, status="cut")
+            log.info("%s: cut on island %s (%d versions behind, %.1fs running): it reports what it trained", key,
+                     task.island, self.committed - task.base, now - self.started.get(key, now))
+        return len(keys)
+
     def reassign_lost(self, policy: RoundPolicy, liveness: Liveness, now: float) -> None:
         """Tasks whose island stopped heart-beating or came back as a new incarnation: the next attempt
         opens, or (the policy's `on_lost`) the path gets a task from the newest version."""
         for key, task in list(self.tasks.items()):
-            if task.status != "assigned":
+            if task.status not in RUNNING:
                 continue
             alive = liveness.alive(task.island, now)
             beat = liveness.seen[task.island].beat if alive else None
@@ -111,7 +134,7 @@ class TaskBoard:
             if policy.on_lost(task.base, resumable=resumable) == "replace":
                 log.warning("%s: island %s lost it; replaced by a task from version %d", key, task.island, self.committed)
                 self.tasks[key] = replace(task, status="lost")
-                self.new_task(task.path)
+                self.new_task(task.path, policy)
             else:
                 log.warning("%s: island %s lost it; attempt %d is open", key, task.island, task.attempt + 1)
                 self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
@@ -152,12 +175,16 @@ class TaskBoard:
         self._snapshot = snapshot
 
 
+RUNNING = ("assigned", "cut")  # an island has it
+
+
 def open_view(task: Task) -> OpenTask:
     """An open task as the policy sees it."""
     return OpenTask(key=task.key, path=task.path, base=task.base, steps_done=task.step_offset)
 
 
-def resume_board(store: ModuleStore, *, n_paths: int) -> tuple[TaskBoard, RoundStats | None, list[tuple[int, int]]]:
+def resume_board(store: ModuleStore, *, n_paths: int,
+                 inner_steps: int = 1) -> tuple[TaskBoard, RoundStats | None, list[tuple[int, int, int | None]]]:
     """The board after the store's last commit: `tasks.json` when it is at least as new as the commit,
     else the commit's own board; with the last round's stats and the (round, path) of every applied
     result (the manifests say which tasks are used)."""
@@ -171,13 +198,14 @@ def resume_board(store: ModuleStore, *, n_paths: int) -> tuple[TaskBoard, RoundS
     first = first_inner(store) if len(known) < n_paths else None  # one look, not one per path
     paths = {p: known.get(p) or PathState(steps_done=0, inner=first) for p in range(n_paths)}
     used: set[str] = set()
-    applied: list[tuple[int, int]] = []
+    applied: list[tuple[int, int, int | None]] = []
     for r in range(1, committed + 1):
         manifest = read_manifest(store, r)
         if manifest is not None:
             used |= manifest.keys
-            applied += [(r, e.path) for e in manifest.applied]
+            applied += [(r, e.path, e.steps) for e in manifest.applied]
     for key in [k for k in tasks if k in used]:
         del tasks[key]  # applied by a committed round whose board update was lost in a crash
     written = on_disk.to_json() if on_disk else None
-    return TaskBoard(committed=committed, tasks=tasks, paths=paths, used=used, written=written), last_stats, applied
+    board = TaskBoard(committed=committed, tasks=tasks, paths=paths, used=used, written=written, inner_steps=inner_steps)
+    return board, last_stats, applied

@@ -1,9 +1,10 @@
-"""A task the board no longer wants is stopped at once (async mode).
+"""A task the board cuts or no longer wants is stopped at once (async mode).
 
 While it trains, an island reads the board at most every `resilience.heartbeat_seconds` (between inner
-steps, in the training thread): when the board no longer holds its task open or assigned — cancelled
-because its result could no longer be applied, lost and replaced, or received from another attempt — it
-raises `TaskCancelled`. Sync mode never cancels and never looks; a DDP island does not look either (its
+steps, in the training thread): when the board has cut its task (a straggler, or one about to be too
+stale), it raises `TaskCut` and the island reports the steps trained so far; when the board no longer
+holds its task open, assigned or cut — cancelled because its result could no longer be applied, lost
+and replaced, or received from another attempt — it raises `TaskCancelled`. Sync mode never cancels and never looks; a DDP island does not look either (its
 ranks would part ways), it trains a cancelled task to the end and the coordinator ignores the result.
 """
 
@@ -23,6 +24,10 @@ class TaskCancelled(RuntimeError):
     """Raised inside an island's inner loop when the board no longer wants its task's result."""
 
 
+class TaskCut(RuntimeError):
+    """Raised inside an island's inner loop when the board cut its task: report what was trained."""
+
+
 def result_wanted(board: Board | None, task: Task) -> bool:
     """Could the coordinator still take `task`'s result? Only while its board holds the task open or
     assigned (any attempt: a late result of an older attempt is taken too); not when it is cancelled,
@@ -33,7 +38,7 @@ def result_wanted(board: Board | None, task: Task) -> bool:
     held = board.tasks.get(task.key)
     if held is None:
         return board.round <= task.base
-    return held.status in ("open", "assigned")
+    return held.status in ("open", "assigned", "cut")
 
 
 class BoardWatch:
@@ -42,15 +47,22 @@ class BoardWatch:
         self.store, self.island, self.every, self.clock = store, island, every, clock
 
     def wanted(self, task: Task) -> bool:
+        return self._look(task)[0]
+
+    def _look(self, task: Task) -> tuple[bool, bool]:
+        """(is its result wanted, is it cut)."""
         try:
-            return result_wanted(read_board(self.store), task)
+            board = read_board(self.store)
         except StoreError as err:  # a transient read error must not stop training
             log.warning("island %s: cannot read the board (%s); %s goes on", self.island, err, task.key)
-            return True
+            return True, False
+        held = board.tasks.get(task.key) if board is not None else None
+        return result_wanted(board, task), held is not None and held.status == "cut"
 
     def watch(self, task: Task) -> Callable[[], None]:
-        """The check to run before each inner step: raises `TaskCancelled` once the board no longer
-        wants `task`'s result (it reads the board at most every `every` seconds, island clock)."""
+        """The check to run before each inner step: raises `TaskCut` once the board cut `task`,
+        `TaskCancelled` once it no longer wants its result (it reads the board at most every `every`
+        seconds, island clock)."""
         if self.every is None:
             return lambda: None
         every, last = self.every, self.clock()
@@ -61,7 +73,10 @@ class BoardWatch:
             if now - last < every:
                 return
             last = now
-            if not self.wanted(task):
+            wanted, cut = self._look(task)
+            if not wanted:
                 raise TaskCancelled(f"{task.key} attempt {task.attempt}: the board no longer wants its result")
+            if cut:
+                raise TaskCut(f"{task.key} attempt {task.attempt}: cut by the coordinator")
 
         return watch

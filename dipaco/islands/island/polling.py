@@ -75,7 +75,7 @@ class IslandWorker:
             return None
         me = self.presence
         for task in sorted(board.tasks.values(), key=lambda t: (t.base, t.path)):
-            if (task.status == "assigned" and task.island == me.name and task.incarnation == me.incarnation
+            if (task.status in ("assigned", "cut") and task.island == me.name and task.incarnation == me.incarnation
                     and f"{task.key}#{task.attempt}" not in me.finished):
                 return task
         return None

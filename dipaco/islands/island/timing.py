@@ -52,9 +52,19 @@ def waited(batches: Iterator[torch.Tensor], timings: dict[str, float] | None) ->
         yield batch
 
 
-def checked(batches: Iterator[torch.Tensor], check: Callable[[], None] | None) -> Iterator[torch.Tensor]:
-    """`batches`, calling `check` (fault injection, cancellation) before each, in the training thread."""
-    for batch in batches:
+def checked(batches: Iterator[torch.Tensor], check: Callable[[], None] | None,
+            stop: type[Exception] | None = None) -> Iterator[torch.Tensor]:
+    """`batches`, calling `check` (fault injection, cancellation) before each, in the training thread; a
+    `stop` exception it raises ends the batches there (the task is cut short, after one step at least)."""
+    for i, batch in enumerate(batches):
         if check is not None:
-            check()
+            try:
+                check()
+            except Exception as err:
+                if stop is None or not isinstance(err, stop):
+                    raise
+                if i > 0:
+                    return
+                yield batch  # nothing trained yet: one step, then stop
+                return
         yield batch

@@ -3,9 +3,11 @@
     meta, stats, ref = push_result(setup, task, train_task(setup, task), island="island-0")
 
 `train_task` pulls the task's modules at its base version and the inner AdamW state it names (from
-memory when this island wrote it, else from the store), trains `inner.steps` steps on the path's shard
-continuing its data order and lr schedule at `step_offset`, and returns the pseudo-gradient
-Δ = θ_base − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
+memory when this island wrote it, else from the store), starts from θ_start = the base modules minus
+the Δ of its path's results that version does not hold yet (`Task.chain`, async: the path goes on from
+its own latest parameters, merged with the newest version by this rebase), trains the task's steps on
+the path's shard continuing its data order and lr schedule at `step_offset` (fewer when the board cuts
+it), and returns the pseudo-gradient Δ = θ_start − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
 then Δ compressed per `compression.codec`, then the result JSON (the commit).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, Resili
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands.island import ddp as ddp_mod
+from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
 from dipaco.islands.island.model_slot import ModelSlot
 from dipaco.islands.island.timing import checked, timed, waited
@@ -39,7 +43,7 @@ from dipaco.optim.inner import (
     train_steps,
 )
 from dipaco.optim.prefetch import Prefetcher
-from dipaco.store.board import inner_ref, read_inner, write_inner, write_result
+from dipaco.store.board import inner_ref, read_inner, read_result_ref, write_inner, write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
 from sharding.reader import ShardReader
@@ -107,6 +111,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     with timed(timings, "load_modules", device):
         start = store.read_modules(task.base, setup.topology.modules_of_path(path))
         module_bytes = store.bytes_read - read_before
+        rebase_on_chain(store, start, task)
         model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
                                            wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
@@ -131,11 +136,14 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                 saved = read_inner(store, task.inner_from)
             load_optimizer_state(optimizer, params, *saved)
     done = resume.steps if resume is not None else 0
+    steps = task.steps or inner.steps
     if resume is not None:
-        log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, inner.steps)
+        log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, steps)
 
     last_seconds = 0.0  # inner-loop seconds at the end of the previous step (slowdown included)
     saving = 0.0  # seconds spent writing inner checkpoints: overhead, not training (docs/islands.md#goodput)
+
+    task_steps = steps
 
     def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
         nonlocal last_seconds, saving
@@ -144,7 +152,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
             time.sleep((setup.slowdown - 1) * (seconds - last_seconds))
             seconds += (setup.slowdown - 1) * (seconds - last_seconds)
         last_seconds = seconds
-        if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < inner.steps:
+        if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < task_steps:
             save_started = time.perf_counter()
             adam, adam_meta = optimizer_state(optimizer, names)
             InnerCheckpoint(task=task_identity(task), steps=done + steps,
@@ -161,13 +169,14 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                                               skip_batches=task.step_offset + done)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    with Prefetcher(batches, count=inner.steps - done, device=device) as ahead:  # reads the shard during validation
+    with Prefetcher(batches, count=steps - done, device=device) as ahead:  # reads the shard during validation
         with timed(timings, "validation", device):
-            val_loss = resume.val_loss_start if resume is not None else setup.validation.loss(model, path=path)
+            val_loss = (resume.val_loss_start if resume is not None else
+                        math.nan if task.chain else setup.validation.loss(model, path=path))  # of version `base` only
         with timed(timings, "inner_loop", device):
             first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
-            stats = train_steps(trained, optimizer, checked(waited(ahead, timings), check),
-                                start_step=first + task.step_offset + done, steps=inner.steps - done,
+            stats = train_steps(trained, optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
+                                start_step=first + task.step_offset + done, steps=steps - done,
                                 total_steps=total, config=inner, device=device,
                                 precision=hardware.precision,
                                 after_step=after_step if checkpoint is not None or setup.slowdown > 1 else None)
@@ -189,6 +198,16 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     with timed(timings, "save_inner", device):
         saved_inner = optimizer_state(optimizer, names)
     return TrainedTask(pseudo_gradient=pseudo_gradient, inner=saved_inner, meta=meta)
+
+
+def rebase_on_chain(store: ModuleStore, start: dict[str, dict[str, torch.Tensor]], task: Task) -> None:
+    """θ_start = the base version's modules (`start`, changed in place) minus the Δ of every result in
+    `task.chain`: its path's results that version does not hold yet, each the progress of its own steps."""
+    for ref in task.chain:
+        tensors, _ = read_result_ref(store, ref)
+        for name, delta in tensors.items():
+            module, _, param = name.partition("/")
+            start[module][param].sub_(delta)
 
 
 def pseudo_gradient_of(start: dict[str, dict[str, torch.Tensor]], params: dict[str, torch.nn.Parameter],
@@ -217,7 +236,7 @@ def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str
                 timings: dict[str, float] | None = None) -> tuple[ResultMeta, dict, str]:
     """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
     metadata (the commit). Returns (the metadata as written, compression stats, the inner state's reference)."""
-    ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt)
+    ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt, link=task.link)
     with timed(timings, "write_inner"):
         inner_bytes = write_inner(setup.store, ref, *out.inner)
     meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
