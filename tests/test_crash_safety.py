@@ -25,7 +25,7 @@ from dipaco import atomic
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.pipeline.context import PathFactory
 from dipaco.stages.train import resumed_rounds
-from dipaco.store.board import read_board, read_manifest
+from dipaco.store.board import read_board, read_manifest, read_result
 from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import RoundStats
@@ -248,3 +248,77 @@ def test_a_deposed_coordinator_stops_before_its_commit(tiny, tmp_path):
                 island.poll()
             clock.t += 0.5
     assert run.store.current_round() == 0 and read_holder(run.store).host == "elsewhere"
+
+
+# --- async: what a committed round holds never depends on a crash ------------------------------------
+ASYNC = ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0", "outer.lr=1.0", "outer.momentum=0.0",
+         "outer.rescale_by_paths=false", "outer.weighting=uniform", "store.keep_versions=0", "run.rounds=3",
+         "inner.steps=2"]
+
+
+class Every:
+    """An island that takes only every `n`-th turn (a slower machine)."""
+
+    def __init__(self, n: int, island):
+        self.n, self.island, self.turns = n, island, 0
+
+    def poll(self) -> bool:
+        self.turns += 1
+        return self.island.poll() if self.turns % self.n == 0 else False
+
+
+def run_async(tiny, root: Path, crash_at: int | None = None) -> tuple[TinyRun, Writes]:
+    """An async run (paths trained on while rounds close) killed before write `crash_at` and resumed."""
+    clock, writes = Clock(), Writes(crash_at)
+    run = make_run(tiny, root, ASYNC)
+    # island 0 polls every turn, the others every third: path 0 brings several results to a round
+    islands = [run.island("i0", clock, pinned=[0]), *(Every(3, run.island(f"i{k}", clock, pinned=[k])) for k in (1, 2, 3))]
+    try:
+        coordinate(run, counted_store(run.store.url, writes), islands, clock, writes)
+    except Crash:
+        assert crash_at is not None
+        coordinate(run, ModuleStore(run.store.url), islands, clock, Writes())
+    return run, writes
+
+
+def assert_every_version_is_the_outer_step_of_its_record(run: TinyRun) -> None:
+    """Each committed version t equals version t − 1 minus the plain per-path average of the pseudo-gradients
+    its manifest lists (each path once, its results added: uniform weights, lr 1, momentum 0), recomputed
+    here from the result files; every result is applied once; every path has all its planned steps."""
+    store = ModuleStore(run.store.url)
+    seen, steps, doubles = set(), {p: 0 for p in range(run.topology.n_paths)}, set()
+    for t in range(1, store.current_round() + 1):
+        manifest = read_manifest(store, t)
+        assert not manifest.dropped and not (manifest.keys & seen), f"round {t}"
+        doubles.update(p for p in {e.path for e in manifest.applied} if sum(e.path == p for e in manifest.applied) > 1)
+        seen |= manifest.keys
+        deltas = {e.key: read_result(store, round=e.base + 1, path=e.path, attempt=e.attempt, link=e.link)[0]
+                  for e in manifest.applied}
+        for e in manifest.applied:
+            steps[e.path] += e.steps
+        for name in run.topology.modules:
+            users = [e for e in manifest.applied if e.path in run.topology.paths_of_module(name)]
+            before, after = store.read_module(t - 1, name), store.read_module(t, name)
+            for param in before:
+                expected = before[param] - (sum(deltas[e.key][f"{name}/{param}"] for e in users)
+                                            / max(1, len({e.path for e in users})))
+                torch.testing.assert_close(after[param], expected, rtol=1e-5, atol=1e-7, msg=f"{t} {name}")
+    assert steps == {p: 3 * 2 for p in steps}  # run.rounds x inner.steps, every path
+    assert doubles, "a path should bring several results to one round"
+
+
+@pytest.fixture(scope="module")
+def async_writes(tiny, tmp_path_factory) -> list[str]:
+    run, writes = run_async(tiny, tmp_path_factory.mktemp("async") / "run")
+    assert_every_version_is_the_outer_step_of_its_record(run)
+    return writes.log
+
+
+@pytest.mark.parametrize("where", [1, 7, 13])  # a spread of the writes around the commits
+def test_an_async_coordinator_killed_around_a_commit_loses_no_applied_result_and_no_committed_round(
+        tiny, async_writes, tmp_path, where):
+    points = around_commits(async_writes)
+    crash_at = points[min(where, len(points) - 1)]
+    run, writes = run_async(tiny, tmp_path / "run", crash_at=crash_at)
+    assert len(writes.log) == crash_at, "the crash happened"
+    assert_every_version_is_the_outer_step_of_its_record(run)

@@ -79,7 +79,8 @@ def _loss_section(train: dict, best: dict, figures: Path) -> list[str]:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, p in enumerate(paths):
         color = colors[i % len(colors)]
-        ax.plot([r["round"] for r in rounds], [r["train_loss"][str(p)] for r in rounds], "-o", ms=3, color=color,
+        mine = [r for r in rounds if str(p) in r["train_loss"]]  # async: a round applies some of the paths
+        ax.plot([r["round"] for r in mine], [r["train_loss"][str(p)] for r in mine], "-o", ms=3, color=color,
                 label=f"path {p} train" if len(paths) <= 8 else None)
         if p in history:
             versions = sorted(history[p])

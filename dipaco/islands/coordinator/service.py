@@ -179,8 +179,9 @@ class Coordinator:
         self.last_norms, self.last_metas = closed.norms, closed.metas
         self._retain(closed.manifest.applied)
         manifest = closed.manifest
-        log.info("round %d committed: %d results applied (%d stale), %d dropped, %d running tasks cancelled",
-                 manifest.round, len(manifest.applied), closed.stats.stale, len(manifest.dropped), closed.stats.cancelled)
+        log.info("round %d committed: %d results applied (%d stale), %d dropped, %d running tasks cut, %d cancelled",
+                 manifest.round, len(manifest.applied), closed.stats.stale, len(manifest.dropped), closed.stats.cut,
+                 closed.stats.cancelled)
 
     def _retain(self, applied: tuple[ManifestEntry, ...]) -> None:
         retain(self.store, self.topology, board=self.board, policy=self.policy,
