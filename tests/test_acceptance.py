@@ -117,6 +117,8 @@ PROBES = {
     "file outside the store": (evil_file, "is not this result's file"),
     "nan train loss": (edit_meta(train_loss=math.nan), "train_loss is nan"),
     "wrong path": (edit_meta(path=2), "path is 2"),
+    # a path's first result has no norm history: bounded by the module it would move (issue 29, item 1)
+    "huge first result": (edit_tensor(lambda t: t.index_fill(0, torch.tensor([0]), 1e30)), "resilience.max_update_ratio"),
 }
 
 
@@ -223,3 +225,111 @@ def test_the_board_is_serialised_and_written_only_when_it_changed(tiny_routed, t
     before = len(serialised)  # the comparison and write_board's own
     case.coordinator.tick()
     assert len(written) == 1 and len(serialised) == before
+
+
+def test_a_huge_first_result_is_refused_by_name_and_no_other_path_is_blamed(trained, tiny_routed, tmp_path):
+    """One tensor of path 1's first result set to 1e30 before receipt: refused naming path 1's result and
+    the bound; every other path's result is received; the round then commits the clean modules."""
+    results, clean = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    PROBES["huge first result"][0](case)
+    case.coordinator.tick()
+    refused = [k for k, v in case.checks.verdicts.items() if v is not None]
+    assert refused == [(task_key(TAMPERED, 0), 0)]
+    assert all(t.status == "received" for t in case.coordinator.tasks.values() if t.path != TAMPERED)
+    push_result(case.setup, case.coordinator.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="j")
+    case.coordinator.tick()
+    assert case.coordinator.committed == 1
+    for name, tensors in clean.items():
+        for key, value in case.store.read_module(1, name).items():
+            assert bool(torch.isfinite(value).all())
+            torch.testing.assert_close(value, tensors[key], rtol=0, atol=0)
+
+
+def hold_round(case: Case) -> None:
+    """Receive every path's result (the round is due), without closing it: the coordinator's close is held."""
+    closer = case.coordinator.closer
+    due = closer.due
+    closer.due = lambda *args, **kwargs: False
+    case.coordinator.tick()
+    closer.due = due
+
+
+def test_a_result_changed_after_its_receipt_is_not_applied_and_its_path_redoes_it(trained, tiny_routed, tmp_path):
+    """What is applied is what was checked (issue 29, item 2): path 1's received result is overwritten with
+    NaN before the round closes; the outer step refuses those bytes, nothing is committed, path 1's task
+    opens again, and once it reports again the round commits the clean modules."""
+    results, clean = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    hold_round(case)
+    assert all(t.status == "received" for t in case.coordinator.tasks.values())
+    edit_tensor(lambda t: torch.full_like(t, math.nan))(case)
+    case.coordinator.tick()
+    assert case.coordinator.committed == 0  # nothing committed from changed bytes
+    task = case.coordinator.tasks[task_key(TAMPERED, 0)]
+    assert (task.status, task.attempt) == ("open", 1)
+    push_result(case.setup, task, results[TAMPERED], island="j")
+    case.coordinator.tick()
+    assert case.coordinator.committed == 1
+    for name, tensors in clean.items():
+        for key, value in case.store.read_module(1, name).items():
+            torch.testing.assert_close(value, tensors[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("damage", ["nan", "truncated"])
+def test_a_restarted_coordinator_checks_received_results_again(trained, tiny_routed, tmp_path, damage):
+    """Issue 29, item 3: results received by one coordinator, then damaged while none runs; the next
+    coordinator checks them again, refuses the damaged one (no stuck run), and the round commits clean."""
+    results, clean = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    hold_round(case)
+    case.coordinator.board.write(case.store, case.coordinator.lease)
+    case.coordinator.lease.release()  # the coordinator stops
+    _, tensor_file = result_files(case, TAMPERED)
+    if damage == "nan":
+        edit_tensor(lambda t: torch.full_like(t, math.nan))(case)
+    else:
+        tensor_file.write_bytes(tensor_file.read_bytes()[:-100])
+    config = load_config(case.root / "run" / "config.yaml", ["hardware.device=cpu", "run.rounds=2"])
+    restarted = Coordinator(case.store, case.setup.topology, settings=CoordinatorSettings.from_config(config),
+                            sizes=PathFactory(config, _run_dir(case)).path_sizes)
+    task = restarted.tasks[task_key(TAMPERED, 0)]
+    assert (task.status, task.attempt) == ("open", 1)
+    restarted.tick()
+    assert restarted.committed == 0
+    push_result(case.setup, restarted.tasks[task_key(TAMPERED, 0)], results[TAMPERED], island="j")
+    restarted.tick()
+    assert restarted.committed == 1
+    for name, tensors in clean.items():
+        for key, value in case.store.read_module(1, name).items():
+            torch.testing.assert_close(value, tensors[key], rtol=0, atol=0)
+
+
+def _run_dir(case: Case):
+    from dipaco.run_dir import RunDir
+
+    return RunDir(case.root / "run")
+
+
+def test_the_outer_step_never_writes_a_module_that_is_not_finite(trained, tiny_routed, tmp_path):
+    """The last line of defence (the checks above refuse such results first): an outer step that would give a
+    non-finite module raises naming the module and its results, and the round is not committed."""
+    from dipaco.config import OuterConfig
+    from dipaco.islands.coordinator.outer_step import apply_round
+
+    results, _ = trained
+    case = fresh(tiny_routed, tmp_path)
+    for p, task in case.tasks.items():
+        push_result(case.setup, task, results[p], island="i")
+    hold_round(case)
+    edit_tensor(lambda t: torch.full_like(t, math.inf))(case)
+    pending = list(case.coordinator.tasks.values())
+    with pytest.raises(RuntimeError, match=r"round 1: module .* would not be finite .*path-0001-round-000001"):
+        apply_round(case.store, case.setup.topology, round=1, pending=pending, config=OuterConfig(decay="keep"))
+    assert case.store.current_round() == 0

@@ -45,6 +45,10 @@ class RoundPolicy:
         self.pending[result.key] = result
         self.clock.measure(result, whole=result.steps is None or result.steps >= self.length.inner_steps)
 
+    def withdraw(self, key: str) -> None:
+        """A received result is not to be applied after all (found bad after its receipt)."""
+        self.pending.pop(key, None)
+
     # --- the run's length ----------------------------------------------------------------------------
     def applied_results(self, path: int) -> int:
         return self.length.applied_results(path)

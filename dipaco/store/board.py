@@ -26,6 +26,7 @@ turns into a file.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -193,16 +194,36 @@ def _decoded(store: ModuleStore, meta: ResultMeta) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str]:
+def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str, dict[str, str]]:
     """A result's pseudo-gradient as its file holds it (a `none` file's tensors in their own dtypes, int8 /
-    int4 decoded to float32) and where the file is; a StoreError naming it when it cannot be decoded."""
+    int4 decoded to float32), where the file is, and the sha256 of the bytes `ResultReader` will read
+    (its header and each module's span: `ResultReader(digests=...)` refuses any other bytes); a
+    StoreError naming the file when it cannot be decoded."""
     name = f"results/{round_dir(meta.round)}/{meta.file}"
     data = store.read_bytes(name)
     try:
         tensors = load_safetensors(data) if meta.compression == "none" else decompress(data, method=meta.compression)[0]
+        size = header_size(data[:8])
+        index = read_index(data[:size], method=meta.compression)
     except Exception as err:  # safetensors / zstd raise their own error types
         raise StoreError(f"{store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
-    return tensors, store.location(name)
+    digests = {HEADER: _sha256(data[:size]), **{m: _sha256(data[s:e]) for m, (s, e) in index.spans.items()}}
+    return tensors, store.location(name), digests
+
+
+HEADER = "__header__"  # the digest of a result file's header (its index)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ResultChanged(StoreError):
+    """A result's bytes are not the ones its checks read (changed in the store after its receipt)."""
+
+    def __init__(self, message: str, *, key: tuple[int, int, int, int]):
+        super().__init__(message)
+        self.key = key  # (round, path, link, attempt) of the result
 
 
 class ResultReader:
@@ -210,14 +231,17 @@ class ResultReader:
 
     Opening it reads only the file's header (its index); `module(name)` then reads that module's
     byte range alone (a ranged GET on object stores) and decodes it, so memory holds one module of
-    one result, never the whole pseudo-gradient."""
+    one result, never the whole pseudo-gradient. With `digests` (`read_result_as_stored`'s, taken when
+    the result was checked) every byte it reads must be the byte that was checked: `ResultChanged` otherwise."""
 
-    def __init__(self, store: ModuleStore, meta: ResultMeta):
-        self.store, self.meta = store, meta
+    def __init__(self, store: ModuleStore, meta: ResultMeta, *, digests: dict[str, str] | None = None):
+        self.store, self.meta, self.digests = store, meta, digests
         self.name = f"results/{round_dir(meta.round)}/{meta.file}"
         try:
             size = header_size(store.read_range(self.name, 0, 8))
-            self.index: Index = read_index(store.read_range(self.name, 0, size), method=meta.compression)
+            head = store.read_range(self.name, 0, size)
+            self._verify(HEADER, head)
+            self.index: Index = read_index(head, method=meta.compression)
         except StoreError:
             raise
         except Exception as err:  # json / safetensors header errors
@@ -230,10 +254,21 @@ class ResultReader:
                              f"(it has {sorted(self.index.spans)[:6]})")
         start, end = self.index.spans[name]
         chunk = self.store.read_range(self.name, start, end)
+        self._verify(name, chunk)
         try:
             return decode_module(self.index, name, chunk)
         except Exception as err:  # zstd / safetensors raise their own error types
             raise self._invalid(err) from None
+
+    def _verify(self, part: str, data: bytes) -> None:
+        if self.digests is not None and self.digests.get(part) != _sha256(data):
+            raise ResultChanged(f"store file {self.store.location(self.name)} changed after it was checked "
+                                f"({'its header' if part == HEADER else f'module {part}'}): it is not applied",
+                                key=self.meta_key)
+
+    @property
+    def meta_key(self) -> tuple[int, int, int, int]:
+        return (self.meta.round, self.meta.path, self.meta.link, self.meta.attempt)
 
     def _invalid(self, err: Exception) -> StoreError:
         return StoreError(f"store file {self.store.location(self.name)} is not a valid {self.meta.compression} "

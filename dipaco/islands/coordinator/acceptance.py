@@ -9,9 +9,12 @@ any shared module sees it.
 A result is accepted when its `ResultMeta` names this task (path, round, base, link, attempt) and this
 attempt's own file; its tensors are exactly the path's module parameters (names, shapes, float32) with
 finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
-token count is those steps × inner.batch_size × sharding.seq_len; and its norm is at
-most `resilience.max_norm_ratio` × the median of the path's last accepted norms. After
-`resilience.max_rejections` rejections of one task the run stops with the reasons.
+token count is those steps × inner.batch_size × sharding.seq_len; no module of it is larger than
+`resilience.max_update_ratio` × that module's norm at the task's base version (so a path's first result,
+and the first after a restart, are bounded too); and its norm is at most `resilience.max_norm_ratio` ×
+the median of the path's last accepted norms. After `resilience.max_rejections` rejections of one task
+the run stops with the reasons. The sha256 of the bytes checked (`read_result_as_stored`) go with an
+accepted result (`accepted_digests`), and the outer step applies exactly those bytes or none.
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ class ResultChecks:
         self.rejections: dict[str, list[str]] = {}  # task key -> reasons of its rejected attempts
         self._shapes: dict[str, dict[str, tuple[list[int], str]]] = {}  # module -> param -> (shape, dtype)
         self._accepted: dict[tuple[str, int], ResultMeta] = {}  # (task key, attempt) -> its metadata, until taken
+        self._digests: dict[tuple[str, int], dict[str, str]] = {}  # (task key, attempt) -> the bytes' sha256
+        self._module_norms: dict[tuple[int, str], float] = {}  # (version, module) -> its parameters' norm
 
     def check(self, task: Task, attempt: int) -> str | None:
         """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once)."""
         key = (task.key, attempt)
         if key not in self.verdicts:
             try:
-                norm, meta = self._check(task, attempt)
+                norm, meta, digests = self._check(task, attempt)
             except StoreError as err:
                 self.verdicts[key] = str(err)
             else:
@@ -60,6 +65,7 @@ class ResultChecks:
                 if self.verdicts[key] is None:
                     self.norms[task.path] = (self.norms.get(task.path, []) + [norm])[-HISTORY:]
                     self._accepted[key] = meta
+                    self._digests[key] = digests
             if self.verdicts[key] is not None:
                 log.warning("rejected the result of %s attempt %d: %s", task.key, attempt, self.verdicts[key])
         return self.verdicts[key]
@@ -68,6 +74,16 @@ class ResultChecks:
         """The `ResultMeta` that `check` read and accepted for this attempt, handed over once (so the
         coordinator need not read it again); None when it was not accepted or was already taken."""
         return self._accepted.pop((task.key, attempt), None)
+
+    def accepted_digests(self, task: Task, attempt: int) -> dict[str, str] | None:
+        """The sha256 of the bytes `check` accepted for this attempt (its file's header and each module's span)."""
+        return self._digests.get((task.key, attempt))
+
+    def forget(self, task: Task, attempt: int) -> None:
+        """Check this attempt again next time it is asked (a coordinator's restart, or bytes that changed)."""
+        self.verdicts.pop((task.key, attempt), None)
+        self._digests.pop((task.key, attempt), None)
+        self._accepted.pop((task.key, attempt), None)
 
     def requeue(self, task: Task, reason: str) -> Task:
         """`task` open again as its next attempt; the run stops after `resilience.max_rejections` rejections."""
@@ -85,13 +101,34 @@ class ResultChecks:
         self.rejections[to.key] = self.rejections.pop(task.key, []) + self.rejections.get(to.key, [])
 
     # --- the checks ----------------------------------------------------------------------------------
-    def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta]:
-        """The result's pseudo-gradient norm and its metadata; a StoreError says what is wrong with it."""
+    def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta, dict[str, str]]:
+        """The result's pseudo-gradient norm, its metadata and its bytes' digests; a StoreError says what
+        is wrong with it."""
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt, link=task.link)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt, link=task.link))
         _check_meta(meta, task, attempt, where=where, inner_steps=self.inner_steps, tokens_per_step=self.tokens_per_step)
-        tensors, location = read_result_as_stored(self.store, meta)
-        return self._check_tensors(tensors, task.path, where=location), meta
+        tensors, location, digests = read_result_as_stored(self.store, meta)
+        norm = self._check_tensors(tensors, task.path, where=location)
+        self._check_bounded(tensors, task.base, where=location)
+        return norm, meta, digests
+
+    def _check_bounded(self, tensors: dict[str, torch.Tensor], base: int, *, where: str) -> None:
+        """No module of the result moves more than `resilience.max_update_ratio` × its norm at `base`."""
+        ratio = self.resilience.max_update_ratio
+        if not ratio:
+            return
+        squares: dict[str, float] = {}
+        for name, tensor in tensors.items():
+            module = name.partition("/")[0]
+            squares[module] = squares.get(module, 0.0) + float(tensor.double().square().sum())
+        for module, square in squares.items():
+            if (base, module) not in self._module_norms:
+                params = self.store.read_module(base, module)
+                self._module_norms[(base, module)] = math.sqrt(sum(float(t.double().square().sum()) for t in params.values()))
+            size, step = self._module_norms[(base, module)], math.sqrt(square)
+            if size > 0 and step > ratio * size:
+                raise StoreError(f"{where}: its pseudo-gradient of {module} has norm {step:.4g}, {step / size:.3g}x the "
+                                 f"module's norm {size:.4g} at version {base} (resilience.max_update_ratio {ratio})")
 
     def _check_tensors(self, tensors: dict[str, torch.Tensor], path: int, *, where: str) -> float:
         expected = {f"{module}/{param}": spec for module in self.topology.modules_of_path(path)

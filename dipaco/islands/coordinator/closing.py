@@ -21,7 +21,7 @@ from dipaco.model.topology import Topology
 from dipaco.optim.outer import round_outer_step
 from dipaco.optim.weighting import PathSizes
 from dipaco.rounds.policy import RoundPolicy
-from dipaco.store.board import write_manifest
+from dipaco.store.board import ResultChanged, write_manifest
 from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, RoundManifest, RoundStats
@@ -52,8 +52,9 @@ class RoundCloser:
         return policy.close_due(now, running=board.running(), open=board.open_tasks())
 
     def close(self, board: TaskBoard, policy: RoundPolicy, intake: ResultIntake, *, round_started: float,
-              clock: Callable[[], float], cut: int = 0) -> ClosedRound:
-        """Write version committed + 1 and its manifest, settle the board, commit; returns what it did."""
+              clock: Callable[[], float], cut: int = 0) -> ClosedRound | None:
+        """Write version committed + 1 and its manifest, settle the board, commit; returns what it did (None:
+        a result's bytes changed after its checks, so it was redone and nothing was committed)."""
         round = board.committed + 1
         pending = [t for t in board.tasks.values() if t.status == "received" and t.key not in board.used]
         plan = policy.plan()
@@ -67,8 +68,14 @@ class RoundCloser:
         if outer_step == "average":
             log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
                      configured.decay)
-        manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
-                               sizes=self.sizes, norms=norms, metas=metas)
+        try:
+            manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
+                                   sizes=self.sizes, norms=norms, metas=metas,
+                                   digests={t.key: intake.digests.get(t.key) for t in pending})
+        except ResultChanged as changed:  # its bytes are not the ones checked: redone, the round closes later
+            (task,) = [t for t in pending if (t.round, t.path, t.link, t.result_attempt) == changed.key]
+            intake.redo(board, policy, task, str(changed))
+            return None
         write_manifest(self.store, manifest)
         finished = policy.finishes(plan)
         board.committed = round

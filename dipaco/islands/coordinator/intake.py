@@ -3,7 +3,10 @@
 One listing per results folder, not a check per task. One attempt per task is accepted: the current
 one when it has reported, else an older one that reported late. A rejected current attempt opens the
 next attempt (`acceptance.ResultChecks.requeue`), from the newest version when versions were committed
-since its base. Each result's JSON is read once, by the checks, and handed to the policy and the outer step.
+since its base. Each result's JSON is read once, by the checks, and handed to the policy and the outer
+step, with the sha256 of the bytes checked (the outer step applies exactly those). A coordinator that
+starts checks the results its board holds as received again (`recheck`); a received result found bad
+later (`redo`) is withdrawn, and its path goes back to where it stood before it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class ResultIntake:
     def __init__(self, store: ModuleStore, checks: ResultChecks, *, inner_steps: int, clock: Callable[[], float]):
         self.store, self.checks, self.inner_steps, self.clock = store, checks, inner_steps, clock
         self.metas: dict[str, ResultMeta] = {}  # task key -> its received result's metadata, until applied
+        self.digests: dict[str, dict[str, str]] = {}  # task key -> the sha256 of the bytes its checks read
 
     def receive(self, board: TaskBoard, policy: RoundPolicy) -> None:
         """Every open or assigned task's result that has arrived: received, or its attempt handed out again."""
@@ -50,6 +54,7 @@ class ResultIntake:
                     meta = self.checks.accepted_meta(task, attempt)
                     if meta is not None:  # the JSON the checks read: not read again here nor by the outer step
                         self.metas[key] = meta
+                    self.digests[key] = self.checks.accepted_digests(task, attempt)
                     self.tell(policy, board.tasks[key], started=board.started.get(key), arrived=self.clock())
                     steps = self.meta(board.tasks[key]).steps
                     board.paths[task.path] = PathState(steps_done=task.step_offset + steps,
@@ -73,6 +78,40 @@ class ResultIntake:
         policy.received(Result(key=task.key, path=task.path, base=task.base, tokens=meta.tokens,
                                arrived=arrived, started=started, steps=meta.steps))
 
+    def recheck(self, board: TaskBoard, policy: RoundPolicy) -> None:
+        """A starting coordinator checks again every result its board holds as received and not yet applied
+        (nothing in the store is trusted across a restart): a good one is told to the policy, a bad one redone."""
+        for key, task in list(board.tasks.items()):
+            if task.status != "received" or key in board.used:
+                continue
+            reason = self.checks.check(task, task.result_attempt)
+            if reason is None:
+                self.metas[key] = self.checks.accepted_meta(task, task.result_attempt) or self.meta(task)
+                self.digests[key] = self.checks.accepted_digests(task, task.result_attempt)
+                self.tell(policy, task, started=None, arrived=self.clock())
+            else:
+                self.redo(board, policy, task, reason)
+
+    def redo(self, board: TaskBoard, policy: RoundPolicy, task: Task, reason: str) -> None:
+        """Withdraw the received result of `task` (bad: `reason`): the path's later tasks, which continue from
+        it, are lost, the path's state goes back to before it, and `task` opens as its next attempt."""
+        log.warning("%s: its received result is refused (%s); the path redoes it", task.key, reason)
+        policy.withdraw(task.key)
+        self.checks.forget(task, task.result_attempt)
+        self.forget([task.key])
+        later = [t for t in board.tasks.values() if t.path == task.path and t.key != task.key
+                 and (t.base, t.link) > (task.base, task.link) and t.status not in ("lost", "cancelled")]
+        for t in later:
+            if t.status == "received":
+                policy.withdraw(t.key)
+                self.forget([t.key])
+            board.tasks[t.key] = replace(t, status="lost")
+        board.paths[task.path] = PathState(steps_done=task.step_offset, inner=task.inner_from)
+        board.tasks[task.key] = redone = self.checks.requeue(replace(task, status="assigned"), reason)
+        if policy.rebase([open_view(redone)]):
+            self.checks.moved(redone, board.move_to_newest(redone, policy))
+
     def forget(self, keys: list[str]) -> None:
         for key in keys:
             self.metas.pop(key, None)
+            self.digests.pop(key, None)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from dipaco.config import OuterConfig, RoundsConfig
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
@@ -27,14 +29,18 @@ from dipaco.store.records import ManifestEntry, ResultMeta, RoundManifest, Task
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
                 config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None,
                 norms: dict[str, tuple[float, float]] | None = None,
-                metas: dict[str, ResultMeta] | None = None) -> RoundManifest:
+                metas: dict[str, ResultMeta] | None = None,
+                digests: dict[str, dict[str, str] | None] | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
     momentum) version `round` and returns the manifest of what it applied and dropped (not written).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
     only `pending` (sync). `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
     results' metadata by task key where the caller has read it already (the coordinator, when it validated
     them); the others are read here. Streams module by module (module docstring): memory holds a few copies of one module.
-    `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm)."""
+    `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm).
+    `digests`: by task key, the sha256 of the bytes its checks read; any other byte raises `ResultChanged`
+    (nothing is committed; the caller redoes that result). A module that would not be finite after the
+    outer step raises a RuntimeError naming it and its results (nothing is committed)."""
     tasks = {task.key: task for task in pending}
     known = metas or {}
     metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
@@ -59,7 +65,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
             dropped.append(entry)
             continue
         applied.append(entry)
-        readers[task.key] = ResultReader(store, meta)  # reads the header only
+        readers[task.key] = ResultReader(store, meta, digests=(digests or {}).get(task.key))  # reads the header only
     for name in topology.modules:
         sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
         outer_grad = None
@@ -73,6 +79,9 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         if outer_grad is not None:
             before = params
             params, momentum = outer_update(params, momentum, outer_grad, config)
+            if not all(bool(torch.isfinite(t).all()) for t in params.values()):
+                raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
+                                   f"{[e.key for e in sharing]}; nothing was committed")
             if norms is not None:
                 norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
             del before

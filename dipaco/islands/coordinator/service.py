@@ -95,9 +95,7 @@ class Coordinator:
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,
                          **{k: state[k] for k in ("board", "stats") if k in state})
-        for task in self.tasks.values():
-            if task.status == "received":
-                self.intake.tell(self.policy, task, started=None, arrived=clock())
+        self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
                                   sizes=sizes, lease=self.lease)
@@ -174,6 +172,8 @@ class Coordinator:
     def _close(self) -> None:
         closed = self.closer.close(self.board, self.policy, self.intake, round_started=self.round_started,
                                    clock=self.clock, cut=self.cut)
+        if closed is None:
+            return
         self.cut = 0
         self.last_stats, self.round_started = closed.stats, closed.at
         self.last_norms, self.last_metas = closed.norms, closed.metas
