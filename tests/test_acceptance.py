@@ -331,5 +331,6 @@ def test_the_outer_step_never_writes_a_module_that_is_not_finite(trained, tiny_r
     edit_tensor(lambda t: torch.full_like(t, math.inf))(case)
     pending = list(case.coordinator.tasks.values())
     with pytest.raises(RuntimeError, match=r"round 1: module .* would not be finite .*path-0001-round-000001"):
-        apply_round(case.store, case.setup.topology, round=1, pending=pending, config=OuterConfig(decay="keep"))
+        apply_round(case.store, case.setup.topology, round=1, pending=pending,
+                    config=OuterConfig(decay="keep", weighting="uniform"))
     assert case.store.current_round() == 0
