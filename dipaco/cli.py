@@ -152,6 +152,7 @@ TRAIN_ONE_BASELINE = "_train-baseline"  # internal (`dipaco.stages.baselines.INT
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages (its config.yaml)
 READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
 STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
+LOCKING_STAGES = ("run", "pretrain", "route", "shard", "reroute")  # write the run's artifacts: one at a time per run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +195,13 @@ def dispatch(args: argparse.Namespace) -> None:
                                  run_config=args.command in RUN_CONFIG_STAGES,
                                  wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
     prepare_run_dir(run, needs_run=args.command in RUN_CONFIG_STAGES, writes=args.command not in READ_ONLY_STAGES)
-    stage(config, run, args)
+    if args.command not in LOCKING_STAGES:
+        stage(config, run, args)
+        return
+    from dipaco.outputs import locked_run_dir
+
+    with locked_run_dir(run.root, command=args.command):
+        stage(config, run, args)
 
 
 if __name__ == "__main__":

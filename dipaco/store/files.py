@@ -68,15 +68,22 @@ class StoreFiles:
         return self.fs.exists(self._path(relative))
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """Atomically write a file: readers see the old file, or the whole new one."""
+        """Atomically write a file: readers see the old file, or the whole new one. A failed write (a full
+        disk) is a StoreError naming the file and leaves no temporary file."""
         target = self._path(relative)
         parent = target.rsplit("/", 1)[0]
         if isinstance(self.fs, LocalFileSystem):
             self.fs.makedirs(parent, exist_ok=True)
             tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, target)
+            try:
+                with self.fs.open(tmp, "wb") as f:
+                    f.write(data)
+                self.fs.mv(tmp, target)
+            except OSError as err:  # a full disk: no temporary file left, and the file named
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)
+                raise StoreError(f"store file {target} could not be written ({len(data):,} bytes): "
+                                 f"{err.strerror or err}") from None
         else:
             self.fs.pipe_file(target, data)  # an object-store put is atomic
         self.bytes_written += len(data)

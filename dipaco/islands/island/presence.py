@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Protocol
 
-from dipaco.store.board import write_heartbeat
+from dipaco.store.board import check_island_name, write_heartbeat
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Heartbeat, Task
 
@@ -31,7 +31,7 @@ class Failures(Protocol):
 
 class Presence:
     def __init__(self, store: ModuleStore, *, name: str, pinned: list[int], faults: Failures):
-        self.store, self.name, self.pinned, self.faults = store, name, pinned, faults
+        self.store, self.name, self.pinned, self.faults = store, check_island_name(name), pinned, faults
         self.incarnation = uuid.uuid4().hex[:12]
         self.seq = 0
         self.status = "idle"
