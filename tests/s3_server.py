@@ -2,10 +2,8 @@
 (tests/test_s3_store.py, tests/test_crash_safety.py): reached through s3fs exactly as AWS would be, with the
 endpoint and credentials in the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
 
-    @pytest.fixture(scope="module")
-    def s3_env():
-        with moto_server() as env:   # skips, with the reason, only when the server cannot start
-            yield env
+    with moto_server() as env:   # conftest's session fixture `s3_env`; skips, with the reason, only when
+        ...                      # the server cannot start
 
 Its conditional PUTs are made atomic (`atomic_conditional_puts`): moto checks If-None-Match / If-Match,
 then writes, and two concurrent requests can both pass the check; S3 decides them as one step.
@@ -72,7 +70,8 @@ def moto_server() -> Iterator[dict[str, str]]:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir(BUCKET)
+    with contextlib.suppress(FileExistsError):  # moto's buckets live in this process: an earlier server's stay
+        s3fs.S3FileSystem().mkdir(BUCKET)
     try:
         yield env
     finally:

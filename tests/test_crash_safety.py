@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from s3_server import BUCKET, moto_server
+from s3_server import BUCKET
 from tiny_runs import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
@@ -348,12 +348,6 @@ def test_a_released_lease_is_free_and_its_token_goes_on(tmp_path):
 
 
 # --- the same on S3 (moto's server): a store of object PUTs, conditional lease writes -------------------------
-@pytest.fixture(scope="module")
-def s3_env():
-    with moto_server() as env:
-        yield env
-
-
 @pytest.fixture(scope="module")
 def straight_s3(tiny, straight, s3_env, tmp_path_factory) -> list[str]:
     """The uninterrupted run on S3: the same outcome as on a directory; its writes, in order."""

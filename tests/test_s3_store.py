@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
-from s3_server import BUCKET, moto_server
+from s3_server import BUCKET
 from test_crash_safety import deposed_writes_are_refused, race_for_the_lease
 
 from dipaco.config import load_config, save_config
@@ -29,12 +29,6 @@ from dipaco.store.board import read_heartbeats
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.publish import read_publication
-
-
-@pytest.fixture(scope="module")
-def s3_env():
-    with moto_server() as env:
-        yield env
 
 
 def test_an_s3_store_publishes_once_and_an_island_with_only_the_url_trains_its_path(s3_env, tiny_routed, tmp_path):
@@ -84,7 +78,7 @@ def test_store_errors_name_the_url_and_what_to_fix(s3_env, tmp_path, monkeypatch
     assert code == 1 and f"store s3://{BUCKET}/run: no credentials found; set AWS_ACCESS_KEY_ID" in log
 
 
-S3_RACES = 40
+S3_RACES = 30
 
 
 def test_two_coordinators_racing_on_s3_one_wins_every_time(s3_env):

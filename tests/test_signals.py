@@ -88,7 +88,7 @@ def test_a_signal_during_an_import_is_raised_once_the_import_is_over(tmp_path, m
     inside their (C++) module initialisation, and the exit that followed could abort (rc 134) or end by
     SIGINT. Now the signal waits for the import to finish, then stops the command with 143."""
     (tmp_path / "slow_import_29.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
-                                                "time.sleep(0.3)\nDONE = True\n")
+                                                "time.sleep(0.15)\nDONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     installed = stop_on_signals()
     try:
