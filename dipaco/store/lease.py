@@ -156,8 +156,11 @@ class Lease:
             return
         renewed = Holder(**{**self.holder.to_json(), "renewed_at": now})
         written = self.store.write_if(LEASE_FILE, _encode(renewed), version=self.version)
-        if written is None:
-            raise self._lost(_read(self.store))
+        if written is None:  # refused: another coordinator's write came first, unless ours landed on a lost try
+            found = _read(self.store)
+            if found is None or found[1] or found[0] != renewed:
+                raise self._lost(found)
+            written = found[2]
         self.holder, self.version = renewed, written
 
     def release(self) -> None:
