@@ -4,7 +4,7 @@
     write_json(run.eval_results, results)
 
 The data goes to a temporary sibling (`<name>.tmp-<random>`), is flushed, then renamed over the
-target. Files in the module store go through `dipaco.store` instead (it also handles object stores).
+target; a failed write (a full disk) removes the temporary file and names the target in its OSError. Files in the module store go through `dipaco.store` instead (it also handles object stores).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # a full disk says only "No space left on device": name the file
+        raise OSError(err.errno, f"{err.strerror or err} (writing {len(data):,} bytes)", str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path

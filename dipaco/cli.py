@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
-import threading
 
 from dipaco.pipeline.fingerprints import STAGE_ORDER
+from dipaco.signals import exit_code, restore, stop_on_signals
 
 log = logging.getLogger("dipaco")
 
@@ -153,6 +152,7 @@ TRAIN_ONE_BASELINE = "_train-baseline"  # internal (`dipaco.stages.baselines.INT
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages (its config.yaml)
 READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
 STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
+LOCKING_STAGES = ("run", "pretrain", "route", "shard", "reroute")  # write the run's artifacts: one at a time per run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads_from_env()
     exit_with_parent()
-    previous = stop_on_signals()
+    installed = stop_on_signals()
     try:
         dispatch(args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
@@ -172,12 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a filesystem refusal the checks above did not foresee: name it, no traceback
         log.error("%s: %s", type(err).__name__, err)
         return 1
-    except KeyboardInterrupt as stop:
+    except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (`dipaco.signals`): every `finally` has run
         log.error("%s; run the same command again to resume", stop.args[0] if stop.args else "interrupted (SIGINT)")
-        return 130
+        return exit_code(stop)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore(installed)
     return 0
 
 
@@ -196,19 +195,13 @@ def dispatch(args: argparse.Namespace) -> None:
                                  run_config=args.command in RUN_CONFIG_STAGES,
                                  wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
     prepare_run_dir(run, needs_run=args.command in RUN_CONFIG_STAGES, writes=args.command not in READ_ONLY_STAGES)
-    stage(config, run, args)
+    if args.command not in LOCKING_STAGES:
+        stage(config, run, args)
+        return
+    from dipaco.outputs import locked_run_dir
 
-
-def stop_on_signals():
-    """SIGTERM ends a command as Ctrl-C does: an exception, so every `finally` runs (the train stage stops
-    its island processes; `dipaco.islands.processes`). Committed rounds stay; the same command resumes."""
-    if threading.current_thread() is not threading.main_thread():
-        return None  # signal handlers can only be set from the main thread (tests call main() from others)
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-    return signal.signal(signal.SIGTERM, stop)  # the handler it replaces, restored when main() returns
+    with locked_run_dir(run.root, command=args.command):
+        stage(config, run, args)
 
 
 if __name__ == "__main__":

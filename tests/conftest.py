@@ -10,7 +10,8 @@ Session fixtures (built once, on first use; tests that write into a run work on 
   process (tests/tiny_runs.py), the modules that resumed, S3 and Ray runs must end with;
 - `tiny_trained`: a copy of it through the rest of `dipaco run` (train with real island processes,
   baselines, eval, report; the command's entry point called in this process), with the settings
-  test_end_to_end and test_routed_inference both need (`TRAINED_OVERRIDES`).
+  test_end_to_end and test_routed_inference both need (`TRAINED_OVERRIDES`);
+- `s3_env`: moto's S3 server (tests/s3_server.py), for the S3 store tests and the kill tests on S3.
 
 The models here are tiny: a second torch thread costs more than it gains, and on a loaded machine
 oversubscribed threads make a training step many times slower, so every process uses one.
@@ -65,6 +66,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # 3 rounds with one module version kept, so pruning has to keep each path's best version; every eval mode
 TRAINED_OVERRIDES = ["run.rounds=3", "store.keep_versions=1", "eval.best=true",
                      "eval.modes=[prefix,every:16,every:64,oracle,all-paths]"]
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """moto's S3 server on loopback (tests/s3_server.py), one for the session: its environment variables
+    (AWS_ENDPOINT_URL, credentials) stay set from the first test that uses it to the session's end."""
+    from s3_server import moto_server
+
+    with moto_server() as env:
+        yield env
 
 
 @pytest.fixture(scope="session")

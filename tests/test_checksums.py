@@ -54,6 +54,19 @@ def test_pruning_keeps_the_checksums_of_the_files_it_keeps(tmp_path):
         ModuleStore(str(tmp_path / "store")).read_module(1, "a")
 
 
+@pytest.mark.parametrize("sums", [{}, {"b.safetensors": "0" * 64}])
+def test_a_checksums_json_without_the_module_it_must_cover_is_an_error(tmp_path, sums):
+    """Issue 29: a checksums.json replaced by {} turned verification off silently."""
+    store = ModuleStore(str(tmp_path / "store"))
+    store.write_module(1, "a", {"w": torch.ones(2)})
+    store.commit(round=1)
+    (tmp_path / "store/modules/round-000001/checksums.json").write_text(json.dumps(sums))
+    with pytest.raises(StoreError, match=r"round-000001/a\.safetensors is not listed in version 1's .*checksums\.json"):
+        ModuleStore(str(tmp_path / "store")).read_module(1, "a")
+    (tmp_path / "store/modules/round-000001/checksums.json").unlink()  # a version committed before checksums
+    assert torch.equal(ModuleStore(str(tmp_path / "store")).read_module(1, "a")["w"], torch.ones(2))
+
+
 @pytest.fixture()
 def run(tiny_routed, tmp_path) -> RunDir:
     run = copy_run(tiny_routed, tmp_path / "run")

@@ -27,6 +27,14 @@ def test_overrides_are_coerced_to_the_field_type(tmp_path):
     assert cfg.topology.private_embeddings is True
 
 
+def test_exponent_floats_in_yaml_and_overrides_are_floats(tmp_path):
+    """YAML 1.1 reads `1e-3` (no dot) as a string; it was refused as "must be float" (issue 29)."""
+    path = tmp_path / "lr.yaml"
+    path.write_text("inner:\n  lr: 1e-3\nouter:\n  lr: 5E-1\n")
+    cfg = load_config(path, ["inner.weight_decay=2e-2"])
+    assert (cfg.inner.lr, cfg.outer.lr, cfg.inner.weight_decay) == (0.001, 0.5, 0.02)
+
+
 def test_unknown_key_names_key_and_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("inner:\n  stepz: 3\n")

@@ -29,6 +29,7 @@ from dipaco.stages.island import island_setup
 from dipaco.store.board import read_manifest, read_result, read_result_meta, result_exists
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import RoundManifest, Task, task_key
+from dipaco.store.run_state import run_finished
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -395,3 +396,22 @@ def test_outer_decay_average_makes_the_rounds_in_the_inner_decay_plain_averages(
                     delta, _ = read_result(store, round=2, path=entry.path, attempt=entry.attempt)
                     expected -= shard[entry.path] / total * delta[f"{name}/{key}"].double().numpy()
             np.testing.assert_allclose(after[key].double().numpy(), expected, rtol=0, atol=1e-6)
+
+
+def test_a_finished_run_goes_on_when_run_rounds_grows(straight, tmp_path):
+    """Issue 29, item 4: `dipaco train run.rounds=3` on a finished 2-round run failed with "every island
+    process has exited": state.json kept `finished`, on which islands stop. Now the coordinator of the longer
+    run takes `finished` back before any island looks, and the run trains its third round."""
+    root = tmp_path / "run"
+    shutil.copytree(straight.dir.root, root)
+    assert run_finished(ModuleStore(str(root / "store")))
+    config = load_config(TINY, ["hardware.device=cpu", "run.rounds=3"])
+    save_config(config, RunDir(root).config)
+    run = TinyRun(dir=RunDir(root), config=config, setup=island_setup(config, RunDir(root)))
+    clock = Clock()
+    coordinator = run.coordinator(clock)
+    assert not run_finished(run.store), "islands would stop before the new rounds"
+    assert run.store.current_round() == 2
+    drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
+    assert run.store.current_round() == 3 and run_finished(run.store)
+    assert [sorted(e.path for e in m.applied) for m in manifests(run.store, 3)] == [[0, 1, 2, 3]] * 3

@@ -14,11 +14,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+from s3_server import BUCKET
 from tiny_runs import Clock, Crash, TinyRun, make_run
 
 from dipaco import atomic
@@ -102,10 +105,12 @@ def coordinate(run: TinyRun, store: ModuleStore, islands, clock: Clock, writes: 
     raise AssertionError(f"the run did not finish in {turns} turns (round {coordinator.committed})")
 
 
-def run_once(tiny, root: Path, crash_at: int | None = None) -> tuple[TinyRun, Writes]:
-    """A run killed before the coordinator's write `crash_at` (if any) and resumed."""
+def run_once(tiny, root: Path, crash_at: int | None = None, *, store_url: str = "") -> tuple[TinyRun, Writes]:
+    """A run killed before the coordinator's write `crash_at` (if any) and resumed (on the store at
+    `store_url`: default the run directory's)."""
     clock, writes = Clock(), Writes(crash_at)
-    run = make_run(tiny, root, [f"run.rounds={ROUNDS}", "inner.steps=2"])  # what the coordinator writes, not training
+    overrides = [f"run.rounds={ROUNDS}", "inner.steps=2", *([f"store.url={store_url}"] if store_url else [])]
+    run = make_run(tiny, root, overrides)  # inner.steps=2: what the coordinator writes matters, not training
     islands = [run.island(f"i{k}", clock) for k in range(2)]
     try:
         coordinate(run, counted_store(run.store.url, writes), islands, clock, writes)
@@ -322,3 +327,128 @@ def test_an_async_coordinator_killed_around_a_commit_loses_no_applied_result_and
     run, writes = run_async(tiny, tmp_path / "run", crash_at=crash_at)
     assert len(writes.log) == crash_at, "the crash happened"
     assert_every_version_is_the_outer_step_of_its_record(run)
+
+
+# --- the lease's conditional writes (issue 29, item 8) -----------------------------------------------------
+def after_first_read(store: ModuleStore, then) -> ModuleStore:
+    """`store`, whose first `read_versioned` calls `then()` after reading (the moment between a coordinator's
+    look at lease.json and its write)."""
+    read, calls = store.read_versioned, []
+
+    def hooked(relative):
+        found = read(relative)
+        if not calls:
+            calls.append(relative)
+            then()
+        return found
+
+    store.read_versioned = hooked
+    return store
+
+
+def race_for_the_lease(store_of, reps: int) -> list[int]:
+    """`reps` times, two coordinators (threads, each with its own store object) take a fresh store's lease:
+    both read lease.json before either writes (a barrier), so both try to create it. The winners of each."""
+    winners = []
+    for i in range(reps):
+        barrier = threading.Barrier(2, timeout=30)
+        stores = [after_first_read(store_of(i), barrier.wait) for _ in range(2)]
+        won, refused = race(stores)
+        winners.append(len(won))
+        if len(won) == 1:
+            assert read_holder(stores[0]).nonce == won[0].holder.nonce
+            assert refused and "at the same time: node-" in refused[0]
+    return winners
+
+
+def race(stores: list[ModuleStore]) -> tuple[list[Lease], list[str]]:
+    """Each store's coordinator takes the lease in a thread of its own: the leases won, the refusals."""
+    won: list[Lease] = []
+    refused: list[str] = []
+
+    def take(k: int) -> None:
+        try:
+            won.append(Lease.acquire(stores[k], timeout=60, host=f"node-{k}", pid=1000 + k))
+        except LeaseHeld as err:
+            refused.append(str(err))
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return won, refused
+
+
+def deposed_writes_are_refused(store_of) -> None:
+    """A lease taken over while its holder was between its check and its renewal: the renewal's write is
+    refused (If-Match on S3, the lock here), and the new holder keeps the lease; and a takeover that read a
+    lease renewed before it wrote is refused in turn."""
+    now = [1000.0]
+    a = Lease.acquire(store_of(), timeout=60, host="node-a", pid=1, wall=lambda: now[0])
+    now[0] += 61  # a is not renewed for a whole timeout: b takes over
+    b = Lease.acquire(store_of(), timeout=60, host="node-b", pid=2, wall=lambda: now[0])
+    a.check = lambda: None  # a's last check passed just before b took over
+    with pytest.raises(LeaseLost, match=r"\(token 1\) lost the lease .* to node-b pid 2"):
+        a.renew()
+    b.check()
+    assert read_holder(store_of()).host == "node-b"
+    now[0] += 30  # b renews while c reads the lease to take it over (forced): c's write is refused
+    c_store = after_first_read(store_of(), b.renew)
+    with pytest.raises(LeaseHeld, match="at the same time: node-b pid 2"):
+        Lease.acquire(c_store, timeout=60, host="node-c", pid=3, wall=lambda: now[0], force=True)
+    b.check()
+    assert read_holder(store_of()).renewed_at == now[0]
+
+
+def test_two_coordinators_racing_for_a_directory_store_one_wins_every_time(tmp_path):
+    winners = race_for_the_lease(lambda i: ModuleStore(str(tmp_path / f"store-{i}")), reps=50)
+    assert winners == [1] * 50
+
+
+def test_a_deposed_coordinators_lease_write_is_refused_on_a_directory_store(tmp_path):
+    deposed_writes_are_refused(lambda: ModuleStore(str(tmp_path / "store")))
+
+
+def test_a_released_lease_is_free_and_its_token_goes_on(tmp_path):
+    store = ModuleStore(str(tmp_path / "store"))
+    first = Lease.acquire(store, timeout=600, host="node-a", pid=1)
+    first.release()
+    assert read_holder(store) is None and store.exists(LEASE_FILE)
+    with pytest.raises(LeaseLost, match=r"to node-a pid 1 \(token 1, .*\) \(released\)"):
+        first.check()
+    second = Lease.acquire(store, timeout=600, host="node-b", pid=2)
+    assert second.token == 2
+
+
+# --- the same on S3 (moto's server): a store of object PUTs, conditional lease writes -------------------------
+@pytest.fixture(scope="module")
+def straight_s3(tiny, straight, s3_env, tmp_path_factory) -> list[str]:
+    """The uninterrupted run on S3: the same outcome as on a directory; its writes, in order."""
+    run, writes = run_once(tiny, tmp_path_factory.mktemp("straight-s3") / "run",
+                           store_url=f"s3://{BUCKET}/crash-straight-{time.time_ns()}")
+    assert_same(outcome(run), straight[0])
+    assert writes.log == straight[1], "the coordinator writes the same files in the same order on S3"
+    return writes.log
+
+
+def crash_on_s3(tiny, tmp_path: Path, crash_at: int) -> dict:
+    run, writes = run_once(tiny, tmp_path / f"run-{crash_at}", crash_at=crash_at,
+                           store_url=f"s3://{BUCKET}/crash-{crash_at}-{time.time_ns()}")
+    assert len(writes.log) == crash_at, "the crash happened"
+    return outcome(run)
+
+
+def test_a_coordinator_killed_at_the_commit_on_s3_resumes_to_the_same_run(tiny, straight, s3_env, tmp_path):
+    """make test's share (one S3 run is ~3 s): killed in place of the last round's commit (state.json), the
+    write the directory store's run makes at the same place (`straight_s3` checks the two logs agree)."""
+    outcome_straight, log = straight
+    commit = [i for i, what in enumerate(log, start=1) if what == "write state.json"][-1]
+    assert_same(crash_on_s3(tiny, tmp_path, commit), outcome_straight)
+
+
+@pytest.mark.slow  # one tiny two-round run on moto's server per write
+def test_a_coordinator_killed_between_every_pair_of_its_writes_on_s3_resumes_to_the_same_run(tiny, straight,
+                                                                                           straight_s3, tmp_path):
+    for crash_at in range(1, len(straight_s3) + 1):
+        assert_same(crash_on_s3(tiny, tmp_path, crash_at), straight[0])

@@ -152,3 +152,52 @@ def test_a_corpus_moved_with_the_same_content_is_not_a_change(tmp_path):
     moved.write_text('{"text": "two"}\n')
     assert corpus_changes(saved, CorpusConfig(path=str(moved))) == [f"corpus file {corpus}: gone",
                                                                      f"corpus file {moved}: new"]
+
+
+def stub_stages(monkeypatch, done: list[str], stages=("route", "shard", "train", "baselines", "eval", "report")):
+    """`dipaco run`'s stages replaced by stubs that note their names in `done` (the stages are tested elsewhere)."""
+    commands = {"route": "route.command", "shard": "shard.command", "train": "train.command_train",
+                "baselines": "baselines.command", "eval": "evaluate.command", "report": "report.command"}
+
+    def stage_done(config, run, args, *, alongside=None, stage):
+        if alongside is not None:
+            alongside()
+        done.append(stage)
+
+    for stage in stages:
+        monkeypatch.setattr(f"dipaco.stages.{commands[stage]}", partial(stage_done, stage=stage))
+
+
+@pytest.mark.parametrize("interrupted", ["route", "shard"])
+def test_a_stage_interrupted_after_its_artifacts_but_before_its_record_is_redone(tiny_routed, tmp_path, monkeypatch,
+                                                                                  caplog, interrupted):
+    """Issue 29, item 6: a Ctrl-C in routing's last second leaves assignments.json without fingerprint.json
+    (and no shards). The next `dipaco run`, here on another corpus, routed nothing and exited 0 with a
+    config.yaml claiming that corpus; now the stage is redone (and every stage after it), never skipped.
+    Likewise shards/index.json without shards/fingerprint.json."""
+    run = copy_run(tiny_routed, tmp_path / "run")
+    record_path(run, interrupted).unlink()
+    if interrupted == "route":
+        shutil.rmtree(run.shards)
+    done: list[str] = []
+    stub_stages(monkeypatch, done)
+    other = tmp_path / "other.jsonl"  # routing again may take another corpus; a finished routing may not
+    shutil.copy(demo_corpus_path(), other)
+    with caplog.at_level(logging.WARNING):
+        code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root,
+                                      *([f"corpus.path={other}"] if interrupted == "route" else []))
+    assert code == 0, log
+    assert done == ["route", "shard", "train", "baselines", "eval", "report"][["route", "shard"].index(interrupted):]
+    assert "made before dipaco recorded fingerprints" not in caplog.text
+    assert f"but not the record of a finished `dipaco {interrupted}`" in caplog.text
+
+
+def test_a_run_made_before_records_is_not_routed_again(tiny_routed, tmp_path, monkeypatch):
+    run = copy_run(tiny_routed, tmp_path / "run")
+    record_path(run, "route").unlink()
+    record_path(run, "shard").unlink()
+    done: list[str] = []
+    stub_stages(monkeypatch, done)
+    code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root)
+    assert code == 0, log
+    assert done == ["train", "baselines", "eval", "report"]

@@ -136,3 +136,14 @@ def test_a_paused_run_resumes_with_the_next_train(tiny_routed, tmp_path):
     assert json.loads(run.train_summary.read_text())["rounds_completed"] == 1
     dipaco("train", *common, timeout=120)
     assert json.loads(run.train_summary.read_text())["rounds_completed"] == 2
+
+
+@pytest.mark.slow  # a round with real island processes, then eval and report: ~30 s
+def test_a_finished_run_goes_on_when_run_rounds_grows(tiny_trained, tmp_path):
+    """Issue 29, item 4, as reported: `dipaco run` (train with island processes) on the finished 3-round run
+    with run.rounds=4 ended with "every island process has exited" and rc 1; now it trains round 4."""
+    run = copy_run(tiny_trained, tmp_path / "run", tuple(p.name for p in tiny_trained.root.iterdir()))
+    code, log = dipaco_in_process("run", "--config", run.config, "--run", run.root, "run.rounds=4")
+    assert code == 0, log[-3000:]
+    assert json.loads((run.store / "state.json").read_text())["round"] == 4
+    assert json.loads(run.eval_results.read_text())["round"] == 4

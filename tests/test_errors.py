@@ -99,3 +99,72 @@ def test_a_bad_line_in_a_compressed_corpus_is_found_too(tmp_path):
     (tmp_path / "docs.jsonl.zst").write_bytes(data)
     with pytest.raises(ValueError, match=r"docs\.jsonl\.zst line 3: not valid JSON"):
         load_corpus(path=str(tmp_path / "docs.jsonl.zst"))
+
+
+# --- issue 29, item 7: clear errors for what printed tracebacks, hung or idled unseen ------------------------
+def test_a_state_json_that_is_not_a_run_state_is_named(tmp_path):
+    """`dipaco status` on a state.json holding [1, 2] was an AttributeError traceback."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "state.json").write_text("[1, 2]")
+    code, log = dipaco_in_process("status", "--store", tmp_path / "store")
+    assert code == 1 and f"{tmp_path / 'store' / 'state.json'} is not a run state" in log and "[1, 2]" in log
+
+
+def test_an_island_name_with_a_slash_is_refused(tmp_path):
+    """`--name a/b` wrote heartbeats/a/b.json, which the coordinator never lists: the island idled unseen."""
+    code, log = dipaco_in_process("island", "--config", TINY, "--run", tmp_path / "run", "--name", "a/b")
+    assert code == 1 and "island name 'a/b' cannot name a heartbeat file" in log
+
+
+def test_an_unreachable_ray_address_is_refused_within_seconds(tmp_path, monkeypatch):
+    """`launcher.ray_address=127.0.0.1:1` hung in ray.init past 180 s (and 32 s more to obey SIGTERM)."""
+    import time
+
+    import ray
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("ray.init was called for an address nothing listens on")
+
+    monkeypatch.setattr(ray, "init", no_init)
+    started = time.monotonic()
+    code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path / "run", "launcher.kind=ray",
+                                  "launcher.ray_address=127.0.0.1:1")
+    assert code == 1 and "cannot reach the Ray cluster at launcher.ray_address='127.0.0.1:1'" in log
+    assert time.monotonic() - started < 10
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A full disk said only "[Errno 28] No space left on device" and left `*.tmp-*` files behind."""
+    import errno
+    import os
+
+    from dipaco import atomic
+    from dipaco.store.module_store import ModuleStore, StoreError
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match=re.escape(f"No space left on device (writing 2 bytes): '{tmp_path / 'a.json'}'")):
+        atomic.write_json(tmp_path / "a.json", {})
+    store = ModuleStore(str(tmp_path / "store"))
+    real_open = store.fs.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def write(self, data):
+            self.f.write(data[:1])
+            full()
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(store.fs, "open", lambda path, mode: Full(real_open(path, mode)))
+    with pytest.raises(StoreError, match=r"store file .*store/tasks\.json could not be written \(3 bytes\): No space left"):
+        store.write_bytes("tasks.json", b"abc")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["store"]

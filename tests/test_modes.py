@@ -12,6 +12,7 @@ from dipaco.eval.modes import (
     all_paths_table,
     chunk_spans,
     evaluate_modes,
+    format_modes,
     likelihood_choice,
     oracle_scores,
     parse_mode,
@@ -208,3 +209,25 @@ def test_likelihood_routes_each_document_by_the_paths_loss_on_its_prefix(setup):
     assert [p["documents"] for p in row["per_path"]] == np.bincount(scored, minlength=N_PATHS).tolist()
     # only the paths evaluated are candidates (e.g. one path's island never finished)
     assert set(likelihood_choice(table, len(docs), {0: 0, 2: 0}, prefix=PREFIX).tolist()) <= {0, 2}
+
+
+def test_a_path_without_test_documents_is_null_not_a_broken_number(setup):
+    """Issue 29, item 5: every test document routed to paths 0 and 2, none to path 1: the all-paths column of
+    path 1 and its per-path perplexities are null, and eval's check for non-finite numbers (a broken module)
+    finds nothing; a real NaN loss is still found."""
+    from dipaco.stages.evaluate import non_finite
+
+    models, docs, table = setup
+    paths = np.array([0 if i % 2 else 2 for i in range(len(docs))])
+    kwargs = dict(route=route, paths=paths, rounds=ROUNDS, best=None, n_paths=N_PATHS, prefix=PREFIX)
+    out = evaluate_modes(table, modes=["prefix", "all-paths"], **kwargs)
+    assert [row[1] for row in out["all_paths"]] == [None] * N_PATHS
+    assert all(isinstance(row[q], float) for row in out["all_paths"] for q in (0, 2))
+    assert out["rows"][0]["per_path"][1]["perplexity"] is None
+    assert non_finite(out) == []
+    assert "docs of 1" in format_modes(out)
+
+    broken = LossTable(docs=docs, load=lambda p, r: models[p],
+                       score=lambda m, batch: [np.full(len(d), np.nan if m is models[2] else 1.0) for d in batch])
+    found = non_finite(evaluate_modes(broken, modes=["prefix", "all-paths"], **kwargs))
+    assert "all_paths[2][0]=nan" in found and "rows[0].perplexity=nan" in found

@@ -4,10 +4,11 @@ Each test named after a reproduction in the issue failed on main before this (ex
 aside and deleted it, and removed `<out>.tmp` / `<out>.old` siblings)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from cli_helpers import copy_run, dipaco_in_process
+from cli_helpers import ROOT, copy_run, dipaco_in_process
 
 from dipaco.config import load_config
 from dipaco.outputs import OUTPUT_MARKER, OutputError, check_run_dir, check_writable, output_dir
@@ -102,3 +103,47 @@ def test_a_read_only_directory_is_named_before_any_work():
     read_only = Path("/proc/self")  # read-only even for root, which ignores permission bits
     with pytest.raises(OutputError, match="is not writable"):
         check_writable(read_only)
+
+
+# --- issue 29, item 7 ------------------------------------------------------------------------------------
+def test_export_onto_a_full_disk_names_the_target_and_leaves_nothing_behind(tmp_path):
+    """safetensors reports a full disk as its own SafetensorError, which went up as a traceback."""
+    from safetensors import SafetensorError
+
+    with pytest.raises(OutputError, match=r"could not write .*out: the last file written was model\.safetensors .*"
+                                          r"SafetensorError.*No space left .* the disk holding .* is full"):
+        with output_dir(tmp_path / "out", overwrite=False, what="dipaco export") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x" * 10)
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_refuses_an_earlier_export_holding_files_a_person_added(run, tmp_path):
+    out = tmp_path / "path0"
+    assert export(run, out, "--path", "0")[0] == 0
+    (out / "my-notes.md").write_text("mine")
+    code, log = export(run, out, "--path", "1", "--overwrite")
+    assert code == 1 and "files dipaco did not write there: my-notes.md" in log
+    assert (out / "my-notes.md").read_text() == "mine"
+    (out / "my-notes.md").unlink()
+    assert export(run, out, "--path", "1", "--overwrite")[0] == 0
+
+
+def test_a_second_command_on_the_same_run_directory_is_refused_naming_the_first(tmp_path, monkeypatch):
+    """Two `dipaco run` on one fresh directory raced over the same files with a misleading error."""
+    from test_drift import stub_stages
+
+    from dipaco.outputs import locked_run_dir
+
+    done: list[str] = []
+    stub_stages(monkeypatch, done)
+    monkeypatch.setattr("dipaco.stages.pretrain.command", lambda *a: done.append("pretrain"))
+    run = tmp_path / "run"
+    run.mkdir()
+    with locked_run_dir(run, command="run"):  # the first `dipaco run` (its lock, as the other process's would be)
+        code, log = dipaco_in_process("run", "--run", run, "--config", ROOT / "configs" / "tiny.yaml")
+    assert code == 1 and f"run directory {run} is in use by dipaco run (pid {os.getpid()}" in log
+    assert done == []
+    assert dipaco_in_process("run", "--run", run, "--config", ROOT / "configs" / "tiny.yaml")[0] == 0  # released
+    assert done == ["route", "shard", "train", "baselines", "eval", "report"]

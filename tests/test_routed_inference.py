@@ -5,6 +5,7 @@ The run is conftest's session-wide `tiny_trained`: one `dipaco run` with 3 round
 kept, so pruning has to keep the best versions, and every eval mode."""
 
 import json
+import logging
 import math
 import re
 import subprocess
@@ -182,6 +183,15 @@ def test_export_all_and_generate_name_the_path(run, tmp_path, capsys):
     out = capsys.readouterr().out
     match = re.match(r"\[path (\d) \(\d,\d\), round \d\]\n(.*)", out, re.S)
     assert match and match.group(2).startswith("In the beginning")
+
+
+def test_generate_says_when_the_sequence_length_caps_max_new_tokens(run, caplog):
+    """It capped --max-new-tokens at what sharding.seq_len leaves silently (issue 29)."""
+    factory = PathFactory(load_config(run.config), run)
+    rounds = {p: factory.store.current_round() for p in range(factory.topology.n_paths)}
+    with caplog.at_level(logging.WARNING):
+        generate(factory, "In the beginning", rounds=rounds, max_new_tokens=1000)
+    assert "--max-new-tokens 1000: a path sees at most sharding.seq_len 64 tokens" in caplog.text
 
 
 def test_generate_uses_the_first_replica_of_the_routed_path(run):

@@ -7,10 +7,8 @@ cannot start (moto and s3fs come with the test extra: without them the tests fai
 """
 
 import json
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
+from s3_server import BUCKET
+from test_crash_safety import deposed_writes_are_refused, race_for_the_lease
 
 from dipaco.config import load_config, save_config
 from dipaco.pipeline.context import PathFactory
@@ -29,47 +29,6 @@ from dipaco.store.board import read_heartbeats
 from dipaco.store.cache import ObjectCache
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.publish import read_publication
-
-BUCKET = "dipaco-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_env():
-    """A running moto S3 server with one bucket; yields the environment variables that reach it."""
-    import s3fs  # both in the test extra (`make install`)
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    try:
-        server.start()
-        with socket.create_connection(("127.0.0.1", port), timeout=10):
-            pass
-    except Exception as err:  # the server's own start-up errors
-        reason = f"moto's S3 server could not start on 127.0.0.1:{port}: {err}"
-        print(reason)
-        pytest.skip(reason)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir(BUCKET)
-    yield env
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_an_s3_store_publishes_once_and_an_island_with_only_the_url_trains_its_path(s3_env, tiny_routed, tmp_path):
@@ -117,6 +76,23 @@ def test_store_errors_name_the_url_and_what_to_fix(s3_env, tmp_path, monkeypatch
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     code, log = dipaco_in_process("coordinator", "--store", f"s3://{BUCKET}/run", "--run", tmp_path / "coordinator")
     assert code == 1 and f"store s3://{BUCKET}/run: no credentials found; set AWS_ACCESS_KEY_ID" in log
+
+
+S3_RACES = 30
+
+
+def test_two_coordinators_racing_on_s3_one_wins_every_time(s3_env):
+    """Issue 29, item 8: both read an empty lease before either writes; the server's If-None-Match decides."""
+    stamp = time.time_ns()
+    winners = race_for_the_lease(lambda i: ModuleStore(f"s3://{BUCKET}/race-{stamp}-{i}"), reps=S3_RACES)
+    assert winners == [1] * S3_RACES
+
+
+def test_a_deposed_coordinators_lease_write_is_refused_by_the_s3_server(s3_env):
+    """Renewals and takeovers are PUTs with If-Match on the ETag read: a deposed writer's is refused (412)."""
+    url = f"s3://{BUCKET}/deposed-{time.time_ns()}"
+    assert ModuleStore(url).conditional_writes
+    deposed_writes_are_refused(lambda: ModuleStore(url))
 
 
 def test_an_unreachable_server_is_retried_then_named(monkeypatch):

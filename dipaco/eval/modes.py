@@ -21,7 +21,8 @@ the dense baselines.
   of one P-token forward pass per path).
 - `oracle`: every path scores every document; each document takes its lowest total loss. An upper
   bound on what any router that picks one path per sequence could do.
-- `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns).
+- `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns); a column is
+  empty (null in eval.json) when no test document was routed to path q.
 
 Per-token losses are computed once per (path, module round) in a `LossTable` and shared by the modes
 and by `dipaco eval`'s headline row (the `prefix` mode at the last round); only one path model is in
@@ -174,6 +175,18 @@ def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int]
     return out
 
 
+def column_tokens(docs: list[np.ndarray], routed: np.ndarray, paths: list[int], *, prefix: int) -> list[int]:
+    """The tokens `all_paths_table` scores in each column: those after `prefix` of the documents routed
+    to each of `paths` (0 for a path no test document was routed to)."""
+    return [sum(max(0, len(docs[d]) - prefix) for d in np.flatnonzero(routed == q)) for q in paths]
+
+
+def json_cells(grid: np.ndarray, tokens: list[int]) -> list[list[float | None]]:
+    """`all_paths_table`'s grid for eval.json: null in the columns that scored no `tokens` (no test document
+    was routed to that path), so a NaN left in the results is a broken number, never an empty path."""
+    return [[float(x) if tokens[j] else None for j, x in enumerate(row)] for row in grid]
+
+
 def prefix_routes(docs: list[np.ndarray], paths: np.ndarray, *, prefix: int) -> list[list[tuple[int, int, int]]]:
     """The `prefix` mode's spans: each document's tokens from `prefix` on, all scored by `paths[d]`, its
     path routed from the first `prefix` tokens (no span when nothing is left to score)."""
@@ -201,7 +214,13 @@ def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes
         for mode, kind, window in parsed:
             if kind == "all-paths":
                 if checkpoints == "last":
-                    all_paths = all_paths_table(table, np.asarray(paths), versions, prefix=prefix).tolist()
+                    grid = all_paths_table(table, np.asarray(paths), versions, prefix=prefix)
+                    tokens = column_tokens(docs, np.asarray(paths), sorted(versions), prefix=prefix)
+                    all_paths = json_cells(grid, tokens)
+                    empty = [q for q, n in zip(sorted(versions), tokens) if not n]
+                    if empty:
+                        log.warning("eval all-paths: no test document was routed to path(s) %s; their columns "
+                                    "are empty (null in eval.json)", ", ".join(map(str, empty)))
                 continue
             if kind == "oracle":
                 scores = oracle_scores(table, len(docs), versions, prefix=prefix)
@@ -237,7 +256,8 @@ def format_modes(modes: dict) -> str:
         text += "\nbest round per path: " + ", ".join(f"{p}: {r}" for p, r in modes["best_rounds"].items())
     if modes.get("all_paths"):
         table = modes["all_paths"]
-        cells = [[f"path {p}"] + [("-" if np.isnan(x) else f"{x:.2f}") for x in row] for p, row in enumerate(table)]
+        cells = [[f"path {p}"] + [("-" if x is None or np.isnan(x) else f"{x:.2f}") for x in row]
+                 for p, row in enumerate(table)]
         text += ("\n\nAll paths (rows: the model of path p; columns: documents routed to path q)\n"
                  + format_table(["model"] + [f"docs of {q}" for q in range(len(table))], cells))
     return text

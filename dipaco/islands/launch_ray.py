@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 COORDINATOR_ENV = "DIPACO_RAY_COORDINATOR"  # set in the coordinator task's process: place islands through Ray
 ADDRESS_ENV = "DIPACO_RAY_ADDRESS"  # the Ray cluster (GCS address) the coordinator task's islands go to
 POLL_SECONDS = 1.0
+PROBE_SECONDS = 10.0  # how long a launcher.ray_address host:port may take to accept a connection
 
 
 class IslandKilled(RuntimeError):
@@ -42,12 +43,29 @@ def require_ray():
     return ray
 
 
+def probe(address: str, *, timeout: float = PROBE_SECONDS) -> None:
+    """Refuse, within `timeout` seconds, a Ray address `host:port` (or `ray://host:port`) where nothing
+    accepts a connection: `ray.init` would wait minutes for it, and longer to obey SIGTERM. Other forms
+    ("", "auto", no port) are left to Ray."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise RuntimeError(f"cannot reach the Ray cluster at launcher.ray_address={address!r}: nothing accepts "
+                           f"a connection on {host}:{port} within {timeout:g}s ({err.strerror or err}); start it "
+                           f"(`ray start --head`), fix the address, or leave it empty for a local Ray instance") from None
+
+
 def connect(address: str):
     """Connect to Ray at `address` ("" = start a local instance, "auto" = this node's cluster) unless this
-    process already is; returns (the ray module, whether this call started the connection)."""
+    process already is; returns (the ray module, whether this call started the connection). A `host:port`
+    address is probed first (`probe`)."""
     ray = require_ray()
     if ray.is_initialized():
         return ray, False
+    probe(address)
     try:
         if address:
             ray.init(address=address, log_to_driver=False)

@@ -37,8 +37,14 @@ class Prefetcher:
         return self._yield()
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the thread and wait for it, even when a signal interrupts the wait: left running at the
+        interpreter's exit inside torch, it would abort the process."""
         self._stop.set()
-        self._thread.join()
+        try:
+            self._thread.join()
+        except BaseException:
+            self._thread.join()
+            raise
 
     def _read(self) -> None:
         try:

@@ -133,6 +133,23 @@ def record(run: RunDir, stage: str, config: Config, **inputs: Any) -> None:
     write_text(record_path(run, stage), json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
 
 
+def completed(run: RunDir, stage: str) -> bool:
+    """Did `stage` (pretrain, route or shard) finish in `run`? Its record says so, written after every
+    artifact: artifacts without one are an interrupted stage's, which `dipaco run` redoes. A run without
+    any record that was sharded was made before records existed: its route and shard are done. The warm
+    start (no record) is done when its Hugging Face copy, written last and renamed into place, is."""
+    if stage == "pretrain":
+        return (run.pretrain / "summary.json").exists() and (run.pretrain / "hf").is_dir()
+    if record_path(run, stage).exists():
+        return True
+    return _before_records(run) and _done(run, stage)
+
+
+def _before_records(run: RunDir) -> bool:
+    """A run sharded by a dipaco that wrote no records (none of its stages has one)."""
+    return (run.shards / "index.json").exists() and not any(record_path(run, s).exists() for s in STAGE_KEYS)
+
+
 def _done(run: RunDir, stage: str) -> bool:
     return {"route": (run.routing / "assignments.json").exists(), "shard": (run.shards / "index.json").exists(),
             "train": record_path(run, "train").exists() or run.train_summary.exists()}[stage]
@@ -169,8 +186,9 @@ def differences(run: RunDir, config: Config, stage: str) -> list[str]:
                          f"is router {current[:12]} (routed again after sharding)")
     path = record_path(run, stage)
     if not path.exists():
-        log.warning("%s: %s was made before dipaco recorded fingerprints; its config keys are not checked "
-                    "(`dipaco run --restart-from %s` redoes it with a record)", run.root, MADE_BY[stage], stage)
+        log.warning("%s: %s has no record: made before dipaco recorded fingerprints, or its stage was "
+                    "interrupted; its config keys are not checked (`dipaco run` redoes it with a record)",
+                    run.root, MADE_BY[stage])
         return diffs
     try:
         saved = json.loads(path.read_text())

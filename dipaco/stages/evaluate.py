@@ -13,7 +13,8 @@ from (`pretrain_steps`), its own steps, the steps in all, and the training token
 included): the baselines' budgets count the warm start (`dipaco.eval.dense_baselines`), which a path-sized
 baseline continues from by default (its row then has the warm start's steps and tokens too). Results holding a
 NaN or infinite number (a broken module) never replace eval.json: they go to `eval-rejected.json` and
-the command fails naming them.
+the command fails naming them. A path no test document was routed to is not broken: its per-path and
+all-paths cells are null and `paths_without_test_documents` names it.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         "models": rows,
         "per_path": per_path_table(topology, paths, nll, tokens),
     }
+    results["paths_without_test_documents"] = [row["path"] for row in results["per_path"] if not row["documents"]]
+    if results["paths_without_test_documents"]:  # their cells are null, not NaN: an empty path is not a broken one
+        log.warning("no test document was routed to path(s) %s: they are not scored (null in eval.json)",
+                    ", ".join(map(str, results["paths_without_test_documents"])))
     modes = config.eval.modes if modes is None else modes
     best = config.eval.best if best is None else best
     if modes:
@@ -202,6 +207,9 @@ def format_results(results: dict) -> str:
         + "\n\nPer path\n"
         + format_table(["path", "choice", "documents", "tokens", "perplexity"], paths)
     )
+    if results.get("paths_without_test_documents"):
+        text += ("\nno test document was routed to path(s) "
+                 + ", ".join(map(str, results["paths_without_test_documents"])) + ": not scored")
     if results.get("modes"):
         text += "\n\n" + format_modes(results["modes"])
     return text

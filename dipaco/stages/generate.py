@@ -15,6 +15,7 @@ the one that gives them the lowest loss continues it.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from functools import partial
 
@@ -29,6 +30,8 @@ from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory, chosen_versions
 from dipaco.run_dir import RunDir
 from sharding.tokenizer import encode_batch
+
+log = logging.getLogger(__name__)
 
 ROUTES = ("router", "likelihood")
 
@@ -94,6 +97,9 @@ def continue_text(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, p
     limit = max_length - input_ids.shape[1]
     if limit < 1:
         raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; paths see at most sharding.seq_len {max_length}")
+    if max_new_tokens > limit:
+        log.warning("--max-new-tokens %d: a path sees at most sharding.seq_len %d tokens and the prompt has %d, "
+                    "so it generates at most %d", max_new_tokens, max_length, input_ids.shape[1], limit)
     sample = temperature > 0
     output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                             max_new_tokens=min(max_new_tokens, limit), do_sample=sample,

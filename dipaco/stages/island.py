@@ -25,6 +25,7 @@ from dipaco.islands.island.polling import IslandWorker, follow_leader
 from dipaco.islands.island.training import IslandSetup
 from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
+from dipaco.store.board import check_island_name
 
 
 def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0) -> IslandSetup:
@@ -41,6 +42,8 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
            slowdown: float | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round. `slowdown`
     (default: `faults.slowdown` for the island named island-0, else 1) makes it that many times slower."""
+    if name is not None:
+        check_island_name(name)  # before any work: a name the coordinator cannot list leaves the island unseen
     store = PathFactory(config, run).store
     if not store.shared:
         raise ValueError(f"store.url {config.store.url!r} lives in one process's memory: an island "

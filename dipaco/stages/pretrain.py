@@ -12,12 +12,17 @@ stretched over those steps; under `inner.schedule: wsd` warmup then the constant
 featurizer mean-pools its last hidden states over the first `routing.prefix_tokens` tokens), with its
 AdamW state in `pretrain/optimizer.safetensors` (what the paths and baselines continue with
 `warm_start.continue_optimizer`). A `summary.json` records steps, tokens, losses, seconds and the schedule.
+`pretrain/hf/` is written last, under a temporary name renamed into place: `dipaco run` takes the warm start
+as done only when it is there.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -60,8 +65,15 @@ def pretrain(config: Config, run: RunDir) -> dict:
                                  precision=config.hardware.precision, out=out,
                                  schedule=(0, warm_start_total(config.inner, config.pretrain_steps)),
                                  save_optimizer=True)
-    model.save_pretrained(str(out / "hf"))
-    tokenizer.save_pretrained(str(out / "hf"))
+    hf = out / "hf"  # written last, whole or not at all: with summary.json it says the warm start is done
+    shutil.rmtree(hf, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=".hf.tmp-", dir=out)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, hf)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return summary
 
 

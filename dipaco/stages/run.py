@@ -4,8 +4,10 @@ baselines alongside, `eval.baselines_with_train`), baselines, eval, report.
     dipaco run --config configs/tiny.yaml --run runs/tiny
     dipaco run --config configs/tiny.yaml --run runs/tiny --restart-from shard sharding.val_fraction=0.2
 
-Route and shard are skipped when done, but never when their artifacts were made with other config values
-or inputs (`dipaco.pipeline.fingerprints`): that stops before anything is written, naming the keys, unless
+Pretrain, route and shard are skipped when done, which only their record says (written after every
+artifact, `fingerprints.completed`): a stage that was interrupted, even after writing its artifacts, is
+redone, and so is every stage after it. A done stage's artifacts made with other config values or inputs
+(`dipaco.pipeline.fingerprints`) stop the run before anything is written, naming the keys, unless
 `--restart-from STAGE` moves STAGE's and later stages' artifacts aside. The one stage that imports others.
 """
 
@@ -16,7 +18,7 @@ import logging
 import time
 
 from dipaco.config import Config
-from dipaco.pipeline.fingerprints import STAGE_ORDER, check, restart_from
+from dipaco.pipeline.fingerprints import STAGE_ORDER, check, completed, restart_from
 from dipaco.run_dir import RunDir
 from dipaco.stages import baselines, evaluate, pretrain, report, route, shard, train
 
@@ -27,19 +29,15 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     restart = getattr(args, "restart_from", None)
     kept = STAGE_ORDER[: STAGE_ORDER.index(restart)] if restart else STAGE_ORDER
-    check(run, config, tuple(s for s in ("route", "shard", "train") if s in kept))
+    redo = stages_to_redo(run, config, kept)
+    check(run, config, tuple(s for s in ("route", "shard", "train") if s in kept and s not in redo))
     if restart:
         restart_from(run, config, restart)
-    if config.pretrain_steps and not (run.root / "pretrain" / "summary.json").exists():
-        pretrain.command(config, run, args)
-    if (run.routing / "assignments.json").exists():
-        log.info("route: %s exists, skipping (run `dipaco route` to redo it)", run.routing)
-    else:
-        route.command(config, run, args)
-    if (run.shards / "index.json").exists():
-        log.info("shard: %s exists, skipping (run `dipaco shard` to redo it)", run.shards)
-    else:
-        shard.command(config, run, args)
+    for stage, command in (("pretrain", pretrain.command), ("route", route.command), ("shard", shard.command)):
+        if stage in redo:
+            command(config, run, args)
+        elif stage != "pretrain" or config.pretrain_steps:
+            log.info("%s: done (its record is there), skipping (run `dipaco %s` to redo it)", stage, stage)
     if config.eval.baselines and config.eval.baselines_with_train:
         # the longest baseline trains alongside the islands, the others after them (dipaco.stages.baselines)
         baselines.command(config, run, args, alongside=lambda: train.command_train(config, run, args))
@@ -50,3 +48,21 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
     evaluate.command(config, run, args)
     report.command(config, run, args)
     print(f"whole pipeline: {time.perf_counter() - started:.0f}s; the report is {run.root / 'report.md'}")
+
+
+def stages_to_redo(run: RunDir, config: Config, kept: tuple[str, ...]) -> set[str]:
+    """The stages before train that `dipaco run` runs: those not `completed` (or moved aside: not in `kept`),
+    and every one after the first of them (its inputs are new)."""
+    redo: set[str] = set()
+    for stage in ("pretrain", "route", "shard"):
+        if stage == "pretrain" and not config.pretrain_steps:
+            continue
+        if redo or stage not in kept or not completed(run, stage):
+            if stage in kept and not redo and (run.root / _LAST_ARTIFACT[stage]).exists():
+                log.warning("%s: %s is there, but not the record of a finished `dipaco %s` (it was interrupted); "
+                            "redoing it", stage, _LAST_ARTIFACT[stage], stage)
+            redo.add(stage)
+    return redo
+
+
+_LAST_ARTIFACT = {"pretrain": "pretrain/summary.json", "route": "routing/assignments.json", "shard": "shards/index.json"}

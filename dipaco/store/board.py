@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -47,8 +48,21 @@ def _result_stem(round: int, path: int, attempt: int, link: int = 0) -> str:
     return f"results/{round_dir(round)}/path-{path:04d}{_suffix(attempt, link)}"
 
 
+ISLAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_island_name(name: str) -> str:
+    """`name`, when it can name an island's heartbeat file (`heartbeats/<name>.json`): letters, digits, `_`, `.`
+    and `-`, not starting with `.` or `-`; otherwise a ValueError naming it (`a/b` wrote `heartbeats/a/b.json`,
+    which the coordinator never lists: that island idled unseen)."""
+    if not ISLAND_NAME.fullmatch(name):
+        raise ValueError(f"island name {name!r} cannot name a heartbeat file: use letters, digits, '_', '.' "
+                         f"and '-' (no '/'), not starting with '.' or '-'")
+    return name
+
+
 def _heartbeat_file(island: str) -> str:
-    return f"heartbeats/{island}.json"
+    return f"heartbeats/{check_island_name(island)}.json"
 
 
 def _manifest_file(round: int) -> str:

@@ -1,6 +1,6 @@
 """Each module version's `checksums.json`: the sha256 of every module file, written at the commit and
-checked on every module read (a file changed after its commit is an error naming it; versions committed
-before checksums existed are read unchecked).
+checked on every module read (a file changed after its commit is an error naming it, and so is a file its
+version's checksums.json does not list; versions committed before checksums existed are read unchecked).
 
     sums = VersionChecksums(files)
     sums.wrote(3, "embeddings.safetensors", data); sums.commit(3)    # before state.json
@@ -38,9 +38,14 @@ class VersionChecksums:
             self.committed[round] = sums
 
     def verify(self, round: int, folder: str, file: str, data: bytes, *, where: str) -> None:
-        expected = self._of(round, folder).get(file)
-        if expected is None:
+        sums = self._of(round, folder)
+        if sums is None:  # a version committed before checksums existed (or not committed)
             return
+        expected = sums.get(file)
+        if expected is None:  # a checksums.json emptied or cut short would turn verification off unseen
+            raise StoreError(f"store file {where} is not listed in version {round}'s {self.files.location(f'{folder}/{CHECKSUMS}')} "
+                             f"(it lists {len(sums)} files): the checksums changed after the commit. Restore them, "
+                             f"or delete the store's versions from {round} on and train again")
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected:
             raise StoreError(f"store file {where} has sha256 {actual[:16]}..., but version "
@@ -51,11 +56,14 @@ class VersionChecksums:
         """Files were deleted: read the checksums again when needed."""
         self.committed.clear()
 
-    def _of(self, round: int, folder: str) -> dict[str, str]:
-        """Version `round`'s checksums ({} for an uncommitted version or one committed without them)."""
+    def _of(self, round: int, folder: str) -> dict[str, str] | None:
+        """Version `round`'s checksums (None for an uncommitted version or one committed without them)."""
         if round not in self.committed:
             relative = f"{folder}/{CHECKSUMS}"
             if not self.files.exists(relative):
-                return {}
-            self.committed[round] = self.files.read_json(relative)
+                return None
+            sums = self.files.read_json(relative)
+            if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+                raise StoreError(f"store file {self.files.location(relative)} is not a checksum list (file -> sha256)")
+            self.committed[round] = sums
         return self.committed[round]

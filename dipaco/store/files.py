@@ -1,21 +1,24 @@
 """A store's files over fsspec: names that stay inside the store, atomic writes, ranged reads, listings,
-transient failures retried (`errors`). The raw layer under `module_store.ModuleStore`; only
-`dipaco.store`'s own modules use it directly.
+conditional writes (`conditional`), transient failures retried (`errors`). The raw layer under
+`module_store.ModuleStore`; only `dipaco.store`'s own modules use it directly.
 
     files = StoreFiles("s3://bucket/run")    # or a local directory, or memory://
     files.write_json("tasks.json", {...}); files.read_range("results/x.safetensors", 0, 8)
+    data, version = files.read_versioned("lease.json"); files.write_if("lease.json", new, version=version)
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from functools import cached_property
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dipaco.store.errors import RetryingFileSystem, StoreError, check_reachable
+from dipaco.store.conditional import ConditionalFiles, for_filesystem
+from dipaco.store.errors import RetryingFileSystem, StoreError, check_reachable, retrying
 
 # listing fields that change when a file is rewritten: local disks (a rewrite is a rename of a new file: a new
 # inode), memory://, s3fs, gcsfs, adlfs
@@ -68,15 +71,22 @@ class StoreFiles:
         return self.fs.exists(self._path(relative))
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """Atomically write a file: readers see the old file, or the whole new one."""
+        """Atomically write a file: readers see the old file, or the whole new one. A failed write (a full
+        disk) is a StoreError naming the file and leaves no temporary file."""
         target = self._path(relative)
         parent = target.rsplit("/", 1)[0]
         if isinstance(self.fs, LocalFileSystem):
             self.fs.makedirs(parent, exist_ok=True)
             tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, target)
+            try:
+                with self.fs.open(tmp, "wb") as f:
+                    f.write(data)
+                self.fs.mv(tmp, target)
+            except OSError as err:  # a full disk: no temporary file left, and the file named
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)
+                raise StoreError(f"store file {target} could not be written ({len(data):,} bytes): "
+                                 f"{err.strerror or err}") from None
         else:
             self.fs.pipe_file(target, data)  # an object-store put is atomic
         self.bytes_written += len(data)
@@ -143,6 +153,32 @@ class StoreFiles:
         root = self.root.rstrip("/") + "/"
         return sorted(name[len(root):] if name.startswith(root) else name for name in found
                       if name.startswith(base + "/"))
+
+    # --- compare-and-swap (`conditional`): the coordinator's lease ------------------------------------------
+    @cached_property
+    def _conditional(self) -> ConditionalFiles:
+        return for_filesystem(self.fs.wrapped if isinstance(self.fs, RetryingFileSystem) else self.fs)
+
+    @property
+    def conditional_writes(self) -> bool:
+        """Are `write_if`'s check and write one step for every writer (a server precondition or a lock)?"""
+        return self._conditional.atomic
+
+    def read_versioned(self, relative: str) -> tuple[bytes, str] | None:
+        """A file's bytes and its version (the ETag, generation or sha256 `write_if` compares); None when absent."""
+        found = retrying(self._conditional.read, url=self.url, what="read_versioned")(self._path(relative))
+        if found is not None:
+            self.bytes_read += len(found[0])
+        return found
+
+    def write_if(self, relative: str, data: bytes, *, version: str | None) -> str | None:
+        """Write the file only if it is still at `version` (None: only if it does not exist); the new version,
+        or None when it was not (another writer's write came first, and stays)."""
+        written = retrying(self._conditional.write, url=self.url, what="write_if")(self._path(relative), data,
+                                                                                    expected=version)
+        if written is not None:
+            self.bytes_written += len(data)
+        return written
 
     def size(self, relative: str) -> int:
         return int(self.fs.size(self._path(relative)))

@@ -79,6 +79,9 @@ class ModuleStore(StoreFiles):
         if not self.exists("state.json"):
             return None
         state = self.read_json("state.json")
+        if not isinstance(state, dict) or not isinstance(state.get("round"), int):
+            raise StoreError(f"store file {self._path('state.json')} is not a run state (a JSON object with the "
+                             f"committed round), it holds {json.dumps(state)[:80]}; restore it, or use another store")
         if state.get("store_version") != STORE_VERSION:
             raise StoreError(
                 f"{self._path('state.json')} has store_version {state.get('store_version')!r}; "

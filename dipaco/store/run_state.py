@@ -4,7 +4,7 @@ run is finished, and what the round manifests add up to (goodput).
     initialise_store(store, topology, {module: tensors}, inner=None)   # version 0, committed as round 0
     committed_round(store, topology)          # None for an empty store; another grid's store is refused
     commit_round(store, topology, 3, board=..., stats=...)            # state.json: the commit point
-    board, stats = committed_record(store); run_finished(store); first_inner(store)
+    board, stats = committed_record(store); run_finished(store); reopen_run(store); first_inner(store)
     goodput(store, islands=4, seconds=600.0)
 """
 
@@ -78,6 +78,15 @@ def run_finished(store: ModuleStore) -> bool:
     """Has the coordinator committed the run's last round (every path has had run.rounds results applied)?"""
     state = store.state()
     return bool(state and state.get("finished"))
+
+
+def reopen_run(store: ModuleStore) -> None:
+    """A finished run whose length grew (a larger run.rounds) goes on: state.json no longer says `finished`,
+    so islands, which stop on `run_finished`, work again. The commit itself (round, board, stats) is kept."""
+    state = store.state()
+    if state and state.get("finished"):
+        store.write_json("state.json", {k: v for k, v in state.items() if k != "finished"})
+        log.info("store %s: the finished run goes on to more rounds (run.rounds grew)", store.url)
 
 
 def first_inner(store: ModuleStore) -> str | None:

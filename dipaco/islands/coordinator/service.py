@@ -14,7 +14,8 @@ open tasks for paths without one, hand lost tasks out again (`task_board`), clos
 policy says so (`closing`, then `pruning`), assign open tasks to idle islands, and write the board.
 Every decision is the round policy's (`dipaco.rounds`). A restarted coordinator resumes from the store:
 committed rounds are final, the applied results come from their manifests, and a half-written round is
-written again from the same inputs (docs/islands.md#crash-safety).
+written again from the same inputs (docs/islands.md#crash-safety). A finished run started again with a
+larger `run.rounds` goes on: the store stops saying it is finished before any island reads it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dipaco.store.board import read_manifest
 from dipaco.store.lease import Lease
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, PathState, ResultMeta, RoundStats, Task
-from dipaco.store.run_state import commit_round, run_finished
+from dipaco.store.run_state import commit_round, reopen_run, run_finished
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class Coordinator:
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,
                          **{k: state[k] for k in ("board", "stats") if k in state})
+        elif not self.policy.done and run_finished(store):  # finished, but run.rounds grew: before any island looks
+            self.lease.check()
+            reopen_run(store)
         self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,

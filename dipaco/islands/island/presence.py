@@ -16,11 +16,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Protocol
 
-from dipaco.store.board import write_heartbeat
+from dipaco.store.board import check_island_name, write_heartbeat
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Heartbeat, Task
 
 log = logging.getLogger(__name__)
+
+JOIN_SECONDS = 30.0  # how long an island waits for its heartbeat thread's last write when it stops
 
 
 class Failures(Protocol):
@@ -29,7 +31,7 @@ class Failures(Protocol):
 
 class Presence:
     def __init__(self, store: ModuleStore, *, name: str, pinned: list[int], faults: Failures):
-        self.store, self.name, self.pinned, self.faults = store, name, pinned, faults
+        self.store, self.name, self.pinned, self.faults = store, check_island_name(name), pinned, faults
         self.incarnation = uuid.uuid4().hex[:12]
         self.seq = 0
         self.status = "idle"
@@ -67,7 +69,8 @@ class Presence:
 
     @contextlib.contextmanager
     def beating(self, every: float) -> Iterator[None]:
-        """Beat every `every` seconds in a background thread; at the end, a last beat saying "done"."""
+        """Beat every `every` seconds in a background thread; at the end, the thread is stopped and joined
+        (none is left running when the interpreter exits) and a last beat says "done"."""
         stop = threading.Event()
 
         def beat() -> None:
@@ -77,10 +80,25 @@ class Presence:
                 except Exception as err:  # a transient store error must not kill the island
                     log.warning("island %s: heartbeat failed: %s", self.name, err)
 
-        threading.Thread(target=beat, daemon=True).start()
+        thread = threading.Thread(target=beat, name=f"heartbeat-{self.name}", daemon=True)
+        thread.start()
         try:
             yield
         finally:
             stop.set()
+            join(thread, timeout=JOIN_SECONDS)
             self.status = "done"
             self.beat()
+
+
+def join(thread: threading.Thread, *, timeout: float) -> None:
+    """Wait up to `timeout` s for a thread told to stop, also when a signal (KeyboardInterrupt) interrupts the
+    wait: a daemon thread still running at the interpreter's exit is killed wherever it is, in a C++ library
+    too, which can abort the process (`terminate called without an active exception`)."""
+    try:
+        thread.join(timeout)
+    except BaseException:
+        thread.join(timeout)
+        raise
+    if thread.is_alive():
+        log.warning("thread %s did not stop within %.0fs", thread.name, timeout)
