@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench bench-quality bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench bench-quality bench-islands bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-islands | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -80,15 +80,19 @@ test-slow:  ## only the slow tests: killed / paused training resumed, a re-routi
 	$(PYTHON) -m pytest -q -m slow --durations=10
 
 # The standard benchmarks, each at the settings of its committed results file (bench/results/), one after the
-# other: simulate ~1.5 min, speed ~3, routing ~4, memory ~5, islands ~8, quality at half the demo's budget ~11;
-# about 30 min on 2 cores with other jobs on them (docs/benchmarks.md#make-bench says where each figure comes from).
-bench:  ## the standard benchmarks: simulate, speed, routing, memory, islands, quality (~30 min on 2 cores; results in bench/results/)
+# other: simulate ~1.5 min, speed ~3, routing ~4, memory ~5, islands (3 rounds, islands-smoke) ~20, quality at half the
+# demo's budget ~11; about 45 min on 2 cores with other jobs on them (docs/benchmarks.md#make-bench says where each
+# figure comes from). `make bench-islands` is the islands benchmark in full (20 rounds, bench/results/islands: ~2.5 h).
+bench:  ## the standard benchmarks: simulate, speed, routing, memory, islands (short), quality (~45 min on 2 cores; results in bench/results/)
 	$(OFFLINE) $(PYTHON) bench/bench_simulate.py
 	$(OFFLINE) $(PYTHON) bench/bench_speed.py --repeats 5
 	$(OFFLINE) $(PYTHON) bench/bench_routing.py --skip-training --points 50000 --featurize-docs 2000
 	$(OFFLINE) $(PYTHON) bench/bench_memory.py
-	$(OFFLINE) $(PYTHON) bench/bench_islands.py --mtbf 0.5 --no-straggler
+	$(OFFLINE) $(PYTHON) bench/bench_islands.py --rounds 3 --step-seconds 1 --name islands-smoke
 	$(OFFLINE) $(PYTHON) bench/bench_paths.py --large-hidden 0 --no-diloco-own
+
+bench-islands:  ## data parallel, sync and async rounds side by side: paced islands, failures, a straggler (~2.5 h; ARGS='--keep' resumes)
+	$(OFFLINE) $(PYTHON) bench/bench_islands.py $(ARGS)
 
 bench-scale:  ## the systems benchmarks: store-only islands over s3, a 50 MB document, 256 paths, a million documents routed (~45-60 min on 2 cores)
 	$(OFFLINE) $(PYTHON) bench/bench_store_only.py

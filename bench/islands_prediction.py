@@ -1,23 +1,29 @@
-"""The simulator's prediction for bench/bench_islands.py's runs: `dipaco simulate`'s rounds (the real round
-policy on a virtual clock) with the benchmark's islands, task time, failures, restart time and checkpoints.
+"""The simulator's prediction for bench/bench_islands.py's rows: `dipaco simulate`'s rounds (the real round
+policy on a virtual clock) and its non-elastic data parallel, with the benchmark's islands, pace, task
+time, failures, restart time, checkpoints and straggler.
 
     python bench/bench_islands.py --predict     # adds the column to bench/results/islands.{json,md}
 
-How the measured settings map onto a simulation (`dipaco.simulate.diloco.RoundsSimulation`, one learner
-per path of the demo grid, pinned to it, on the demo's own topology, `rounds` = the run's length):
-- a learner is one island of one chip; chip_mtbi = the islands' MTBF, so it fails as a Poisson process
-  of mean MTBF (the real islands draw their next failure from their return: no failure while down);
-- learner_failure = restart: back after R, resuming from the checkpoint every `resilience.checkpoint_steps`;
-- step = T / inner.steps, T the failure-free sync run's mean task seconds (inner loop);
-- speed sigma = the standard deviation of log task seconds over the failure-free runs' results
-  (the shared cores' variation);
+How a measured row maps onto a simulation (`dipaco.simulate`):
+- sync / async rows: `RoundsSimulation`, one learner of one chip per path of the grid (the benchmark runs
+  one island per path), pinned to it, on the benchmark's own topology, `rounds` = the run's length;
+  chip_mtbi = the islands' MTBF, so it fails as a Poisson process of mean MTBF (the real islands draw
+  their next failure from their return: no failure while down); learner_failure = restart: back after
+  R, resuming from the checkpoint every `resilience.checkpoint_steps` (a failure cuts the step in
+  progress, in the simulator as in the paced islands, where it can land in a step's padding);
+- step = T / inner.steps, T the failure-free rows' mean task seconds (the pace, and what compute
+  exceeded it); speed sigma = the standard deviation of log task seconds over those rows;
 - the per-task overhead o (loading modules, validation, uploads, the islands' and the coordinator's
-  polling, the outer step) is the simulator's transfer time (download + upload over the link), **fitted**
-  so the simulated failure-free sync goodput equals the measured one; every other figure is a prediction;
-- a straggler run (island-0 F times slower) has no counterpart (the simulator's speeds are random per
-  task), so it gets no prediction.
+  polling, the outer step, the islands' checkpoint writes) is the simulator's transfer time (download +
+  upload over the link), **fitted** so the simulated failure-free sync goodput equals the measured
+  one; every other figure is a prediction;
+- straggler rows: learner 0 (pinned to path 0) runs `slowdown` times slower on every task (the real
+  island-0 is not pinned, but keeps the path it trained last);
+- data-parallel rows: `simulate_data_parallel` (non-elastic) over the islands' count of one-chip
+  learners, step = the row's mean surviving step, restart R, the same checkpoint interval, for the
+  row's measured wall-clock (a job without an end).
 Goodput = useful chip-seconds / (learners × the time of the last commit), as `train.json`'s from the
-first heartbeat; the mean over `SEEDS` failure draws.
+first heartbeat (data parallel: over its horizon); the mean over `SEEDS` failure draws.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import statistics
 
 from dipaco.config import RoundsConfig, SimulateConfig, load_config
 from dipaco.model.topology import Topology
+from dipaco.simulate.data_parallel import simulate_data_parallel
 from dipaco.simulate.diloco import RoundsSimulation
 from dipaco.simulate.failures import FailureModel
 from dipaco.simulate.settings import Settings
@@ -37,16 +44,28 @@ NO_FAILURES_HOURS = 1e12  # a chip MTBI that never fails within a run
 HORIZON_RUNS = 25  # simulated task times per result per path: a run must end before (an error otherwise)
 
 
+class OneSlowLearner(FailureModel):
+    """The failure model with learner 0 `slowdown` times slower on every task (a straggler)."""
+
+    def __init__(self, *, slowdown: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.slowdown = slowdown
+
+    def speed_factor(self, learner: int | None = None) -> float:
+        return super().speed_factor(learner) * (self.slowdown if learner == 0 else 1.0)
+
+
 def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int | None,
-                      seeds: int = SEEDS) -> float:
+                      seeds: int = SEEDS, slowdown: float = 1.0) -> float:
     """Mean goodput over `seeds` failure draws of one run of `rounds` results per path (None: no length,
-    training to the horizon, whose whole length is allocated)."""
+    training to the horizon, whose whole length is allocated); `slowdown` > 1 slows learner 0."""
     values = []
     for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
-        run = RoundsSimulation(dataclasses.replace(settings, sim=sim),
-                               FailureModel(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed),
-                               mode=mode, topology=topology, rounds=rounds)
+        model = dict(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed)
+        failures = OneSlowLearner(slowdown=slowdown, **model) if slowdown > 1 else FailureModel(**model)
+        run = RoundsSimulation(dataclasses.replace(settings, sim=sim), failures, mode=mode, topology=topology,
+                               rounds=rounds)
         ledger = run.run()
         if rounds is None:
             values.append(ledger.goodput)
@@ -55,6 +74,16 @@ def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, roun
             raise RuntimeError(f"the simulated {mode} run did not apply its {rounds} results per path within "
                                f"{sim.horizon_hours:.3g} h")
         values.append(ledger.useful / (sim.learners * run.rounds[-1].time))
+    return statistics.mean(values)
+
+
+def simulated_data_parallel(settings: Settings, *, seeds: int = SEEDS) -> float:
+    """Mean goodput of non-elastic data parallel over all learners' chips, to the settings' horizon."""
+    values = []
+    for seed in range(seeds):
+        sim = dataclasses.replace(settings.sim, seed=seed)
+        failures = FailureModel(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=0.0, seed=seed)
+        values.append(simulate_data_parallel(dataclasses.replace(settings, sim=sim), failures, elastic=False).goodput)
     return statistics.mean(values)
 
 
@@ -77,28 +106,53 @@ def island_settings(*, closing: RoundsConfig, learners: int, task_seconds: float
     return Settings(sim=sim, rounds=closing, inner_steps=inner_steps)
 
 
-def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None) -> Settings:
-    b = out["budget"]
-    config = load_config(b["config"], [o for o in b["overrides"] if o.startswith(("rounds.", "topology."))]
-                         + b["async_overrides"])
-    task = b["task_seconds"]
-    return island_settings(closing=config.rounds, learners=b["islands"], task_seconds=task,
-                           inner_steps=b["inner_steps_per_task"], restart_seconds=b["restart_tasks"] * task,
-                           checkpoint_steps=b["checkpoint_steps"], overhead=overhead, sigma=sigma,
-                           mtbf_tasks=mtbf_tasks, parameters=b["path_parameters"], horizon_tasks=HORIZON_RUNS * b["rounds"])
+def rows_of(out: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in out.get("rows", [])}
+
+
+def task_seconds(out: dict) -> float:
+    """T: the failure-free rows' mean applied task seconds (the pace, and what compute exceeded it)."""
+    each = [s for name in ("sync", "async") for s in rows_of(out).get(name, {}).get("task_seconds_each", [])]
+    return statistics.mean(each) if each else out["setting"]["task_seconds"]
+
+
+def speed_sigma(out: dict) -> float:
+    """Standard deviation of log task seconds over the failure-free rows' applied results."""
+    logs = [math.log(s) for name in ("sync", "async") for s in rows_of(out).get(name, {}).get("task_seconds_each", [])
+            if s > 0]
+    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+
+
+def _config(out: dict, extra: list[str] = ()):
+    s = out["setting"]
+    return load_config(s["config"], [o for o in s["common"] if o.startswith(("rounds.", "topology."))] + list(extra))
 
 
 def _topology(out: dict) -> Topology:
-    config = load_config(out["budget"]["config"], [o for o in out["budget"]["overrides"] if o.startswith("topology.")])
+    config = _config(out)
     return Topology.from_config(config.topology, n_layers=config.model.n_layers)
 
 
-def fit_overhead(out: dict, *, sigma: float, topology: Topology) -> float:
+def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None, horizon_tasks: float | None = None,
+              step_seconds: float | None = None) -> Settings:
+    s = out["setting"]
+    task = task_seconds(out)
+    if step_seconds is not None:  # data parallel: its own step
+        task = step_seconds * s["inner_steps"]
+    return island_settings(closing=_config(out, s["async"]).rounds, learners=s["islands"], task_seconds=task,
+                           inner_steps=s["inner_steps"], restart_seconds=s["restart_tasks"] * s["task_seconds"],
+                           checkpoint_steps=s["checkpoint_steps"], overhead=overhead, sigma=sigma,
+                           mtbf_tasks=None if mtbf_tasks is None else mtbf_tasks * s["task_seconds"] / task,
+                           parameters=s["path_parameters"],
+                           horizon_tasks=horizon_tasks or HORIZON_RUNS * s["rounds"])
+
+
+def fit_overhead(out: dict, *, sigma: float, topology: Topology, steps: int = 20) -> float:
     """Per-task overhead seconds o that make the simulated failure-free sync goodput the measured one."""
-    target = next(g["goodput"] for g in out["goodput"] if g["run"] == "sync")
-    rounds = out["budget"]["rounds"]
-    low, high = 0.0, out["budget"]["task_seconds"]
-    for _ in range(30):  # goodput falls as o grows: bisection
+    target = rows_of(out)["sync"]["goodput"]
+    rounds = out["setting"]["rounds"]
+    low, high = 0.0, task_seconds(out)
+    for _ in range(steps):  # goodput falls as o grows: bisection
         mid = (low + high) / 2
         at = _settings(out, overhead=mid, sigma=sigma, mtbf_tasks=None)
         if simulated_goodput(at, mode="sync", topology=topology, rounds=rounds) > target:
@@ -106,20 +160,6 @@ def fit_overhead(out: dict, *, sigma: float, topology: Topology) -> float:
         else:
             high = mid
     return (low + high) / 2
-
-
-def mtbf_for_sync(out: dict, *, target: float, seeds: int = 20) -> float:
-    """The MTBF (task times) at which the simulator predicts sync goodput `target` for this run's settings,
-    from its failure-free runs (the fitted overhead and the measured speed sigma): bisection on log MTBF."""
-    topology = _topology(out)
-    sigma = speed_sigma(out)
-    overhead = fit_overhead(out, sigma=sigma, topology=topology)
-
-    def sync_goodput(mtbf: float) -> float:
-        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=mtbf)
-        return simulated_goodput(at, mode="sync", topology=topology, rounds=out["budget"]["rounds"], seeds=seeds)
-
-    return mtbf_where(sync_goodput, target, low=0.2, high=64.0, steps=12)
 
 
 def mtbf_where(goodput_at, target: float, *, low: float, high: float, steps: int) -> float:
@@ -134,34 +174,71 @@ def mtbf_where(goodput_at, target: float, *, low: float, high: float, steps: int
     return math.sqrt(low * high)
 
 
-def speed_sigma(out: dict) -> float:
-    """Standard deviation of log task seconds over the failure-free runs' applied results."""
-    logs = [math.log(s) for name in ("sync", "async") for s in out["runs"].get(name, {}).get("task_seconds_each", [])
-            if s > 0]
-    return statistics.pstdev(logs) if len(logs) > 1 else 0.0
+def mtbf_for_sync(out: dict, *, target: float, seeds: int = 20) -> float:
+    """The MTBF (task times) at which the simulator predicts sync goodput `target` for these settings,
+    from the failure-free rows (the fitted overhead and the measured speed sigma)."""
+    topology, sigma = _topology(out), speed_sigma(out)
+    overhead = fit_overhead(out, sigma=sigma, topology=topology)
+
+    def sync_goodput(mtbf: float) -> float:
+        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=mtbf)
+        return simulated_goodput(at, mode="sync", topology=topology, rounds=out["setting"]["rounds"], seeds=seeds)
+
+    return mtbf_where(sync_goodput, target, low=0.1, high=64.0, steps=12)
+
+
+def mtbf_for_data_parallel(out: dict, *, target: float, seeds: int = 20) -> float:
+    """The MTBF (task times) at which the simulator predicts data-parallel goodput `target` over the
+    failure-free job's length (rounds x T), at the pace."""
+    s = out["setting"]
+
+    def dp_goodput(mtbf: float) -> float:
+        at = _settings(out, overhead=0.0, sigma=0.0, mtbf_tasks=mtbf, horizon_tasks=s["rounds"],
+                       step_seconds=s["step_seconds"])
+        return simulated_data_parallel(at, seeds=seeds)
+
+    return mtbf_where(dp_goodput, target, low=0.1, high=64.0, steps=12)
 
 
 def predict_rows(out: dict) -> dict:
-    """{"settings": one line, "overhead_seconds", "speed_sigma", "runs": [{"run", "goodput", "fitted"}]}."""
-    b = out["budget"]
-    topology = _topology(out)
-    if b["islands"] != topology.n_paths:
+    """{"settings": one line, "overhead_seconds", "speed_sigma", "runs": [{"run", "goodput", "fitted"}]};
+    a row predicted before with the same inputs keeps its prediction (`out["prediction"]`)."""
+    rows = rows_of(out)
+    if "sync" not in rows:
+        return {"settings": "not predicted: no failure-free sync row to fit the overhead to", "runs": []}
+    s = out["setting"]
+    topology, sigma = _topology(out), speed_sigma(out)
+    if s["islands"] != topology.n_paths:
         return {"settings": f"not predicted: the simulator pins one learner per path ({topology.n_paths}), the "
-                            f"benchmark ran {b['islands']} islands", "runs": []}
-    sigma = speed_sigma(out)
-    overhead = fit_overhead(out, sigma=sigma, topology=topology)
+                            f"benchmark ran {s['islands']} islands", "runs": []}
+    before = out.get("prediction") or {}
+    same_fit = before.get("fitted_to") == [rows["sync"]["goodput"], sigma, task_seconds(out)]
+    overhead = before["overhead_seconds"] if same_fit else fit_overhead(out, sigma=sigma, topology=topology)
+    known = {p["run"]: p for p in before.get("runs", [])} if same_fit else {}
     runs = []
-    for g in out["goodput"]:
-        if "slower" in g["fault"]:
+    for name, row in rows.items():
+        inputs = [row.get("mtbf_tasks"), row.get("slowdown", 1.0), row.get("run_seconds") if row["mode"] == "dp" else None]
+        if name in known and known[name].get("inputs") == inputs:
+            runs.append(known[name])
             continue
-        at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=g.get("mtbf_tasks"))
-        runs.append({"run": g["run"], "goodput": simulated_goodput(at, mode=g["mode"], topology=topology,
-                                                                   rounds=b["rounds"]),
-                     "fitted": g["run"] == "sync"})
-    task = b["task_seconds"]
-    return {"settings": (f"{b['islands']} learners of one chip pinned to the demo grid's paths, task {task:.1f}s "
-                         f"({b['inner_steps_per_task']} steps), restart {b['restart_tasks'] * task:.1f}s, checkpoint "
-                         f"every {b['checkpoint_steps']} steps, per-task overhead {overhead:.2f}s (fitted to the "
-                         f"failure-free sync goodput), speed sigma {sigma:.3f} (from the failure-free runs' task "
-                         f"times), mean of {SEEDS} failure draws (bench/islands_prediction.py)"),
-            "overhead_seconds": overhead, "speed_sigma": sigma, "runs": runs}
+        if row["mode"] == "dp":
+            ledger = row["ledger"]
+            step = ledger["useful"] / ledger["steps"] if ledger["steps"] else s["step_seconds"]
+            at = _settings(out, overhead=0.0, sigma=0.0, mtbf_tasks=row["mtbf_tasks"], step_seconds=step,
+                           horizon_tasks=row["run_seconds"] / (step * s["inner_steps"]))
+            goodput = simulated_data_parallel(at)
+        else:
+            at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=row.get("mtbf_tasks"),
+                           horizon_tasks=HORIZON_RUNS * s["rounds"] * row.get("slowdown", 1.0))
+            goodput = simulated_goodput(at, mode=row["mode"], topology=topology, rounds=s["rounds"],
+                                        slowdown=row.get("slowdown", 1.0))
+        runs.append({"run": name, "goodput": goodput, "fitted": name == "sync", "inputs": inputs})
+    task = task_seconds(out)
+    return {"settings": (f"{s['islands']} learners of one chip pinned to the grid's paths, task {task:.2f}s "
+                         f"({s['inner_steps']} steps), restart {s['restart_tasks'] * s['task_seconds']:.1f}s, checkpoint "
+                         f"every {s['checkpoint_steps']} steps, per-task overhead {overhead:.2f}s (fitted to the "
+                         f"failure-free sync goodput), speed sigma {sigma:.3f} (from the failure-free rows' task "
+                         f"times); data parallel: {s['islands']} one-chip learners as one non-elastic job over the "
+                         f"row's wall-clock; mean of {SEEDS} failure draws (bench/islands_prediction.py)"),
+            "overhead_seconds": overhead, "speed_sigma": sigma, "fitted_to": [rows["sync"]["goodput"], sigma, task],
+            "runs": runs}

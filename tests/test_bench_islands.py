@@ -1,18 +1,231 @@
-"""bench/bench_islands.py: the benchmark's settings reach the runs whatever configs/demo.yaml says."""
+"""bench/bench_islands.py's pure parts: the settings reach the runs, the pacing hook's sleep, the data-parallel
+job's accounting on a hand-made failure schedule, the core-busy sampler, goodput and tokens arithmetic, the checks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.bench_islands import Setting
+import pytest
+
+from bench.bench_islands import Setting, applied_rate, pace_from_logs, rows_to_run
+from bench.cpu_load import CoreSampler, busy_fraction, cpu_jiffies, process_cpu_seconds
+from bench.data_parallel import Job, Ledger
+from bench.islands_report import capacity_left, evaluate_checks
 from dipaco.config import load_config
+from dipaco.islands.island.pacing import Pacer
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
-def test_the_benchmarks_inner_steps_override_the_demos_own_h():
-    # The default H (25) used to be passed only when it differed from 25, so the demo's H = 10 ran instead.
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+def test_the_benchmarks_settings_override_the_demos_own():
     for h in (25, 10, 7):
         config = load_config(DEMO, Setting(inner_steps=h).common)
         assert config.inner.steps == h
-    assert load_config(DEMO, Setting(rounds=3).common).run.rounds == 3
+    setting = Setting(rounds=3, step_seconds=1.5)
+    config = load_config(DEMO, setting.common)
+    assert (config.run.rounds, config.faults.step_seconds, config.topology.replicas) == (3, 1.5, 2)
+    assert config.hardware.islands == setting.islands == 8
+    failures = load_config(DEMO, setting.failures(0.5)).faults
+    assert (failures.mtbf, failures.return_after) == (0.5 * setting.task_seconds, 0.15 * setting.task_seconds)
+    names = [row.name for row in rows_to_run(setting, (1.5, 1.0))]
+    assert names == ["dp-mtbf1.5", "sync-mtbf1.5", "async-mtbf1.5", "dp-mtbf1", "sync-mtbf1", "async-mtbf1",
+                     "sync-slow", "async-slow"]
+
+
+# --- pacing -------------------------------------------------------------------------------------------------
+def test_a_paced_step_sleeps_to_the_pace_and_a_straggler_to_slowdown_times_it():
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+    assert pacer.pad(0.25) == pytest.approx(1.75) and clock.now == pytest.approx(1.75)
+    assert pacer.pad(2.5) == 0.0  # compute over the pace: nothing to pad, counted
+    straggler = Pacer(step_seconds=2.0, slowdown=3.0, sleep=clock.sleep, clock=clock)
+    assert straggler.pad(0.5) == pytest.approx(3 * 2.0 - 0.5)
+    unpaced = Pacer(slowdown=3.0, sleep=clock.sleep, clock=clock)  # the old straggler: (F - 1) x its compute
+    assert unpaced.pad(0.5) == pytest.approx(1.0)
+    assert not Pacer(sleep=clock.sleep, clock=clock).active
+    assert (pacer.steps, pacer.compute, pacer.padding, pacer.slowest, pacer.over_pace) == (2, 2.75, 1.75, 2.5, 1)
+
+
+def test_a_check_that_raises_cuts_the_padding_where_it_is():
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+
+    def check() -> None:
+        if clock.now >= 0.5:
+            raise RuntimeError("failed")
+
+    with pytest.raises(RuntimeError):
+        pacer.pad(0.1, check=check)
+    assert clock.now == pytest.approx(0.5, abs=0.06) and pacer.padding == pytest.approx(clock.now)
+
+
+def test_the_pace_summary_reads_back_from_island_logs(tmp_path):
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+    for compute in (0.1, 0.3, 2.2):
+        pacer.pad(compute)
+    (tmp_path / "island-0.log").write_text(f"x INFO: path-0001: {pacer.summary()}\nother\n"
+                                           f"x INFO: path-0002: {pacer.summary()}\n")
+    total = pace_from_logs([tmp_path / "island-0.log"])
+    assert total == {"tasks": 2, "steps": 6, "compute": pytest.approx(5.2), "padding": pytest.approx(7.2),
+                     "slowest": pytest.approx(2.2), "over_pace": 2}
+
+
+# --- data parallel ------------------------------------------------------------------------------------------
+class ScheduledFaults:
+    """A hand-made failure schedule (FaultClock's interface): fails at `times`, away `return_after`."""
+
+    def __init__(self, times: list[float], *, return_after: float, clock: FakeClock) -> None:
+        self.times, self.return_after, self.clock, self.failures = list(times), return_after, clock, 0
+
+    def due(self) -> bool:
+        return bool(self.times) and self.clock() >= self.times[0]
+
+    def fail(self) -> float:
+        self.times.pop(0)
+        self.failures += 1
+        return self.return_after
+
+
+def one_worker_job(failures: list[float], *, compute: float = 0.5, pace: float = 2.0, return_after: float = 3.0,
+                   checkpoint_steps: int = 1) -> tuple[Job, FakeClock, list[int]]:
+    clock = FakeClock()
+    saved = [0]
+
+    def train_step() -> None:
+        clock.now += compute
+
+    job = Job(faults=ScheduledFaults(failures, return_after=return_after, clock=clock),
+              pacer=Pacer(step_seconds=pace, sleep=clock.sleep, clock=clock), agree=lambda own: [own],
+              train_step=train_step, save=saved.append, restore=lambda: saved[-1], checkpoint_steps=checkpoint_steps,
+              clock=clock, sleep=clock.sleep)
+    return job, clock, saved
+
+
+def test_data_parallel_without_failures_is_all_useful():
+    job, clock, saved = one_worker_job([])
+    ledger = job.run(steps=5, horizon=100.0)
+    assert (ledger.steps, ledger.failures, ledger.restarts) == (5, 0, 0)
+    assert ledger.useful == pytest.approx(10.0) and ledger.wall == pytest.approx(10.0) and ledger.goodput == 1.0
+    assert saved == [0, 1, 2, 3, 4]  # a checkpoint after every step but the last
+
+
+def test_data_parallel_rolls_back_to_the_checkpoint_and_waits_for_the_failed_worker():
+    # Steps of 2 s, a checkpoint every 2 steps. The failure at 5.0 s cuts step 3 one second in: steps 3
+    # (its 1 s) is lost, step 2 was checkpointed; back at 5 + 3 = 8 s; a second failure during the wait (at
+    # 7 s) extends it to 10 s; then steps 3 and 4 again (10-14 s), step 5 (14-16 s): the job ends.
+    job, clock, saved = one_worker_job([5.0, 7.0], checkpoint_steps=2)
+    ledger = job.run(steps=5, horizon=100.0)
+    assert ledger.failures == 2 and ledger.restarts == 1 and ledger.steps == 5
+    assert ledger.wall == pytest.approx(16.0, abs=0.1)
+    assert ledger.useful == pytest.approx(10.0)  # five 2-s steps survive
+    assert ledger.lost == pytest.approx(1.0, abs=0.06) and ledger.down == pytest.approx(5.0, abs=0.06)
+    assert ledger.goodput == pytest.approx(10 / 16, abs=0.01)
+    assert saved == [0, 2, 4]
+
+
+def test_data_parallel_loses_the_steps_since_its_checkpoint():
+    # A checkpoint every 3 steps; a failure at 9.5 s is in step 5: steps 4 and 5 (3.5 s) are lost.
+    job, clock, saved = one_worker_job([9.5], checkpoint_steps=3)
+    ledger = job.run(steps=6, horizon=100.0)
+    assert ledger.lost == pytest.approx(3.5, abs=0.06) and ledger.useful == pytest.approx(12.0)
+    assert ledger.wall == pytest.approx(9.5 + 3.0 + 3 * 2.0, abs=0.1)
+
+
+def test_data_parallel_stops_at_its_horizon():
+    job, clock, _ = one_worker_job([3.0], return_after=100.0)
+    ledger = job.run(steps=50, horizon=20.0)
+    assert ledger.steps == 1 and ledger.useful == pytest.approx(2.0)
+    assert ledger.wall == pytest.approx(20.0, abs=0.06) and ledger.goodput == pytest.approx(0.1, abs=0.01)
+
+
+def test_the_ledger_goodput_is_useful_over_wall():
+    ledger = Ledger(wall=10.0)
+    ledger.step(2.0)
+    ledger.roll_back(1.0)
+    ledger.step(2.0)
+    ledger.checkpoint()
+    assert (ledger.useful, ledger.lost, ledger.goodput) == (2.0, 3.0, 0.2)
+
+
+# --- cores --------------------------------------------------------------------------------------------------
+STAT = "cpu  {} 0 {} {} {} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+
+
+def test_the_busy_fraction_comes_from_proc_stat_idle_and_iowait():
+    before = cpu_jiffies(STAT.format(100, 50, 800, 50))  # user, system, idle, iowait
+    after = cpu_jiffies(STAT.format(160, 70, 900, 70))
+    assert before == (150, 1000)
+    assert busy_fraction(before, after) == pytest.approx(80 / 200)
+    with pytest.raises(ValueError, match="cpu"):
+        cpu_jiffies("intr 1 2 3\n")
+
+
+def test_a_processes_cpu_seconds_come_from_its_stat_line_even_with_a_spaced_name():
+    line = "42 (python -m dipaco) S 7 42 42 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 3 0 1 2 3"
+    assert process_cpu_seconds(line, ticks=100) == (7, 3.0)
+
+
+def test_the_sampler_reports_each_window_for_the_machine_and_our_processes():
+    clock = FakeClock()
+    stats = iter([STAT.format(0, 0, 0, 0), STAT.format(50, 0, 150, 0), STAT.format(250, 0, 150, 0)])
+    trees = iter([{1: 0.0, 2: 5.0}, {1: 0.5, 2: 5.5}, {1: 1.5, 3: 9.0}])  # pid 2 ended, pid 3 started
+    sampler = CoreSampler(read_stat=lambda: next(stats), read_tree=lambda root: next(trees), clock=clock)
+    sampler.cores = 2
+    for _ in range(3):
+        sampler.sample()
+        clock.now += 1.0
+    assert sampler.machine == [0.25, 1.0]
+    assert sampler.ours == [pytest.approx(0.5), pytest.approx(0.5)]  # 1 CPU-s of 2 cores per 1-s window; then pid 1 only
+    summary = sampler.summary()
+    assert summary["machine_busy_max"] == 1.0 and summary["machine_windows_saturated"] == 1
+    assert summary["ours_busy_mean"] == pytest.approx(0.5)
+
+
+# --- goodput, tokens, checks --------------------------------------------------------------------------------
+def test_applied_tokens_per_second():
+    assert applied_rate([{"tokens": 1000}, {"tokens": 3000}], seconds=8.0) == {"applied_tokens": 4000,
+                                                                              "tokens_per_second": 500.0}
+
+
+def test_capacity_left_by_a_straggler():
+    assert capacity_left(8, 3.0) == pytest.approx(22 / 24)
+
+
+def row(name: str, mode: str, goodput: float, *, mtbf=None, perplexity=100.0, tokens=1000.0, slowdown=1.0) -> dict:
+    return {"name": name, "mode": mode, "goodput": goodput, "mtbf_tasks": mtbf, "perplexity": perplexity,
+            "tokens_per_second": tokens, "slowdown": slowdown}
+
+
+def test_the_checks_on_hand_made_rows():
+    out = {"setting": {"islands": 8},
+           "rows": [row("sync", "sync", 0.9), row("async", "async", 0.92, perplexity=50.0),
+                    row("dp-mtbf2", "dp", 0.45, mtbf=2), row("sync-mtbf2", "sync", 0.7, mtbf=2),
+                    row("async-mtbf2", "async", 0.85, mtbf=2, perplexity=50.5),
+                    row("dp-mtbf1", "dp", 0.30, mtbf=1), row("sync-mtbf1", "sync", 0.61, mtbf=1),
+                    row("async-mtbf1", "async", 0.78, mtbf=1, perplexity=52.0),
+                    row("sync-slow", "sync", 0.3, tokens=330.0, slowdown=3.0),
+                    row("async-slow", "async", 0.8, tokens=830.0, slowdown=3.0)],
+           "prediction": {"runs": [{"run": "sync", "goodput": 0.9, "fitted": True},
+                                   {"run": "async-mtbf1", "goodput": 0.74}, {"run": "dp-mtbf1", "goodput": 0.22}]}}
+    verdicts = {c["check"].split(" ")[0] + str(i): c["verdict"] for i, c in enumerate(evaluate_checks(out))}
+    assert list(verdicts.values()) == [
+        "missed",  # async 78% < 80% where data parallel is 30% (the 45% rate does not count)
+        "met",  # sync nearest 60% is MTBF 1: async 78 >= 61 + 10
+        "missed",  # async perplexity +4% at MTBF 1
+        "met",  # 830 >= 0.9 x 22/24 x 1000 = 825
+        "missed",  # data parallel 30 vs 22 simulated: 8 points
+    ]
+    out["rows"] = out["rows"][:2]
+    assert [c["verdict"] for c in evaluate_checks(out)][:4] == ["not measured"] * 4

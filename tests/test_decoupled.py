@@ -219,6 +219,33 @@ def test_writing_inner_checkpoints_is_not_counted_as_training_time(tiny, tmp_pat
     assert out.meta.seconds < 0.5 * len(writes)  # the writes took longer than that alone: they are not in it
 
 
+def test_a_paced_island_pads_each_step_to_the_pace_and_a_failure_cuts_the_padding(tiny, tmp_path, caplog):
+    """`faults.step_seconds` (bench/bench_islands.py's pace): every inner step takes the pace, which the
+    result's `seconds` count (the paced time is the training time); the compute and padding are logged;
+    the island's check runs during the padding, so a failure due there ends the step there."""
+    from dipaco.islands.island.faults import IslandFailure
+    from dipaco.islands.island.training import train_task
+    from dipaco.store.records import Task
+
+    pace = 0.15
+    run = make_run(tiny, tmp_path / "run", ["run.rounds=1", f"faults.step_seconds={pace}"])
+    steps = run.config.inner.steps
+    task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
+    with caplog.at_level("INFO", logger="dipaco.islands.island.training"):
+        out = train_task(run.setup, task)
+    assert steps * pace <= out.meta.seconds < steps * pace + 0.5
+    assert f"paced {steps} steps to {pace:g}s x 1" in caplog.text
+    started = time.perf_counter()
+
+    def check() -> None:
+        if time.perf_counter() - started > 1.5 * pace:  # inside the second step's padding
+            raise IslandFailure("injected")
+
+    with pytest.raises(IslandFailure):
+        train_task(run.setup, task, check=check)
+    assert time.perf_counter() - started < 2 * pace + 0.3
+
+
 REPLICAS = ["topology.replicas=2"]
 
 

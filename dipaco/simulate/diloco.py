@@ -167,7 +167,7 @@ class RoundsSimulation:
         self.handed.append((now, task, island))
         sim = self.settings.sim
         self.bytes_moved += self.settings.download_bytes
-        step = sim.step_seconds * self.failures.speed_factor()
+        step = sim.step_seconds * self.failures.speed_factor(learner.ident)
         download = self.settings.transfer_seconds(self.settings.download_bytes)
         learner.give(Work(seconds=task.steps * step, step=step, not_before=now + download, tag=task))
 

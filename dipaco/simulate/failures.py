@@ -37,8 +37,9 @@ class FailureModel:
             t += float(rng.exponential(mean_gap))
             yield t
 
-    def speed_factor(self) -> float:
-        """How much slower than nominal a learner runs its next task (1.0 with sigma 0)."""
+    def speed_factor(self, learner: int | None = None) -> float:
+        """How much slower than nominal `learner` runs its next task (1.0 with sigma 0; a subclass may
+        slow one learner down: bench/islands_prediction.py's straggler)."""
         if self.speed_sigma == 0:
             return 1.0
         return float(np.exp(self.rng.normal(0.0, self.speed_sigma)))

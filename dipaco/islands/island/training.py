@@ -32,6 +32,7 @@ from dipaco.islands.island import ddp as ddp_mod
 from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
 from dipaco.islands.island.model_slot import ModelSlot
+from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
@@ -69,6 +70,7 @@ class IslandSetup:
     resilience: ResilienceConfig  # heartbeats, inner checkpoints
     cancellable: bool = False  # watch the board for the cancellation of its task (rounds.mode async)
     slowdown: float = 1.0  # an injected straggler: every inner step takes this many times longer (faults.slowdown)
+    step_seconds: float = 0.0  # pad every inner step to this wall time by sleeping (faults.step_seconds; 0 = off)
     checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (resilience.checkpoint_steps)
     warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
@@ -102,7 +104,8 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
 
     `checkpoint`: the island's inner checkpoint file (`checkpoint.InnerCheckpoint`), resumed from when it
     holds this task and written every `resilience.checkpoint_steps` steps (not inside a DDP island).
-    `setup.slowdown` F > 1 sleeps (F − 1) × each step's time after it (an injected straggler).
+    Each step is paced (`pacing.Pacer`): padded to `setup.step_seconds` by sleeping, then `setup.slowdown` F
+    times its time (an injected straggler); the compute and the padding are logged once per task.
     `timings`, when given, receives the seconds of each phase (`timing.PHASES`; bench/bench_speed.py)."""
     store, inner, hardware, resilience = setup.store, setup.inner, setup.hardware, setup.resilience
     read_before = store.bytes_read
@@ -140,17 +143,17 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     if resume is not None:
         log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, steps)
 
-    last_seconds = 0.0  # inner-loop seconds at the end of the previous step (slowdown included)
+    last_seconds = 0.0  # inner-loop seconds at the end of the previous step (its padding included)
     saving = 0.0  # seconds spent writing inner checkpoints: overhead, not training (docs/islands.md#goodput)
+    pacer = Pacer(step_seconds=setup.step_seconds, slowdown=setup.slowdown)
 
     task_steps = steps
 
     def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
         nonlocal last_seconds, saving
         seconds -= saving
-        if setup.slowdown > 1:  # an injected straggler: each step takes slowdown x its time
-            time.sleep((setup.slowdown - 1) * (seconds - last_seconds))
-            seconds += (setup.slowdown - 1) * (seconds - last_seconds)
+        if pacer.active:  # pad the step to its paced time (a straggler: slowdown x that)
+            seconds += pacer.pad(seconds - last_seconds, check=check)
         last_seconds = seconds
         if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < task_steps:
             save_started = time.perf_counter()
@@ -179,8 +182,10 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                 start_step=first + task.step_offset + done, steps=steps - done,
                                 total_steps=total, config=inner, device=device,
                                 precision=hardware.precision,
-                                after_step=after_step if checkpoint is not None or setup.slowdown > 1 else None)
+                                after_step=after_step if checkpoint is not None or pacer.active else None)
     setup.models.release_gradients()
+    if pacer.active:
+        log.info("%s: %s", task.key, pacer.summary())
     losses = stats["losses"]
     tokens, seconds = stats["tokens"], stats["seconds"] - saving
     if resume is not None:
