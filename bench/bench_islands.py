@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cpu_load import CoreSampler  # noqa: E402
 from bench.data_parallel import run_data_parallel  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
-from bench.recording import RESULTS, with_source, write_results  # noqa: E402
+from bench.recording import RESULTS, git_commit, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.islands.island.pacing import PACED  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
@@ -372,7 +372,8 @@ def main(setting: Setting, *, only: set[str], keep: bool) -> None:
     def run(row: Row) -> None:
         if not wanted(row.name):
             return
-        rows[row.name] = (data_parallel_row if row.mode == "dp" else island_row)(setting, base, row)
+        rows[row.name] = {**(data_parallel_row if row.mode == "dp" else island_row)(setting, base, row),
+                          "commit": git_commit()}
         record()
 
     def record() -> None:

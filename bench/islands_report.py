@@ -122,6 +122,17 @@ def table(out: dict) -> str:
                            "cores busy, machine mean / max; ours mean / max"], lines)
 
 
+def commits_line(rows: list[dict]) -> list[str]:
+    """A paragraph naming each row's commit when the rows were measured at more than one (a resumed run)."""
+    by_commit: dict[str, list[str]] = {}
+    for r in rows:
+        by_commit.setdefault(r.get("commit") or "unrecorded", []).append(r["name"])
+    if len(by_commit) < 2:
+        return []
+    parts = "; ".join(f"{commit}: {', '.join(names)}" for commit, names in by_commit.items())
+    return [f"**Rows by commit** (a resumed run, `--keep`): {parts}.", ""]
+
+
 def markdown(out: dict) -> str:
     s = out["setting"]
     rows = out.get("rows", [])
@@ -160,6 +171,7 @@ def markdown(out: dict) -> str:
         f"{ours_max:.0%} in the busiest 1-s window, and {ours_saturated} of {windows} windows at 95% or more; the "
         f"whole machine, other jobs included, was at 95% or more in {machine_saturated} of them (max {machine_max:.0%}).",
         "",
+        *commits_line(rows),
         table(out),
         "",
         "Goodput as docs/islands.md#goodput defines it (islands: train.json's, applied results' task seconds / "

@@ -70,6 +70,24 @@ def test_a_check_that_raises_cuts_the_padding_where_it_is():
     assert clock.now == pytest.approx(0.5, abs=0.06) and pacer.padding == pytest.approx(clock.now)
 
 
+def test_a_stop_from_the_check_ends_only_the_padding():
+    """A cut (`stop`) during the padding ends the padding and returns what was slept: the step was trained."""
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+
+    class Cut(RuntimeError):
+        pass
+
+    def check() -> None:
+        if clock.now >= 0.5:
+            raise Cut("cut")
+
+    slept = pacer.pad(0.1, check=check, stop=Cut)
+    assert slept == pytest.approx(0.5, abs=0.06) and pacer.padding == pytest.approx(slept) and pacer.steps == 1
+    with pytest.raises(RuntimeError, match="other"):  # anything else still ends the step
+        pacer.pad(0.1, check=lambda: (_ for _ in ()).throw(RuntimeError("other")), stop=Cut)
+
+
 def test_the_pace_summary_reads_back_from_island_logs(tmp_path):
     clock = FakeClock()
     pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)

@@ -246,6 +246,26 @@ def test_a_paced_island_pads_each_step_to_the_pace_and_a_failure_cuts_the_paddin
     assert time.perf_counter() - started < 2 * pace + 0.3
 
 
+def test_a_paced_task_cut_during_its_padding_reports_the_steps_it_trained(tiny, tmp_path):
+    """A cut seen while a step is being padded (the board's look falls in the padding) ends the padding
+    and then the batches: the island reports the steps it trained instead of failing."""
+    from dipaco.islands.island.cancellation import TaskCut
+    from dipaco.islands.island.training import train_task
+    from dipaco.store.records import Task
+
+    pace = 0.15
+    run = make_run(tiny, tmp_path / "run", ["run.rounds=1", f"faults.step_seconds={pace}"])
+    task = Task.open(path=0, base=0, step_offset=0, inner_from=None)
+    started = time.perf_counter()
+
+    def check() -> None:  # a cut stays a cut (as BoardWatch.watch's)
+        if time.perf_counter() - started > 1.5 * pace:  # inside the second step's padding
+            raise TaskCut("cut by the coordinator")
+
+    out = train_task(run.setup, task, check=check)
+    assert 2 <= len(out.meta.losses) < run.config.inner.steps
+
+
 REPLICAS = ["topology.replicas=2"]
 
 
@@ -481,3 +501,21 @@ def test_a_result_rejected_after_a_commit_is_trained_again_from_the_newest_versi
     drive(coordinator, [slow, fast], clock)
     applied = [e for m in manifests(run.store, coordinator.committed) for e in m.applied]
     assert held.key not in {e.key for e in applied}
+
+
+def test_a_cut_seen_on_the_board_stays_a_cut_without_reading_it_again():
+    """BoardWatch.watch: once a look at the board finds the task cut, every later check raises TaskCut
+    (the padding's check and the next step's agree), without another read of the board."""
+    from dipaco.islands.island.cancellation import BoardWatch, TaskCut
+    from dipaco.store.records import Task
+
+    now, looks = [0.0], []
+    board = BoardWatch(None, island="island-0", every=1.0, clock=lambda: now[0])
+    board._look = lambda task: (looks.append(task.key), (True, True))[1]
+    check = board.watch(Task.open(path=0, base=0, step_offset=0, inner_from=None))
+    check()  # not due yet: no look
+    now[0] = 1.5
+    for _ in range(3):
+        with pytest.raises(TaskCut):
+            check()
+    assert len(looks) == 1

@@ -60,15 +60,17 @@ class BoardWatch:
         return result_wanted(board, task), held is not None and held.status == "cut"
 
     def watch(self, task: Task) -> Callable[[], None]:
-        """The check to run before each inner step: raises `TaskCut` once the board cut `task`,
-        `TaskCancelled` once it no longer wants its result (it reads the board at most every `every`
-        seconds, island clock)."""
+        """The check to run before each inner step (and during its pacing): raises `TaskCut` once the board
+        cut `task` and at every call after that, `TaskCancelled` once it no longer wants its result (it
+        reads the board at most every `every` seconds, island clock)."""
         if self.every is None:
             return lambda: None
-        every, last = self.every, self.clock()
+        every, last, seen_cut = self.every, self.clock(), False
 
         def watch() -> None:
-            nonlocal last
+            nonlocal last, seen_cut
+            if seen_cut:  # a cut stays a cut: the next step's check stops the batches too
+                raise TaskCut(f"{task.key} attempt {task.attempt}: cut by the coordinator")
             now = self.clock()
             if now - last < every:
                 return
@@ -77,6 +79,7 @@ class BoardWatch:
             if not wanted:
                 raise TaskCancelled(f"{task.key} attempt {task.attempt}: the board no longer wants its result")
             if cut:
+                seen_cut = True
                 raise TaskCut(f"{task.key} attempt {task.attempt}: cut by the coordinator")
 
         return watch

@@ -12,7 +12,7 @@ injected straggler take F times a step's time. With neither (0 and 1) nothing sl
 padding are recorded, so a benchmark can show the pace held (every step's compute under the pace).
 The padding stands for compute, so what may interrupt a step interrupts it too: `check` (the island's
 injected failures and cancellation) is called every `SLICE` seconds of it, and what it raises ends the
-step there, lost like a step cut by a failure.
+step there, lost like a step cut by a failure; a cut (`stop`) ends only the padding: the step was trained.
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ class Pacer:
     def active(self) -> bool:
         return self.step_seconds > 0 or self.slowdown > 1
 
-    def pad(self, compute: float, *, check: Callable[[], None] | None = None) -> float:
+    def pad(self, compute: float, *, check: Callable[[], None] | None = None,
+            stop: type[Exception] | None = None) -> float:
         """After a step that computed `compute` seconds: sleep until it has taken its paced time
         (max(compute, step_seconds) × slowdown), calling `check` every `SLICE` seconds; returns the
-        seconds actually slept (what `check` raises propagates, the padding so far recorded)."""
+        seconds actually slept. A `stop` exception from `check` ends the padding there (the step is
+        done: a cut task reports it); anything else `check` raises propagates, the padding so far recorded."""
         self.steps += 1
         self.compute += compute
         self.slowest = max(self.slowest, compute)
@@ -58,7 +60,12 @@ class Pacer:
         try:
             while (left := end - self.clock()) > 0:
                 if check is not None:
-                    check()
+                    try:
+                        check()
+                    except Exception as err:
+                        if stop is None or not isinstance(err, stop):
+                            raise
+                        break
                 self.sleep(min(left, SLICE))
         finally:
             slept = self.clock() - started

@@ -153,7 +153,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         nonlocal last_seconds, saving
         seconds -= saving
         if pacer.active:  # pad the step to its paced time (a straggler: slowdown x that)
-            seconds += pacer.pad(seconds - last_seconds, check=check)
+            seconds += pacer.pad(seconds - last_seconds, check=check, stop=TaskCut)
         last_seconds = seconds
         if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < task_steps:
             save_started = time.perf_counter()
