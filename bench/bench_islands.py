@@ -312,7 +312,8 @@ def manifests(store: ModuleStore) -> list:
 def applied_tasks(store: ModuleStore) -> list[dict]:
     """Every applied result's manifest entry, with the island that trained it."""
     return [{**entry.to_json(),
-             "island": read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt).island}
+             "island": read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt,
+                                        link=entry.link).island}
             for manifest in manifests(store) for entry in manifest.applied]
 
 
