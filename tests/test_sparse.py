@@ -180,3 +180,18 @@ def test_a_tampered_sparse_result_is_refused_naming_the_file_tensor_and_chunk(tm
     with pytest.raises(StoreError, match=rf"path-0000\.topk\.safetensors .*{NAME}: {message}"):
         ResultReader(store, meta).module("level0.module0")  # what the outer step reads
     assert ResultReader(store, meta).module("embeddings").keys() == {"small", "scalar"}  # the other module is intact
+
+
+@pytest.mark.parametrize("override, message", [
+    ("compression.bits=3", r"compression.bits must be one of \[2, 4, 8\], got 3"),
+    ("compression.density=0", r"compression.density must be in \(0, 1\], got 0.0"),
+    ("compression.chunk=100000", r"compression.chunk must be in \[64, 65536\], got 100000"),
+    ("compression.codec=top1", r"compression.codec .*must be one of \['none', 'int8', 'int4', 'topk'\]"),
+])
+def test_the_topk_settings_are_checked_naming_the_key(override, message):
+    from cli_helpers import TINY
+
+    from dipaco.config import load_config
+
+    with pytest.raises(ValueError, match=message):
+        load_config(TINY, [override])

@@ -245,7 +245,7 @@ class Heartbeat(Record):
 class ResultMeta(Record):
     """An island's report of one task: what it trained, how, and the bytes it moved.
 
-    The last six fields are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
+    The fields from `island` to `link` are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
     `dipaco.store.board.write_result`)."""
 
     SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)
@@ -270,8 +270,9 @@ class ResultMeta(Record):
     compression: str = "none"
     file: str = ""  # the pseudo-gradient file, next to this one
     link: int = 0  # the task's link (`Task.link`)
+    bytes_residual: int = 0  # of the inner state uploaded, the error-feedback residual's bytes (codec topk)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link",)
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual")
 
     @property
     def steps(self) -> int:
