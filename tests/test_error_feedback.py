@@ -160,6 +160,8 @@ def test_a_tiny_run_with_the_topk_codec_applies_its_results(tiny, tmp_path):
             raw = sum(t.numel() * 4 for t in tensors.values())
             assert meta.compression == "topk" and meta.file.endswith(".topk.safetensors") and meta.bytes < raw / 5
             assert meta.bytes_residual == raw  # the residual: one float32 per parameter, in the inner state
+            assert entry.float32_bytes == raw and entry.island in ("i0", "i1")  # byte accounting (dipaco status)
+            assert 0 < sum(entry.module_bytes.values()) < entry.bytes == meta.bytes
             kept = sum(int((t != 0).sum()) for t in tensors.values()) / sum(t.numel() for t in tensors.values())
             assert SPEC.density <= kept < 2 * SPEC.density  # ceil per chunk, at least one per small tensor
     fresh = make_run(tiny, tmp_path / "fresh", TOPK)  # version 0 again (the run pruned its own)
