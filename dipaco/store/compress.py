@@ -238,7 +238,7 @@ def _header(data: bytes) -> dict:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    delta = {"m/w": torch.randn(256, 128) * 1e-3, "m/b": torch.randn(128) * 1e-4}
+    delta = {"m/w": torch.randn(1024, 1024) * 1e-3, "m/b": torch.randn(1024) * 1e-4}  # a 4 MiB module
     settings = [(m, None) for m in METHODS if m != "topk"]
     settings += [("topk", TopK(density=d, bits=b, chunk=4096)) for d in (0.1, 0.03, 0.01) for b in (8, 4, 2)]
     for m, spec in settings:
