@@ -226,11 +226,10 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
+    encoded, carried = None, {}
     with timed(timings, "pseudo_gradient", device):
         pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
-    encoded, carried = None, {}
-    if feeds_back:
-        with timed(timings, "pseudo_gradient", device):
+        if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
             pseudo_gradient = with_residual(pseudo_gradient, residual)
             data, stats, carried = encode_with_feedback(pseudo_gradient, method="topk", level=setup.compression.zstd_level,
                                                         topk=topk_of(setup))
