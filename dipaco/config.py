@@ -161,8 +161,17 @@ class CompressionConfig(Section):
     """How pseudo-gradients travel from an island to the store."""
 
     section = "compression"
-    codec: Literal["none", "int8", "int4"] = "none"  # none (float32) | int8 | int4 (per-row scales), then zstd
+    codec: Literal["none", "int8", "int4", "topk"] = "none"  # none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
     zstd_level: Annotated[int, Range(min=1, max=22)] = 1  # zstd level of compressed pseudo-gradients
+    density: Annotated[float, Range(above=0, max=1)] = 0.03  # topk: fraction of each chunk's entries sent (SparseLoCo: 0.01-0.03)
+    bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)
+    chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
+    error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual travels with the path's inner state)
+
+    @property
+    def feeds_back(self) -> bool:
+        """Whether islands carry an error-feedback residual: `codec: topk` with `error_feedback`."""
+        return self.codec == "topk" and self.error_feedback
 
 
 @dataclass(kw_only=True)

@@ -323,3 +323,11 @@ def test_bad_simulate_settings_are_refused_naming_the_field(override, message):
 
     with pytest.raises(ValueError, match=message):
         load_config(None, [override])
+
+
+def test_a_topk_upload_is_its_density_times_the_value_and_offset_bits():
+    sim = SimulateConfig()
+    dense = Settings(sim=sim, codec="none").upload_bytes
+    assert dense == sim.model_parameters * 4
+    topk = Settings(sim=sim, codec="topk", density=0.03, bits=2).upload_bytes
+    assert topk == pytest.approx(sim.model_parameters * 0.03 * (2 + 16) / 8)  # 2 value bits + a 16-bit offset each

@@ -25,6 +25,20 @@ def status_of(capsys, *args) -> tuple[str, dict]:
     return text, json.loads(capsys.readouterr().out)
 
 
+def tiny_config(run):
+    from dipaco.config import load_config
+
+    return load_config(run.config)
+
+
+def path_parameters(run) -> int:
+    """One path model's parameters (every path of the tiny grid has the same shape)."""
+    from dipaco.model.path_model import count_parameters
+    from dipaco.pipeline.context import PathFactory
+
+    return count_parameters(PathFactory(tiny_config(run), run).new_model())
+
+
 def test_status_of_a_finished_run(tiny_trained, capsys):
     text, status = status_of(capsys, "--run", tiny_trained.root)
     assert status["finished"] and "round 3 committed, finished" in text
@@ -32,6 +46,12 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
     train = json.loads(tiny_trained.train_summary.read_text())
     assert status["goodput"]["value"] == pytest.approx(train["goodput"]["goodput"])
     assert status["bytes_up"] == train["bytes_up"]
+    moved, parameters, steps = status["bytes"], path_parameters(tiny_trained), tiny_config(tiny_trained).inner.steps
+    assert moved["sent"] == train["bytes_up"] and sum(moved["by_island"].values()) == moved["sent"]
+    assert moved["float32_diloco"] == train["bytes_float32"] == 12 * 4 * parameters  # 12 results of a whole path each
+    assert moved["data_parallel"] == train["bytes_data_parallel"] == steps * moved["float32_diloco"]
+    assert 0 < sum(moved["by_module"].values()) < moved["sent"]  # the modules' spans, without each file's header
+    assert "bytes applied:" in text and "float32 DiLoCo would send" in text
     assert status["queue"] == {"open": 0, "assigned": 0, "received": 0, "lost": 0, "cancelled": 0, "cut": 0}
     assert status["cancelled"] == {"tasks": 0, "how": "train.json"}  # sync never cancels
     assert [p["results_applied"] for p in status["paths"]] == [3, 3, 3, 3]

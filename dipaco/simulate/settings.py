@@ -10,6 +10,7 @@ from dipaco.config import Config, RoundsConfig, SimulateConfig
 from dipaco.simulate.failures import HOUR
 
 UPLOAD_BITS = {"none": 32, "int8": 8, "int4": 4}  # bits per parameter of an uploaded pseudo-gradient (compression.codec)
+INDEX_BITS = 16  # topk: bits of a sent value's offset in its chunk before zstd (an upper estimate)
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,13 @@ class Settings:
     rounds: RoundsConfig = field(default_factory=RoundsConfig)  # how the syncer closes rounds (its mode is each strategy's)
     codec: str = "none"  # how uploaded pseudo-gradients are compressed (compression.codec)
     inner_steps: int = 100  # inner steps per task (inner.steps)
+    density: float = 0.03  # codec topk: fraction of the entries sent (compression.density)
+    bits: int = 2  # codec topk: bits per sent value (compression.bits)
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
         return cls(sim=config.simulate, rounds=config.rounds, codec=config.compression.codec,
-                   inner_steps=config.inner.steps)
+                   inner_steps=config.inner.steps, density=config.compression.density, bits=config.compression.bits)
 
     def with_(self, **changes) -> Settings:
         """The same settings with some `simulate` fields changed (e.g. learners=16)."""
@@ -44,7 +47,8 @@ class Settings:
     @property
     def upload_bytes(self) -> float:
         """One task's pseudo-gradient, compressed as `compression.codec` says."""
-        return self.sim.model_parameters * UPLOAD_BITS[self.codec] / 8
+        bits = self.density * (self.bits + INDEX_BITS) if self.codec == "topk" else UPLOAD_BITS[self.codec]
+        return self.sim.model_parameters * bits / 8
 
     @property
     def download_bytes(self) -> float:

@@ -8,7 +8,9 @@
 It shows the committed round and whether the run is finished, the lease holder, the module versions
 kept, every island's last heartbeat and task, the queue of tasks, and from the round manifests the
 results applied, their island-seconds and bytes and every path's latest losses (validation losses from
-best.json); goodput is train.json's at the end of a run, an estimate while it runs.
+best.json); goodput is train.json's at the end of a run, an estimate while it runs. Bytes: the applied
+pseudo-gradients as sent, against what float32 DiLoCo (the same results in float32) and data parallel (a
+float32 gradient per inner step of the same training) would have sent, by island and by module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
 from dipaco.store.module_store import ModuleStore, StoreError
-from dipaco.store.records import TASK_STATUSES, RoundStats
+from dipaco.store.records import TASK_STATUSES, ManifestEntry, RoundStats
 from dipaco.store.run_state import committed_record
 from dipaco.tables import format_table
 
@@ -72,6 +74,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
 
     applied: dict[int, list] = {}  # path -> its applied manifest entries, oldest first (with their round)
     useful = bytes_up = stale = dropped = 0
+    moved = ByteCounts()
     for r in range(1, round + 1):
         manifest = read_manifest(store, r)
         if manifest is None:
@@ -81,6 +84,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
             useful += entry.seconds
             bytes_up += entry.bytes
             stale += entry.staleness > 0
+            moved.add(entry)
         dropped += len(manifest.dropped)
 
     islands = []
@@ -138,6 +142,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "cancelled": cancelled,
         "useful_island_seconds": useful,
         "bytes_up": bytes_up,
+        "bytes": moved.to_json(),
         "goodput": goodput,
         "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
                                                         "applied": last_stats.applied, "in_flight": last_stats.in_flight,
@@ -148,6 +153,34 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                   for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
         "paths": paths,
     }
+
+
+@dataclass
+class ByteCounts:
+    """The applied results' bytes as sent, in float32 and as data parallel, in all, by island and by module."""
+
+    sent: int = 0
+    float32: int = 0  # 0 for results applied before their manifests recorded it
+    data_parallel: int = 0
+    by_island: dict[str, int] = field(default_factory=dict)
+    by_module: dict[str, int] = field(default_factory=dict)
+
+    def add(self, entry: ManifestEntry) -> None:
+        self.sent += entry.bytes
+        self.float32 += entry.float32_bytes
+        self.data_parallel += entry.data_parallel_bytes
+        island = entry.island or "?"
+        self.by_island[island] = self.by_island.get(island, 0) + entry.bytes
+        for module, size in (entry.module_bytes or {}).items():
+            self.by_module[module] = self.by_module.get(module, 0) + size
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sent": self.sent, "float32_diloco": self.float32, "data_parallel": self.data_parallel,
+                "by_island": dict(sorted(self.by_island.items())), "by_module": dict(sorted(self.by_module.items()))}
+
+
+def _times(than: int, sent: int) -> str:
+    return f"{than / sent:.1f}x" if than and sent else "-"
 
 
 def _cancelled(summary: dict[str, Any], last: RoundStats | None) -> dict[str, Any] | None:
@@ -195,6 +228,14 @@ def format_status(status: dict[str, Any]) -> str:
     goodput = status["goodput"]
     lines.append(f"goodput: {100 * goodput['value']:.1f}% ({goodput['how']})"
                  if goodput["value"] is not None else f"goodput: {goodput['how']}")
+    moved = status["bytes"]
+    if moved["sent"]:
+        lines.append(f"bytes applied: {moved['sent'] / 1e6:.2f} MB sent; float32 DiLoCo would send "
+                     f"{moved['float32_diloco'] / 1e6:.2f} MB ({_times(moved['float32_diloco'], moved['sent'])} more), "
+                     f"data parallel {moved['data_parallel'] / 1e6:.2f} MB "
+                     f"({_times(moved['data_parallel'], moved['sent'])}); by island: "
+                     + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in moved["by_island"].items())
+                     + "; by module: " + (", ".join(f"{k} {v / 1e6:.3f} MB" for k, v in moved["by_module"].items()) or "-"))
     last = status["last_round"]
     if last:
         lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "

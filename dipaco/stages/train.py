@@ -116,9 +116,10 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
                                                   first_beat=service.first_beat))
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
-            log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients, %d results applied "
-                     "(%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step %s, %.1fs", round,
-                     stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.applied, stats.stale, stats.dropped,
+            log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients (%.2f MB in float32), "
+                     "%d results applied (%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step %s, %.1fs",
+                     round, stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.bytes_float32 / 1e6,
+                     stats.applied, stats.stale, stats.dropped,
                      stats.in_flight, stats.cancelled, stats.outer_step, stats.seconds)
         finished_at = time.monotonic()
         bar.close()
@@ -141,6 +142,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         seconds=sum(r.seconds for r in rounds),
         last_session_seconds=time.perf_counter() - started,
         bytes_up=sum(r.bytes_up for r in rounds),
+        bytes_float32=sum(r.bytes_float32 for r in rounds),  # float32 DiLoCo, the same results
+        bytes_data_parallel=sum(r.bytes_data_parallel for r in rounds),  # a float32 gradient per inner step
     )
     if islands:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit

@@ -6,8 +6,9 @@ Every file has exactly one writer, and holds one record of `dipaco.store.records
     rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
     heartbeats/<island>.json                      island <island>: its `Heartbeat`
     results/round-000004/path-0002[.l1][.a1].json the island running attempt 1 of (path 2, round 4): `ResultMeta`
-    results/round-000004/path-0002[.l1][.a1].<ext> its pseudo-gradient (.safetensors, .int8.safetensors, .int4.safetensors)
-    islands/path-0002/inner-round-000004[.l1][.a1].safetensors   its inner AdamW state after the task
+    results/round-000004/path-0002[.l1][.a1].<ext> its pseudo-gradient (.safetensors, .int8/.int4/.topk.safetensors)
+    islands/path-0002/inner-round-000004[.l1][.a1].safetensors   its inner state after the task: AdamW
+                                                  moments (and the error-feedback residual, codec topk)
 
 Attempt 0 and link 0 have no suffix (`.lN`: the path's N-th further task from the same version, async). A task handed to another island (its island stopped heart-beating, or came
 back as a new incarnation) gets the next attempt number and so its own files: a late result from the
@@ -35,9 +36,11 @@ from safetensors.torch import load as load_safetensors
 from dipaco.store.compress import Index, compress, decode_module, decompress, header_size, read_index
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
 from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
+from dipaco.store.sparse import TopK
 
 TASKS = "tasks.json"
-EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors"}
+EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors",
+              "topk": ".topk.safetensors"}
 
 
 def _suffix(attempt: int, link: int = 0) -> str:
@@ -126,18 +129,23 @@ class HeartbeatCache:
 
 # --- results ---------------------------------------------------------------------------------------
 def write_result(store: ModuleStore, task: Task, tensors: dict[str, torch.Tensor], meta: ResultMeta, *,
-                 compression: str, level: int) -> tuple[ResultMeta, dict]:
-    """Upload a pseudo-gradient (compressed) then its metadata (the commit).
+                 compression: str, level: int, topk: TopK | None = None) -> tuple[ResultMeta, dict]:
+    """Upload a pseudo-gradient (compressed; `topk` for compression "topk") then its metadata (the commit).
 
     Returns the metadata as written (with the file, its bytes and the compression) and the compression stats."""
+    data, stats = compress(tensors, method=compression, level=level, topk=topk)
+    return write_encoded_result(store, task, data, meta, compression=compression), stats
+
+
+def write_encoded_result(store: ModuleStore, task: Task, data: bytes, meta: ResultMeta, *, compression: str) -> ResultMeta:
+    """Upload a pseudo-gradient already compressed (`compress`'s bytes) then its metadata; returns the metadata as written."""
     stem = _result_stem(task.round, task.path, task.attempt, task.link)
-    data, stats = compress(tensors, method=compression, level=level)
     name = stem + EXTENSIONS[compression]
     store.write_bytes(name, data)
     meta = dataclasses.replace(meta, bytes=len(data), compression=compression, file=name.rsplit("/", 1)[-1],
                                attempt=task.attempt, link=task.link)
     store.write_json(stem + ".json", meta.to_json())
-    return meta, stats
+    return meta
 
 
 def result_file(*, round: int, path: int, attempt: int, compression: str | None = None, link: int = 0) -> str:

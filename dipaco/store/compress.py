@@ -1,19 +1,23 @@
-"""Compressed pseudo-gradients: per-row int8 / int4 quantisation, then zstd (`compression.codec`).
+"""Compressed pseudo-gradients: per-row int8 / int4 quantisation or sparse top-k, then zstd (`compression.codec`).
 
     from dipaco.store.compress import compress, decompress
     data, stats = compress({"embeddings/w": delta}, method="int8")   # bytes an island uploads
     tensors, _ = decompress(data, method="int8")                     # float32 again, on the coordinator
+    data, stats = compress(tensors, method="topk", topk=TopK(density=0.03, bits=2, chunk=4096))
 
 Each tensor is viewed as rows: a tensor of two or more dimensions has one row per index of its first
 dimension; a vector or a scalar is one row (one scale). A row's scale is
 max|x| / q_max (q_max = 127 for int8, 7 for int4) and its values are rounded to the nearest integer
 multiple of the scale, so every element is off by at most scale / 2. int4 values are stored as
 q + 8 in one nibble, two per byte. `none` is the plain float32 safetensors file, as before
-compression existed. Decompression always yields float32, and the coordinator accumulates in float32.
+compression existed. `topk` keeps the largest-magnitude `density` of each chunk of a tensor at `bits`
+bits each (`dipaco.store.sparse`, whose docstring defines the format). Decompression always yields
+float32, and the coordinator accumulates in float32.
 
 Tensors are named "module/param". A compressed file (format 2) is a safetensors file with one uint8
 entry per module: a zstd frame (level `compression.zstd_level`) of a safetensors blob with that module's
-quantised values and float32 scales (shapes in its header). So one module can be read and decoded
+quantised values and float32 scales (shapes in its header; for `topk` also its density, bits and chunk,
+so a reader needs no settings). So one module can be read and decoded
 without the rest, as the coordinator's outer step does (it streams module by module):
 
     index = read_index(head, method="int8")            # head: the file's first header_size(...) bytes
@@ -36,7 +40,9 @@ import zstandard
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-METHODS = ("none", "int8", "int4")
+from dipaco.store.sparse import TopK, decode_tensor, encode_tensor
+
+METHODS = ("none", "int8", "int4", "topk")
 Q_MAX = {"int8": 127, "int4": 7}
 
 
@@ -77,10 +83,14 @@ def module_of(name: str) -> str:
     return name.partition("/")[0]
 
 
-def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1) -> tuple[bytes, dict]:
-    """Serialise a pseudo-gradient `{"module/param": tensor}`; returns (bytes to send, stats)."""
+def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1,
+             topk: TopK | None = None) -> tuple[bytes, dict]:
+    """Serialise a pseudo-gradient `{"module/param": tensor}`; returns (bytes to send, stats). `topk`: the
+    sparsification, required by (and only by) method "topk"."""
     if method not in METHODS:
         raise ValueError(f"compression method must be one of {METHODS}, got {method!r}")
+    if (method == "topk") != (topk is not None):
+        raise ValueError(f"compression method {method!r} " + ("needs" if topk is None else "takes no") + " top-k settings")
     raw_bytes = sum(t.numel() * 4 for t in tensors.values())
     if method == "none":
         data = save_safetensors({k: v.detach().float().contiguous() for k, v in tensors.items()})
@@ -88,24 +98,29 @@ def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1) -
     modules: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         modules.setdefault(module_of(name), {})[name] = tensor
-    frames = {module: torch.frombuffer(bytearray(_compress_module(part, method=method, level=level)), dtype=torch.uint8)
+    frames = {module: torch.frombuffer(bytearray(_compress_module(part, method=method, level=level, topk=topk)),
+                                       dtype=torch.uint8)
               for module, part in modules.items()}
     data = save_safetensors(frames, metadata={"dipaco": json.dumps({"method": method, "format": FORMAT})})
     return data, {"method": method, "raw_bytes": raw_bytes, "bytes": len(data), "ratio": raw_bytes / max(1, len(data))}
 
 
-def _compress_module(tensors: dict[str, torch.Tensor], *, method: str, level: int) -> bytes:
+def _compress_module(tensors: dict[str, torch.Tensor], *, method: str, level: int, topk: TopK | None) -> bytes:
     """One module's tensors → one zstd frame of a safetensors blob of quantised values and scales."""
     bits = 8 if method == "int8" else 4
     blob: dict[str, torch.Tensor] = {}
     shapes: dict[str, list[int]] = {}
     for name, tensor in tensors.items():
+        shapes[name] = list(tensor.shape)
+        if topk is not None:
+            blob |= {f"{name}::{part}": value.contiguous() for part, value in encode_tensor(tensor, topk).items()}
+            continue
         q, scale = quantize_rows(tensor, bits=bits)
         blob[f"{name}::q"] = q.contiguous() if bits == 8 else pack_int4(q)
         blob[f"{name}::scale"] = scale.contiguous()
-        shapes[name] = list(tensor.shape)
+    meta = {"method": method, "shapes": shapes} | ({"topk": topk.to_json()} if topk is not None else {})
     # one metadata key: safetensors writes a header map in arbitrary order, and the bytes must be reproducible
-    payload = save_safetensors(blob, metadata={"dipaco": json.dumps({"method": method, "shapes": shapes})})
+    payload = save_safetensors(blob, metadata={"dipaco": json.dumps(meta)})
     return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
@@ -117,6 +132,8 @@ def _decompress_module(frame: bytes, *, method: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
     blob = load_safetensors(payload)
     del payload
+    if method == "topk":
+        return _decode_topk(blob, meta)
     out = {}
     for name, shape in meta["shapes"].items():
         scale = blob.pop(f"{name}::scale")
@@ -124,6 +141,20 @@ def _decompress_module(frame: bytes, *, method: str) -> dict[str, torch.Tensor]:
         if method == "int4":
             q = unpack_int4(q, math.prod(shape) if shape else 1).reshape(scale.shape[0], -1)
         out[name] = dequantize_rows(q, scale, shape)
+    return out
+
+
+def _decode_topk(blob: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
+    """A topk frame's blob and metadata → `{"module/param": float32 tensor}` (ValueError naming what is wrong)."""
+    spec = TopK(**{k: meta["topk"][k] for k in ("density", "bits", "chunk")})
+    out = {}
+    for name, shape in meta["shapes"].items():
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise ValueError(f"{name}: shape {shape!r} is not a list of sizes")
+        parts = {part: blob.pop(f"{name}::{part}", None) for part in ("gaps", "codes", "lo", "step")}
+        out[name] = decode_tensor(parts, shape=shape, spec=spec, name=name)
+    if blob:
+        raise ValueError(f"unexpected entries {sorted(blob)[:3]} (not in the frame's shapes)")
     return out
 
 
@@ -207,9 +238,15 @@ def _header(data: bytes) -> dict:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    delta = {"w": torch.randn(256, 128) * 1e-3, "b": torch.randn(128) * 1e-4}
-    for m in METHODS:
-        data, stats = compress(delta, method=m)
+    delta = {"m/w": torch.randn(1024, 1024) * 1e-3, "m/b": torch.randn(1024) * 1e-4}  # a 4 MiB module
+    settings = [(m, None) for m in METHODS if m != "topk"]
+    settings += [("topk", TopK(density=d, bits=b, chunk=4096)) for d in (0.1, 0.03, 0.01) for b in (8, 4, 2)]
+    for m, spec in settings:
+        data, stats = compress(delta, method=m, topk=spec)
         back, _ = decompress(data, method=m)
         err = max((back[k] - delta[k]).abs().max().item() for k in delta)
-        print(f"{m:5s} {stats['bytes']:8d} bytes  {stats['ratio']:5.1f}x smaller  max error {err:.2e}")
+        relative = math.sqrt(sum(float((back[k] - delta[k]).square().sum()) for k in delta)
+                             / sum(float(delta[k].square().sum()) for k in delta))
+        label = m if spec is None else f"topk {spec.density:g} {spec.bits}b"
+        print(f"{label:14s} {stats['bytes']:8d} bytes  {stats['ratio']:6.1f}x smaller  max error {err:.2e}  "
+              f"relative error {relative:.3f}")

@@ -245,7 +245,7 @@ class Heartbeat(Record):
 class ResultMeta(Record):
     """An island's report of one task: what it trained, how, and the bytes it moved.
 
-    The last six fields are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
+    The fields from `island` to `link` are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
     `dipaco.store.board.write_result`)."""
 
     SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)
@@ -270,8 +270,9 @@ class ResultMeta(Record):
     compression: str = "none"
     file: str = ""  # the pseudo-gradient file, next to this one
     link: int = 0  # the task's link (`Task.link`)
+    bytes_residual: int = 0  # of the inner state uploaded, the error-feedback residual's bytes (codec topk)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link",)
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual")
 
     @property
     def steps(self) -> int:
@@ -297,8 +298,16 @@ class ManifestEntry(Record):
     factor: float | None  # staleness weight; None for a dropped result
     link: int = 0  # the task's link (`Task.link`)
     steps: int | None = None  # inner steps it trained; None in manifests written before it was recorded
+    island: str = ""  # the island that trained it
+    float32_bytes: int = 0  # its pseudo-gradient in float32 (the path's parameters x 4): what float32 DiLoCo sends
+    module_bytes: dict[str, int] | None = None  # bytes of each module's part of its file (applied results)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes")
+
+    @property
+    def data_parallel_bytes(self) -> int:
+        """What data parallel sends for the same training: a float32 gradient of the path per inner step."""
+        return self.float32_bytes * (self.steps or 0)
 
 
 @dataclass(frozen=True)
@@ -339,8 +348,10 @@ class RoundStats(Record):
     # the outer step this round took: the configured one, or a plain average in the inner lr's decay
     # (outer.decay: average, dipaco.optim.outer.round_outer_step)
     outer_step: str = "configured"
+    bytes_float32: int = 0  # the applied results in float32: what float32 DiLoCo would have sent
+    bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results: what data parallel sends
 
-    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut")
+    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut", "bytes_float32", "bytes_data_parallel")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
@@ -358,7 +369,9 @@ class RoundStats(Record):
                    val_loss_start=val_loss,
                    island_seconds=seconds, applied=len(applied),
                    dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
-                   cancelled=cancelled, cut=cut, outer_step=outer_step)
+                   cancelled=cancelled, cut=cut, outer_step=outer_step,
+                   bytes_float32=sum(e.float32_bytes for e in applied),
+                   bytes_data_parallel=sum(e.data_parallel_bytes for e in applied))
 
     @property
     def mean_train_loss(self) -> float:

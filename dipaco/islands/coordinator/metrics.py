@@ -67,6 +67,8 @@ class RunMetrics:
             add(f"outer/grad_norm/{name}", grad, t)
             add(f"outer/update_norm/{name}", update, t)
         add("bytes/up_pseudo_gradients", stats.bytes_up, t)
+        add("bytes/float32_diloco", stats.bytes_float32, t)
+        add("bytes/data_parallel", stats.bytes_data_parallel, t)
         add("bytes/up_inner", moved["bytes_up_inner"], t)
         add("bytes/down_modules", moved["bytes_down_modules"], t)
         add("bytes/down_inner", moved["bytes_down_inner"], t)

@@ -10,6 +10,7 @@ memory holds a few copies of one module whatever the grid (docs/islands.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -60,12 +61,14 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
                               staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
                               train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor,
-                              link=task.link, steps=meta.steps)
+                              link=task.link, steps=meta.steps, island=meta.island)
         if verdict.factor is None:
             dropped.append(entry)
             continue
-        applied.append(entry)
         readers[task.key] = ResultReader(store, meta, digests=(digests or {}).get(task.key))  # reads the header only
+        spans = readers[task.key].index.spans
+        applied.append(dataclasses.replace(entry, module_bytes={m: end - start for m, (start, end) in spans.items()}))
+    floats: dict[str, int] = {}  # module -> its parameters
     for name in topology.modules:
         sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
         outer_grad = None
@@ -75,6 +78,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
             outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
                                           paths=plan.paths_through[name])
         params = store.read_module(round - 1, name)
+        floats[name] = sum(t.numel() for t in params.values())
         momentum = store.read_outer_state(round - 1, name)
         if outer_grad is not None:
             before = params
@@ -90,7 +94,11 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         if momentum:
             store.write_outer_state(round, name, momentum)
         del params, momentum
-    return RoundManifest(round=round, applied=tuple(applied), dropped=tuple(dropped))
+
+    def counted(entry: ManifestEntry) -> ManifestEntry:
+        return dataclasses.replace(entry, float32_bytes=4 * sum(floats[m] for m in topology.modules_of_path(entry.path)))
+
+    return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)))
 
 
 def _norm(tensors) -> float:

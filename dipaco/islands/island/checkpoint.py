@@ -7,14 +7,15 @@
 Every `resilience.checkpoint_steps` inner steps the island writes `<run>/islands/<island>.safetensors`
 (atomically): the path model's parameters, the AdamW moments, and in its header the task and its
 progress (steps, losses, tokens, seconds, the validation loss at the start). A restarted island handed
-the same task (path, base, step offset, starting inner state; any attempt) resumes from it bit for bit;
+the same task (path, base, step offset, starting inner state; any attempt) resumes from it bit for bit
+(with the error-feedback residual the task started from, `dipaco.optim.error_feedback`);
 any other task starts afresh and replaces it. It is removed once the task's result is in the store.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from dipaco.atomic import replacing
 from dipaco.store.records import Task
 
-PARAM, ADAM = "param/", "adam/"
+PARAM, ADAM, RESIDUAL = "param/", "adam/", "residual/"
 
 
 def task_identity(task: Task) -> dict:
@@ -44,6 +45,7 @@ class InnerCheckpoint:
     tokens: int
     seconds: float  # inner-loop seconds of the steps done
     val_loss_start: float
+    residual: dict[str, torch.Tensor] = field(default_factory=dict)  # error feedback: the residual the task started from
 
     def matches(self, task: Task) -> bool:
         return self.task == task_identity(task)
@@ -53,6 +55,7 @@ class InnerCheckpoint:
                 "tokens": self.tokens, "seconds": self.seconds, "val_loss_start": self.val_loss_start}
         tensors = {PARAM + k: v.contiguous() for k, v in self.params.items()}
         tensors |= {ADAM + k: v.contiguous() for k, v in self.adam.items()}
+        tensors |= {RESIDUAL + k: v.contiguous() for k, v in self.residual.items()}
         with replacing(path) as tmp:
             save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
 
@@ -70,7 +73,8 @@ class InnerCheckpoint:
                        params={k.removeprefix(PARAM): v for k, v in tensors.items() if k.startswith(PARAM)},
                        adam={k.removeprefix(ADAM): v for k, v in tensors.items() if k.startswith(ADAM)},
                        adam_meta=meta["adam_meta"], losses=tuple(meta["losses"]), tokens=int(meta["tokens"]),
-                       seconds=float(meta["seconds"]), val_loss_start=float(meta["val_loss_start"]))
+                       seconds=float(meta["seconds"]), val_loss_start=float(meta["val_loss_start"]),
+                       residual={k.removeprefix(RESIDUAL): v for k, v in tensors.items() if k.startswith(RESIDUAL)})
         except (SafetensorError, OSError, KeyError, ValueError, TypeError) as err:
             raise ValueError(f"inner checkpoint {path} cannot be read ({err}); delete it to start the task afresh") from None
 

@@ -115,8 +115,9 @@ class IslandWorker:
         self.presence.finished_task(task)
         self.tasks_done += 1
         self.heartbeat()
-        log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)", self.name, task.key,
-                 task.attempt, meta.seconds, meta.train_loss, meta.bytes, meta.compression)
+        log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)%s", self.name, task.key,
+                 task.attempt, meta.seconds, meta.train_loss, meta.bytes, meta.compression,
+                 f", error-feedback residual {meta.bytes_residual} bytes in its inner state" if meta.bytes_residual else "")
         return meta
 
     def poll(self) -> bool:

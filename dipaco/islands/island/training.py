@@ -9,6 +9,11 @@ its own latest parameters, merged with the newest version by this rebase), train
 the path's shard continuing its data order and lr schedule at `step_offset` (fewer when the board cuts
 it), and returns the pseudo-gradient Δ = θ_start − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
 then Δ compressed per `compression.codec`, then the result JSON (the commit).
+
+With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also reads the
+path's residual e from its inner state (or its inner checkpoint), checked by `check_residual`, and ends by
+encoding Δ + e: the residual of that encoding joins the new inner state, so it moves with the path
+(`dipaco.optim.error_feedback`), and `push_result` uploads the bytes it encoded.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
+from dipaco.optim.error_feedback import (
+    check_residual,
+    encode_with_feedback,
+    join_inner,
+    residual_bytes,
+    split_inner,
+    with_residual,
+)
 from dipaco.optim.inner import (
     load_optimizer_state,
     make_optimizer,
@@ -44,9 +57,17 @@ from dipaco.optim.inner import (
     train_steps,
 )
 from dipaco.optim.prefetch import Prefetcher
-from dipaco.store.board import inner_ref, read_inner, read_result_ref, write_inner, write_result
+from dipaco.store.board import (
+    inner_ref,
+    read_inner,
+    read_result_ref,
+    write_encoded_result,
+    write_inner,
+    write_result,
+)
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
+from dipaco.store.sparse import TopK
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
@@ -86,9 +107,10 @@ class IslandSetup:
 class TrainedTask:
     """One task's outcome before it is uploaded."""
 
-    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end
-    inner: InnerState  # the AdamW state after the task
+    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end (+ the residual it started from, with error feedback)
+    inner: InnerState  # the AdamW state after the task (and the new error-feedback residual)
     meta: ResultMeta  # without the upload fields (island, bytes, ...)
+    encoded: tuple[bytes, dict] | None = None  # with error feedback: the compressed pseudo-gradient and its stats
 
 
 def data_seed(seed: int, *, path: int) -> int:
@@ -124,6 +146,9 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
     if resume is not None and not resume.matches(task):
         resume = None  # another task's: this one starts afresh and replaces it
+    feeds_back = setup.compression.feeds_back
+    residual: dict[str, torch.Tensor] = {}  # the path's error-feedback residual at the task's start
+    where = ""  # where it was read from
     with timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, inner, fused=inner.fused)
         inner_local = False
@@ -132,12 +157,19 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                 for name, param in params.items():
                     param.copy_(resume.params[name])
             load_optimizer_state(optimizer, params, resume.adam, resume.adam_meta)
+            residual, where = resume.residual, f"inner checkpoint {checkpoint}"
         elif task.inner_from:
             if cached_inner is not None and cached_inner[0] == task.inner_from:
                 saved, inner_local = cached_inner[1:], True
             else:
                 saved = read_inner(store, task.inner_from)
-            load_optimizer_state(optimizer, params, *saved)
+            adam, residual = split_inner(saved[0])
+            load_optimizer_state(optimizer, params, adam, saved[1])
+            where = store.location(task.inner_from)
+        if feeds_back:
+            check_residual(residual, residual_shapes(params, setup.topology, path=path), where=where)
+        else:
+            residual = {}
     done = resume.steps if resume is not None else 0
     steps = task.steps or inner.steps
     if resume is not None:
@@ -164,7 +196,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                             losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
                             tokens=(resume.tokens if resume else 0) + tokens,
                             seconds=(resume.seconds if resume else 0.0) + seconds,
-                            val_loss_start=val_loss).save(checkpoint)
+                            val_loss_start=val_loss, residual=residual).save(checkpoint)
             saving += time.perf_counter() - save_started
 
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
@@ -194,15 +226,34 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
+    encoded, carried = None, {}
     with timed(timings, "pseudo_gradient", device):
         pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
+        if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
+            pseudo_gradient = with_residual(pseudo_gradient, residual)
+            data, stats, carried = encode_with_feedback(pseudo_gradient, method="topk", level=setup.compression.zstd_level,
+                                                        topk=topk_of(setup))
+            encoded = (data, stats)
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
                       bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
-                      inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1)
+                      inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1,
+                      bytes_residual=residual_bytes(carried))
     with timed(timings, "save_inner", device):
-        saved_inner = optimizer_state(optimizer, names)
-    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=saved_inner, meta=meta)
+        adam, adam_meta = optimizer_state(optimizer, names)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=(join_inner(adam, carried), adam_meta), meta=meta,
+                       encoded=encoded)
+
+
+def topk_of(setup: IslandSetup) -> TopK | None:
+    """The sparsification `compression.codec: topk` asks for (None for another codec)."""
+    c = setup.compression
+    return TopK.of(c.codec, density=c.density, bits=c.bits, chunk=c.chunk)
+
+
+def residual_shapes(params: dict[str, torch.nn.Parameter], topology: Topology, *, path: int) -> dict[str, list[int]]:
+    """`{"module/param": shape}` of the path's parameters: what its error-feedback residual must hold."""
+    return {f"{topology.module_of_param(name, path)}/{name}": list(p.shape) for name, p in params.items()}
 
 
 def rebase_on_chain(store: ModuleStore, start: dict[str, dict[str, torch.Tensor]], task: Task) -> None:
@@ -246,6 +297,10 @@ def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str
         inner_bytes = write_inner(setup.store, ref, *out.inner)
     meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
     with timed(timings, "write_result"):
-        meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.compression.codec,
-                                   level=setup.compression.zstd_level)
+        if out.encoded is not None:  # error feedback: the bytes whose residual the inner state holds
+            data, stats = out.encoded
+            meta = write_encoded_result(setup.store, task, data, meta, compression=setup.compression.codec)
+        else:
+            meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.compression.codec,
+                                       level=setup.compression.zstd_level, topk=topk_of(setup))
     return meta, stats, ref
