@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
         "baselines": "train the dense baselines (equal steps, equal compute)",
         "eval": "routed evaluation of the held-out documents against the dense baselines",
-        "export": "write a path (or --all paths and the router) as Hugging Face model directories",
+        "export": "write the whole mixture (every path, the router, the tokenizer) as one directory that "
+                  "dipaco.load, dipaco serve and lm_eval read (or --path N: one path as a Hugging Face model)",
         "generate": "route a prompt to a path and generate a continuation with it",
         "report": "write report.md with plots into the run directory",
         "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
@@ -90,9 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("export", "generate"):
         parsers[name].add_argument("--round", type=int, default=None, help="module version (default: the last)")
         parsers[name].add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
-    which = parsers["export"].add_mutually_exclusive_group(required=True)
-    which.add_argument("--path", type=int, help="the path to export")
-    which.add_argument("--all", action="store_true", help="every path, plus the router and the tokenizer")
+    which = parsers["export"].add_mutually_exclusive_group()
+    which.add_argument("--path", type=int, help="only this path, as a Hugging Face model directory")
+    which.add_argument("--all", action="store_true", help="the whole mixture (the default; kept for older scripts)")
+    parsers["export"].add_argument("--route", default="router", choices=["router", "likelihood"],
+                                   help="the mixture's default routing at load (either can be chosen at load)")
+    parsers["export"].add_argument("--baselines", action="store_true",
+                                   help="also the run's dense baselines, as Hugging Face directories in OUT/baselines/")
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
