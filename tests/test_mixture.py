@@ -133,3 +133,25 @@ def test_export_all_is_the_mixture_and_a_path_keeps_its_own_export(tiny_trained,
                  "likelihood"]) == 0
     assert dipaco.load(tmp_path / "all").route == "likelihood"
     assert main(["export", str(tmp_path / "one"), "--run", str(tiny_trained.root), "--path", "2", "--baselines"]) == 1
+
+
+def test_a_router_on_a_model_featurizer_travels_with_its_model(tiny_trained, exported, factory, tmp_path):
+    """A router that featurizes prefixes with a model (`hf`, `base-model`): the export copies that model in,
+    so the mixture routes as the run's router does after the model's own directory is gone."""
+    from cli_helpers import copy_run
+
+    from routing import Router, RoutingConfig
+
+    source = tmp_path / "featurizer-source"
+    shutil.copytree(exported / "path-0000", source)
+    run = copy_run(tiny_trained, tmp_path / "run", tuple(p.name for p in tiny_trained.root.iterdir()))
+    docs, _, _ = factory.reader.test_documents()
+    prefixes = [factory.tokenizer.decode(doc[:8].tolist()) for doc in docs]
+    router, _ = Router.fit(prefixes, levels=[2, 2], config=RoutingConfig(featurizer="hf", hf_model=str(source),
+                                                                         prefix_tokens=8, kmeans_iters=5))
+    router.save(run.routing)  # in place of the run's TF-IDF router
+    assert main(["export", str(tmp_path / "mixture"), "--run", str(run.root)]) == 0
+    shutil.rmtree(source)
+    mixture = dipaco.load(tmp_path / "mixture")
+    assert mixture.manifest.featurizer == "featurizer"
+    np.testing.assert_array_equal(mixture.route_texts(prefixes), router.route(prefixes))
