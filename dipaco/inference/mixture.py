@@ -73,6 +73,11 @@ class Mixture:
         """The most tokens a path reads (the run's `sharding.seq_len`)."""
         return self.manifest.max_length
 
+    @property
+    def path_ids(self) -> list[int]:
+        """The paths of the mixture, in order (the run's numbering)."""
+        return sorted(self.manifest.paths)
+
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Token ids of each text, as the run tokenized its documents (no special tokens added)."""
         return encode_batch(self.tokenizer, texts)

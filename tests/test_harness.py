@@ -1,0 +1,94 @@
+"""The `dipaco` model type of lm-evaluation-harness (`dipaco.inference.harness`): a shipped local task
+(dipaco/data/lm_eval) run offline through `lm_eval.simple_evaluate`, each continuation's log-likelihood
+equal to the project's scorer (`token_losses`, one sequence at a time) under the path its context routes
+to; rolling log-likelihood and generation against the same references; a dense baseline side by side.
+
+The run is conftest's `tiny_trained`, exported once for the module (with its baselines)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lm_eval import simple_evaluate
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
+
+import dipaco
+from dipaco.cli import main
+from dipaco.eval.scoring import token_losses
+from dipaco.inference.harness import MixtureLM
+
+TASKS = Path(__file__).resolve().parent.parent / "dipaco" / "data" / "lm_eval"
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_trained, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("harness") / "mixture"
+    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def task_manager() -> TaskManager:
+    return TaskManager(include_path=str(TASKS))
+
+
+def scorer_loglikelihood(model: torch.nn.Module, context: list[int], continuation: list[int], limit: int) -> float:
+    """The continuation's log-likelihood by `token_losses` on the last `limit` tokens, alone in its batch."""
+    sequence = np.asarray(context + continuation, dtype=np.int64)[-limit:]
+    (losses,) = token_losses(model, [sequence], batch_size=1, device=torch.device("cpu"), precision="fp32")
+    return -float(losses[-len(continuation):].sum())
+
+
+def split(mixture, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Tokens of the context and of the continuation, as lm-evaluation-harness's causal models split them."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, head = (mixture.encode([t])[0].tolist() for t in (context + continuation, context))
+    return head, whole[len(head):]
+
+
+@pytest.mark.parametrize("route", ["router", "likelihood"])
+def test_a_local_tasks_loglikelihoods_equal_the_projects_scorer(exported, task_manager, route):
+    lm = MixtureLM(path=str(exported), route=route, batch_size=4)
+    results = simple_evaluate(model=lm, tasks=["dipaco_demo_continuation"], task_manager=task_manager,
+                              log_samples=True, limit=8)
+    samples = results["samples"]["dipaco_demo_continuation"]
+    assert len(samples) == 8 and 0 <= results["results"]["dipaco_demo_continuation"]["acc,none"] <= 1
+    mixture = dipaco.load(exported, route=route)
+    paths = set()
+    for sample in samples:
+        for (context, continuation), response in zip(sample["arguments"], sample["resps"], strict=True):
+            head, tail = split(mixture, context, continuation)
+            (path,) = mixture.route_tokens([np.asarray(head)])
+            expected = scorer_loglikelihood(mixture.model(int(path)), head, tail, mixture.max_length)
+            assert float(response[0][0]) == pytest.approx(expected, rel=1e-5, abs=1e-5)
+            paths.add(int(path))
+    assert len(paths) > 1, "every context went to one path: routing per request would go unchecked"
+
+
+def test_rolling_loglikelihood_and_generation_follow_the_routed_path(exported):
+    lm = MixtureLM(path=str(exported))
+    mixture = lm.mixture
+    texts = ["In the beginning God created the heaven and the earth.", "def main(argv):\n    return 0"]
+    requests = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    for text, value in zip(texts, lm.loglikelihood_rolling(requests), strict=True):
+        (tokens,) = mixture.encode([text])
+        assert len(tokens) < mixture.max_length - 1  # one window: after EOS, every token scored once
+        (path,) = mixture.route_tokens([tokens])
+        expected = scorer_loglikelihood(mixture.model(int(path)), [lm.eot_token_id], tokens.tolist(), mixture.max_length)
+        assert value == pytest.approx(expected, rel=1e-5)
+    prompt = "And God said, Let there be"
+    (generated,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 10}), 0)])
+    assert generated == mixture.complete(prompt, max_new_tokens=10).continuation.split("\n")[0]
+
+
+def test_a_dense_baseline_runs_side_by_side_on_the_same_task(exported, task_manager):
+    baseline = MixtureLM(path=str(exported / "baselines" / "dense-equal-steps"))
+    results = simple_evaluate(model=baseline, tasks=["dipaco_demo_text"], task_manager=task_manager, limit=3)
+    perplexity = results["results"]["dipaco_demo_text"]["word_perplexity,none"]
+    assert np.isfinite(perplexity) and perplexity > 1
+    with pytest.raises(ValueError, match="is one model, not a mixture"):
+        MixtureLM(path=str(exported / "baselines" / "dense-equal-steps"), route="likelihood")
