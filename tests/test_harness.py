@@ -31,7 +31,7 @@ def exported(tiny_trained, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def task_manager() -> TaskManager:
-    return TaskManager(include_path=str(TASKS))
+    return TaskManager(include_path=str(TASKS), include_defaults=False)  # the shipped tasks alone: fast
 
 
 def scorer_loglikelihood(model: torch.nn.Module, context: list[int], continuation: list[int], limit: int) -> float:
@@ -92,3 +92,32 @@ def test_a_dense_baseline_runs_side_by_side_on_the_same_task(exported, task_mana
     assert np.isfinite(perplexity) and perplexity > 1
     with pytest.raises(ValueError, match="is one model, not a mixture"):
         MixtureLM(path=str(exported / "baselines" / "dense-equal-steps"), route="likelihood")
+
+
+def test_side_by_side_puts_the_mixture_and_each_baseline_in_one_table(exported, tmp_path, capsys):
+    from dipaco.inference.side_by_side import main as side_by_side
+
+    side_by_side([str(exported), "--tasks", "dipaco_demo_continuation", "--limit", "2", "--json",
+                  str(tmp_path / "results.json")])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["model", "dipaco_demo_continuation", "acc"]
+    assert [line.split()[0] for line in table[2:]] == ["DiPaCo", "dense-equal-compute", "dense-equal-steps"]
+    assert (tmp_path / "results.json").is_file()
+
+
+@pytest.mark.slow
+def test_lm_evals_own_command_line_runs_the_dipaco_model(exported, tmp_path):
+    """`python -m dipaco.inference.harness` is lm_eval's command line with `dipaco` registered."""
+    import json
+    import subprocess
+    import sys
+
+    from cli_helpers import ENV
+
+    command = [sys.executable, "-m", "dipaco.inference.harness", "--model", "dipaco", "--model_args",
+               f"path={exported},route=likelihood", "--tasks", "dipaco_demo_continuation", "--include_path",
+               str(TASKS), "--limit", "2", "--output_path", str(tmp_path / "out")]
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (written,) = (tmp_path / "out").rglob("results_*.json")
+    assert "acc,none" in json.loads(written.read_text())["results"]["dipaco_demo_continuation"]

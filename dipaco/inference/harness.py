@@ -39,6 +39,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from dipaco.device import resolve_device
 from dipaco.eval.scoring import token_losses_and_greedy
 from dipaco.inference.continuation import continue_tokens
 from dipaco.inference.manifest import MANIFEST
@@ -61,7 +62,7 @@ class MixtureLM(LM):
         if ignored:
             log.info("dipaco model: ignoring harness options %s", sorted(ignored))
         directory = Path(str(path))
-        device = device or "cpu"
+        device = harness_device(device)
         if (directory / MANIFEST).is_file():
             self.mixture = Mixture(directory, route=route, max_loaded=max_loaded, device=device)
         else:
@@ -71,7 +72,7 @@ class MixtureLM(LM):
         self.batch_size = DEFAULT_BATCH if str(batch_size).startswith("auto") else int(batch_size)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._device = torch.device(device)
+        self._device = device
 
     @property
     def eot_token_id(self) -> int:
@@ -178,6 +179,17 @@ class MixtureLM(LM):
         for request, result in zip(requests, results, strict=True):
             self.cache_hook.add_partial(kind, request.args, result)
         return results
+
+
+def harness_device(name: str | None) -> torch.device:
+    """The device for lm_eval's `--device` (its default is cuda:0): CUDA where there is a GPU, else the CPU
+    with a warning, as the harness's own `hf` model does; None picks CUDA when present."""
+    if name is None:
+        return resolve_device("auto")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        log.warning("device %s was asked for, but torch sees no CUDA device: running on the CPU", name)
+        return torch.device("cpu")
+    return torch.device(name)
 
 
 def main() -> None:
