@@ -3,7 +3,7 @@
 equal to the project's scorer (`token_losses`, one sequence at a time) under the path its context routes
 to; rolling log-likelihood and generation against the same references; a dense baseline side by side.
 
-The run is conftest's `tiny_trained`, exported once for the module (with its baselines)."""
+The mixture is conftest's `tiny_mixture` (the tiny run exported with its baselines)."""
 
 from pathlib import Path
 
@@ -15,7 +15,6 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 import dipaco
-from dipaco.cli import main
 from dipaco.eval.scoring import token_losses
 from dipaco.inference.harness import MixtureLM
 
@@ -23,10 +22,8 @@ TASKS = Path(__file__).resolve().parent.parent / "dipaco" / "data" / "lm_eval"
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_trained, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("harness") / "mixture"
-    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines"]) == 0
-    return out
+def exported(tiny_mixture) -> Path:
+    return tiny_mixture  # read only
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 `dipaco generate` token for token for both routings, a copy of the directory that loads on its own,
 each path loadable by transformers alone, a damaged manifest refused by name, at most N paths in memory.
 
-The run is conftest's `tiny_trained`; the export is made once for the module and copied where a test
+The mixture is conftest's `tiny_mixture` (the tiny run exported, then moved), copied where a test
 changes it."""
 
 import json
@@ -27,15 +27,10 @@ def factory(tiny_trained) -> PathFactory:
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_trained, tmp_path_factory):
+def exported(tiny_mixture):
     """The mixture exported by the CLI, then moved elsewhere (the original directory deleted): what loads is
-    a copy that holds everything it needs."""
-    out = tmp_path_factory.mktemp("export") / "mixture"
-    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines"]) == 0
-    moved = tmp_path_factory.mktemp("moved") / "copy"
-    shutil.copytree(out, moved)
-    shutil.rmtree(out)
-    return moved
+    a copy that holds everything it needs (conftest's `tiny_mixture`; read only)."""
+    return tiny_mixture
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +97,15 @@ def corrupt(manifest: dict, change: str) -> dict:
         manifest["paths"]["2"]["dir"] = "path-0009"
     elif change == "paths":
         del manifest["paths"]["3"]
+    elif change == "choice":
+        manifest["paths"]["0"]["choice"] = [0]
     return manifest
 
 
 @pytest.mark.parametrize("change, field", [("missing", "prefix_tokens"), ("type", "max_length"),
                                            ("version", "format_version"), ("escape", "tokenizer"),
-                                           ("path-dir", "paths.2.dir"), ("paths", "paths")])
+                                           ("path-dir", "paths.2.dir"), ("paths", "paths"),
+                                           ("choice", "paths.0.choice")])
 def test_a_damaged_manifest_is_refused_naming_the_file_and_the_field(exported, tmp_path, change, field):
     copy = tmp_path / "mixture"
     shutil.copytree(exported, copy, ignore=shutil.ignore_patterns("path-*", "baselines"))
@@ -155,3 +153,16 @@ def test_a_router_on_a_model_featurizer_travels_with_its_model(tiny_trained, exp
     mixture = dipaco.load(tmp_path / "mixture")
     assert mixture.manifest.featurizer == "featurizer"
     np.testing.assert_array_equal(mixture.route_texts(prefixes), router.route(prefixes))
+
+
+def test_a_pickled_weight_file_is_never_loaded(exported, tmp_path):
+    copy = tmp_path / "mixture"
+    shutil.copytree(exported, copy, ignore=shutil.ignore_patterns("baselines"))
+    (copy / "path-0001" / "model.safetensors").unlink()
+    torch.save({"weights": torch.zeros(1)}, copy / "path-0001" / "pytorch_model.bin")
+    mixture = dipaco.load(copy)
+    with pytest.raises(ValueError, match=r"path-0001 holds \['pytorch_model.bin'\]: .* never a pickle"):
+        mixture.model(1)
+    (copy / "path-0001" / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match="path-0001 has no model.safetensors"):
+        mixture.model(1)

@@ -2,7 +2,7 @@
 /v1/completions answered with what `Mixture.complete` gives for the same prompt, bad requests refused
 with a 4xx JSON error naming the field, paths loaded lazily and at most `max_loaded` kept.
 
-The mixture is the tiny run's export (conftest's `tiny_trained`), made once for the module."""
+The mixture is conftest's `tiny_mixture`, the tiny run's export."""
 
 import json
 import threading
@@ -17,10 +17,8 @@ from dipaco.inference.server import CompletionServer
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_trained, tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve") / "mixture"
-    assert main(["export", str(out), "--run", str(tiny_trained.root)]) == 0
-    return out
+def exported(tiny_mixture):
+    return tiny_mixture  # read only
 
 
 @pytest.fixture(scope="module")

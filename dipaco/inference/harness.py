@@ -80,7 +80,7 @@ class MixtureLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(self.mixture.directory / "tokenizer")
+        return str(self.mixture.directory)
 
     def tok_encode(self, text: str) -> list[int]:
         (ids,) = self.mixture.encode([text])

@@ -28,6 +28,12 @@ from typing import Any
 MANIFEST = "dipaco_mixture.json"
 FORMAT_VERSION = 1
 FORMAT = "dipaco-mixture"
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # never written into, nor read from, a mixture
+
+
+def pickled_files(directory: Path) -> list[str]:
+    """The files of `directory` whose loading would unpickle (a mixture holds safetensors and JSON only)."""
+    return sorted(f.name for f in directory.iterdir() if f.is_file() and f.suffix in PICKLED_WEIGHTS)
 
 
 @dataclass(frozen=True)
@@ -161,5 +167,8 @@ def _paths(field: _Fields) -> dict[int, PathEntry]:
         if not (field.file.parent / directory / "config.json").is_file():
             raise ValueError(f"{field.file}: field {where + 'dir'!r} names {directory!r}, which has no config.json")
         choice = field.get("choice", list, entry, where)
+        if len(choice) != len(field.data["levels"]) or not all(isinstance(c, int) for c in choice):
+            raise ValueError(f"{field.file}: field {where + 'choice'!r} must hold one module per level "
+                             f"({len(field.data['levels'])}), got {choice!r}")
         paths[int(key)] = PathEntry(dir=directory, choice=choice, round=field.positive("round", entry, where, minimum=0))
     return paths

@@ -26,7 +26,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from dipaco.config import TopologyConfig
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.inference.continuation import check_options, continue_tokens
-from dipaco.inference.manifest import Manifest, read_manifest
+from dipaco.inference.manifest import MANIFEST, Manifest, pickled_files, read_manifest
 from dipaco.inference.path_cache import PathCache
 from dipaco.inference.prompt_routing import ROUTES, route_prompts
 from dipaco.model.topology import Topology
@@ -118,6 +118,7 @@ class Mixture:
 
     def _load_path(self, path: int) -> LlamaForCausalLM:
         directory = self.directory / self.manifest.paths[path].dir
+        _check_safe(directory, "model.safetensors")
         model = LlamaForCausalLM.from_pretrained(directory, use_safetensors=True, local_files_only=True)
         log.info("loaded path %d from %s", path, directory)
         return model.to(self.device).eval()
@@ -126,11 +127,24 @@ class Mixture:
         from routing.router import Router  # faiss and scikit-learn: only a mixture routed by its router pays
 
         manifest = self.manifest
+        if manifest.router is None:
+            raise ValueError(f"{self.directory / MANIFEST} names no router: load it with route='likelihood'")
         featurizer = None if manifest.featurizer is None else self.directory / manifest.featurizer
+        if featurizer is not None:
+            _check_safe(featurizer, "config.json")
         router = Router.load(self.directory / manifest.router, featurizer_model=featurizer)
         grid = Topology.from_config(TopologyConfig(levels=list(manifest.levels), replicas=manifest.replicas),
                                     n_layers=len(manifest.levels))  # only the grid: which path a choice is
         return PrefixRouter(router, self.tokenizer, grid, prefix_tokens=manifest.prefix_tokens)
+
+
+def _check_safe(directory: Path, needed: str) -> None:
+    """Refuse a model directory of the mixture that lacks `needed` or holds a file whose loading unpickles."""
+    pickled = pickled_files(directory)
+    if pickled:
+        raise ValueError(f"{directory} holds {pickled}: a mixture loads safetensors and JSON only, never a pickle")
+    if not (directory / needed).is_file():
+        raise ValueError(f"{directory} has no {needed}: export the mixture again (`dipaco export`)")
 
 
 def load(directory: str | Path, *, route: str | None = None, max_loaded: int | None = None,

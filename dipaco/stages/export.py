@@ -32,15 +32,12 @@ from pathlib import Path
 
 from dipaco.atomic import write_json
 from dipaco.config import Config
-from dipaco.inference.manifest import MANIFEST, Manifest, PathEntry, write_manifest
+from dipaco.inference.manifest import MANIFEST, Manifest, PathEntry, pickled_files, write_manifest
 from dipaco.outputs import output_dir
 from dipaco.pipeline.context import PathFactory, chosen_versions
 from dipaco.run_dir import RunDir
 
 log = logging.getLogger(__name__)
-
-PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # never copied into an export: loading it would unpickle
-
 
 def export_path(factory: PathFactory, *, path: int, round: int, out: str | os.PathLike,
                 overwrite: bool = False) -> Path:
@@ -97,7 +94,7 @@ def _copy_featurizer_model(featurizer, out: Path) -> str | None:
     if source is None:
         return None
     files = [f for f in Path(source).iterdir() if f.is_file()]
-    pickled = [f.name for f in files if f.suffix in PICKLED_WEIGHTS]
+    pickled = pickled_files(Path(source))
     if pickled:
         raise ValueError(f"the router's featurizer model {source} has pickled weight files {pickled}; an export "
                          f"holds safetensors only: save that model with safe_serialization and route again")
