@@ -13,6 +13,7 @@ import torch
 from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 import dipaco
 from dipaco.eval.scoring import token_losses
@@ -77,6 +78,15 @@ def test_rolling_loglikelihood_and_generation_follow_the_routed_path(exported):
         (path,) = mixture.route_tokens([tokens])
         expected = scorer_loglikelihood(mixture.model(int(path)), [lm.eot_token_id], tokens.tolist(), mixture.max_length)
         assert value == pytest.approx(expected, rel=1e-5)
+    long_text = " ".join(texts * 12)  # several of the harness's rolling windows
+    (tokens,) = mixture.encode([long_text])
+    (path,) = mixture.route_tokens([tokens])
+    windows = list(map(make_disjoint_window, get_rolling_token_windows(
+        tokens.tolist(), prefix_token=lm.eot_token_id, max_seq_len=mixture.max_length - 1, context_len=1)))
+    assert len(windows) > 2 and sum(len(p) for _, p in windows) == len(tokens)  # each token scored once
+    expected = sum(scorer_loglikelihood(mixture.model(int(path)), c, p, mixture.max_length) for c, p in windows)
+    (value,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (long_text,), 0)])
+    assert value == pytest.approx(expected, rel=1e-5)
     prompt = "And God said, Let there be"
     (generated,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 10}), 0)])
     assert generated == mixture.complete(prompt, max_new_tokens=10).continuation.split("\n")[0]

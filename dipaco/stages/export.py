@@ -139,8 +139,8 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
         print(f"exported the mixture ({factory.topology.n_routed} paths, the router and the tokenizer) to {out}; "
               f"load it with dipaco.load({str(out)!r})")
         return
-    if args.baselines:
-        raise ValueError("--baselines goes with the whole mixture, not with --path")
+    if args.baselines or args.route != "router":
+        raise ValueError("--baselines and --route go with the whole mixture, not with --path")
     if not 0 <= args.path < factory.topology.n_paths:
         raise ValueError(f"--path {args.path} is outside 0..{factory.topology.n_paths - 1}")
     out = export_path(factory, path=args.path, round=rounds[args.path], out=args.out, overwrite=args.overwrite)
