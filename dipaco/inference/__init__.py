@@ -7,5 +7,6 @@ and an HTTP completions server (`server`).
     mixture = dipaco.load("out/demo")               # written by `dipaco export out/demo --run runs/demo`
     print(mixture.generate("In the beginning", max_new_tokens=20))
 
-May import `dipaco.eval`, `dipaco.model`, `dipaco.config`, `routing` and `sharding`; never a stage or an island.
+May import `dipaco.eval`, `dipaco.model`, `dipaco.config`, `dipaco.device`, `routing` and `sharding` (and
+`lm_eval` in `harness` and `side_by_side` alone); never a stage or an island.
 """

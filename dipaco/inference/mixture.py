@@ -63,6 +63,10 @@ class Mixture:
         self.paths = PathCache(self._load_path, max_loaded=max_loaded)
         self.router = self._prefix_router() if self.route == "router" else None
 
+    def __repr__(self) -> str:
+        return (f"Mixture({str(self.directory)!r}, paths={self.path_ids}, route={self.route!r}, "
+                f"loaded={self.paths.loaded})")
+
     @property
     def prefix_tokens(self) -> int:
         """The routing prefix: a prompt is routed by its first `prefix_tokens` tokens."""
