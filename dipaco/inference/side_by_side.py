@@ -57,8 +57,8 @@ def task_manager(include_path: str | Path, tasks: list[str]):
     return TaskManager(include_path=str(include_path))
 
 
-def format_side_by_side(results: dict[str, dict]) -> str:
-    """The models as rows, each task's metrics (without their standard errors) as columns."""
+def metric_columns(results: dict[str, dict]) -> list[tuple[str, str]]:
+    """Every (task, metric key) any model has, in first-seen order, without the standard errors."""
     columns = []
     for per_task in results.values():
         for task, metrics in per_task.items():
@@ -66,6 +66,12 @@ def format_side_by_side(results: dict[str, dict]) -> str:
                 metric = "," in key and "_stderr" not in key  # "acc,none": a metric and its filter
                 if metric and (task, key) not in columns:
                     columns.append((task, key))
+    return columns
+
+
+def format_side_by_side(results: dict[str, dict]) -> str:
+    """The models as rows, each task's metrics (without their standard errors) as columns."""
+    columns = metric_columns(results)
     rows = [[name] + [_cell(per_task.get(task, {}).get(key)) for task, key in columns]
             for name, per_task in results.items()]
     return format_table(["model"] + [f"{task} {key.split(',')[0]}" for task, key in columns], rows)
