@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export test test-slow lint bench bench-quality bench-islands bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | test | test-slow | lint | bench | bench-quality | bench-islands | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | lm-eval | serve | test | test-slow | lint | bench | bench-quality | bench-islands | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -61,8 +61,21 @@ eval:
 report:  ## report.md with plots in the run directory
 	$(DIPACO) report --config $(CONFIG) --run $(RUN) $(ARGS)
 
-export:  ## every path and the router as Hugging Face model directories, in $(RUN)/export
-	$(DIPACO) export $(RUN)/export --all --config $(CONFIG) --run $(RUN) $(ARGS)
+EXPORT ?= $(RUN)-mixture
+export:  ## the whole mixture (every path, the router, the tokenizer) as one directory, $(EXPORT) (dipaco.load, serve, lm-eval)
+	$(DIPACO) export $(EXPORT) --overwrite --config $(CONFIG) --run $(RUN) $(ARGS)
+
+TASKS ?= dipaco_demo
+ROUTE ?= router
+LIMIT ?=
+lm-eval:  ## the run's mixture and its dense baselines side by side in lm-evaluation-harness (TASKS=dipaco_demo ROUTE=router|likelihood LIMIT=n)
+	$(DIPACO) export $(EXPORT) --baselines --overwrite --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(OFFLINE) $(PYTHON) -m dipaco.inference.side_by_side $(EXPORT) --tasks $(TASKS) --route $(ROUTE) \
+		$(if $(LIMIT),--limit $(LIMIT)) --json $(EXPORT)-lm-eval.json
+
+PORT ?= 8000
+serve:  ## the exported mixture behind an HTTP completions endpoint on PORT (OpenAI-style /v1/completions)
+	$(OFFLINE) $(DIPACO) serve $(EXPORT) --port $(PORT) --route $(ROUTE)
 
 pretrain:  ## the dense warm start (ARGS='warm_start.fraction=0.25'), before route
 	$(DIPACO) pretrain --config $(CONFIG) --run $(RUN) $(ARGS)

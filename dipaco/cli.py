@@ -6,6 +6,7 @@
     dipaco coordinator --config configs/tiny.yaml --run runs/tiny  # + `dipaco island ...` on other machines
     dipaco simulate --run runs/sim simulate.learners=16             # chaos simulation, no training
     dipaco status --run runs/tiny --watch 5                         # the live board of a running run
+    dipaco export out/tiny --run runs/tiny && dipaco serve out/tiny # the mixture as one directory, served
 
 Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
 any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
@@ -51,6 +52,19 @@ def _status_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+def _serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="a mixture written by `dipaco export DIR`")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    parser.add_argument("--route", default=None, choices=["router", "likelihood"],
+                        help="route by the k-means router or by the paths' likelihood (default: the export's)")
+    parser.add_argument("--max-loaded", type=int, default=2, metavar="N",
+                        help="path models kept in memory, least recently used dropped (likelihood routing reads "
+                             "every path per request: give it the number of paths)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dipaco", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,13 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
         "baselines": "train the dense baselines (equal steps, equal compute)",
         "eval": "routed evaluation of the held-out documents against the dense baselines",
-        "export": "write a path (or --all paths and the router) as Hugging Face model directories",
+        "export": "write the whole mixture (every path, the router, the tokenizer) as one directory that "
+                  "dipaco.load, dipaco serve and lm_eval read (or --path N: one path as a Hugging Face model)",
         "generate": "route a prompt to a path and generate a continuation with it",
         "report": "write report.md with plots into the run directory",
         "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
         "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
         "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
         "status": "the live board of a run: rounds, islands and their tasks, queue, goodput, bytes, per-path losses",
+        "serve": "an exported mixture behind an HTTP completions endpoint (OpenAI-style /v1/completions), "
+                 "each request routed by its prompt to one path",
     }
     parsers = {}
     for name, help_text in commands.items():
@@ -79,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in parsers:
         if name == "status":  # reads a run's store, writes nothing: --run or --store
             _status_options(parsers[name])
+            continue
+        if name == "serve":  # reads an exported mixture, no run
+            _serve_options(parsers[name])
             continue
         if name == "export":
             parsers[name].add_argument("out", help="output directory: new, empty, or an earlier export (--overwrite)")
@@ -90,9 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("export", "generate"):
         parsers[name].add_argument("--round", type=int, default=None, help="module version (default: the last)")
         parsers[name].add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
-    which = parsers["export"].add_mutually_exclusive_group(required=True)
-    which.add_argument("--path", type=int, help="the path to export")
-    which.add_argument("--all", action="store_true", help="every path, plus the router and the tokenizer")
+    which = parsers["export"].add_mutually_exclusive_group()
+    which.add_argument("--path", type=int, help="only this path, as a Hugging Face model directory")
+    which.add_argument("--all", action="store_true", help="the whole mixture (the default; kept for older scripts)")
+    parsers["export"].add_argument("--route", default="router", choices=["router", "likelihood"],
+                                   help="the mixture's default routing at load (either can be chosen at load)")
+    parsers["export"].add_argument("--baselines", action="store_true",
+                                   help="also the run's dense baselines, as Hugging Face directories in OUT/baselines/")
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -129,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # command -> (stage module, its function): imported on use, so `dipaco --help` stays fast. A function takes
-# (config, run, args); `status` reads a store alone and takes (args).
+# (config, run, args); `status` (a store alone) and `serve` (an exported mixture) take (args).
 COMMANDS = {
     "run": ("dipaco.stages.run", "command"),
     "route": ("dipaco.stages.route", "command"),
@@ -147,11 +171,13 @@ COMMANDS = {
     "reroute": ("dipaco.stages.reroute", "command"),
     "simulate": ("dipaco.stages.simulate", "command"),
     "status": ("dipaco.stages.status", "command"),
+    "serve": ("dipaco.stages.serve", "command"),
 }
 TRAIN_ONE_BASELINE = "_train-baseline"  # internal (`dipaco.stages.baselines.INTERNAL_COMMAND`): one baseline's process
 RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages (its config.yaml)
 READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
 STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
+NO_RUN_STAGES = ("status", "serve")  # take (args): a store or an exported mixture, no run directory
 LOCKING_STAGES = ("run", "pretrain", "route", "shard", "reroute")  # write the run's artifacts: one at a time per run
 
 
@@ -184,7 +210,7 @@ def dispatch(args: argparse.Namespace) -> None:
     """Run the stage function of `args.command` with the command's config and run directory."""
     module, function = COMMANDS[args.command]
     stage = getattr(importlib.import_module(module), function)
-    if args.command == "status":  # no run directory to prepare: it only reads
+    if args.command in NO_RUN_STAGES:  # no run directory to prepare: they only read
         stage(args)
         return
     from dipaco.pipeline.invocation import config_and_run, prepare_run_dir

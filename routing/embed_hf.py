@@ -57,6 +57,7 @@ class HFFeaturizer:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"routing.hf_model {model_dir!r} is not a model directory (no config.json)")
         self.model_dir = str(path)
+        self.location = self.model_dir  # where the model is read from (`from_state` may move it)
         self.max_tokens = max_tokens
         self.batch_size = batch_size
         self.name = name
@@ -98,10 +99,16 @@ class HFFeaturizer:
         return {}, meta
 
     @classmethod
-    def from_state(cls, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> HFFeaturizer:
-        f = cls(model_dir=meta["model_dir"], max_tokens=meta["max_tokens"], batch_size=meta["batch_size"],
-                name=meta["name"])
+    def from_state(cls, tensors: dict[str, np.ndarray], meta: dict[str, Any], *,
+                   model_dir: str | Path | None = None) -> HFFeaturizer:
+        """The featurizer a router saved; `model_dir`: where its model is now when it moved since the fit (an
+        exported mixture's copy). The state keeps the directory it was fitted with, so the router's
+        fingerprint holds, and the model digest checks that the moved model is the same one."""
+        location = str(model_dir) if model_dir is not None else meta["model_dir"]
+        f = cls(model_dir=location, max_tokens=meta["max_tokens"], batch_size=meta["batch_size"], name=meta["name"])
         if f.digest != meta["model_digest"]:
-            raise ValueError(f"the model in {meta['model_dir']} changed since the router was fitted "
+            raise ValueError(f"the model in {location} changed since the router was fitted "
                              f"(config / weight files differ); route again")
+        f.model_dir = meta["model_dir"]
+        f.location = location
         return f

@@ -7,6 +7,7 @@ hidden states of a local Hugging Face model (`embed_hf`: featurizers "hf" and "b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,14 @@ def make_featurizer(prefixes: list[str], config: RoutingConfig) -> tuple[Any, di
     return featurizer, {"name": config.featurizer, "model_dir": config.hf_model, "dim": featurizer.dim}
 
 
-def featurizer_from_state(tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> Any:
+def featurizer_from_state(tensors: dict[str, np.ndarray], meta: dict[str, Any], *,
+                          model_dir: str | Path | None = None) -> Any:
+    """The featurizer saved as `tensors` and `meta`; `model_dir`: where a model featurizer's model is now,
+    when it moved since the fit (a TF-IDF featurizer has no model)."""
     if meta["name"] == "tfidf":
+        if model_dir is not None:
+            raise ValueError(f"a TF-IDF featurizer has no model, but a model directory {model_dir} was given")
         return TfidfSvdFeaturizer.from_state(tensors, meta)
     from routing.embed_hf import HFFeaturizer
 
-    return HFFeaturizer.from_state(tensors, meta)
+    return HFFeaturizer.from_state(tensors, meta, model_dir=model_dir)

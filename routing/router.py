@@ -157,8 +157,10 @@ class Router:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> Router:
-        """Read a router saved by `save`; checks version, tensor names and fingerprint."""
+    def load(cls, directory: str | Path, *, featurizer_model: str | Path | None = None) -> Router:
+        """Read a router saved by `save`; checks version, tensor names and fingerprint. `featurizer_model`:
+        where the featurizer's model directory is now, when it moved since the fit (an exported mixture's
+        copy; `routing.embed_hf.HFFeaturizer.from_state` checks it is the same model)."""
         directory = Path(directory)
         tensors, meta, stored, names = _read_router_files(directory)
         feat_tensors = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("featurizer.")}
@@ -166,7 +168,7 @@ class Router:
         router = cls(
             levels=meta["levels"],
             method=meta["method"],
-            featurizer=featurizer_from_state(feat_tensors, meta["featurizer"]),
+            featurizer=featurizer_from_state(feat_tensors, meta["featurizer"], model_dir=featurizer_model),
             centroids=[tensors[n] for n in names if n.startswith("centroids.")],
             config=_routing_config(meta["config"], directory / ROUTER_JSON),
             penalties=tensors.get("penalties"),

@@ -80,7 +80,7 @@ def test_export_writes_a_marked_directory_and_replaces_it_only_with_overwrite(ru
 def test_an_empty_directory_is_a_fine_target(run, tmp_path):
     (tmp_path / "empty").mkdir()
     assert export(run, tmp_path / "empty", "--all")[0] == 0
-    assert (tmp_path / "empty" / "paths.json").is_file()
+    assert (tmp_path / "empty" / "dipaco_mixture.json").is_file()
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path):

@@ -174,8 +174,8 @@ def test_exported_path_loads_without_dipaco_and_gives_the_same_logits(run, tmp_p
 
 def test_export_all_and_generate_name_the_path(run, tmp_path, capsys):
     assert main(["export", str(tmp_path / "all"), "--run", str(run.root), "--all", "--best"]) == 0
-    index = json.loads((tmp_path / "all" / "paths.json").read_text())
-    assert index["n_paths"] == 4 and (tmp_path / "all" / "router" / "router.json").exists()
+    index = json.loads((tmp_path / "all" / "dipaco_mixture.json").read_text())
+    assert len(index["paths"]) == 4 and (tmp_path / "all" / "router" / "router.json").exists()
     for entry in index["paths"].values():
         assert (tmp_path / "all" / entry["dir"] / "model.safetensors").exists()
     capsys.readouterr()

@@ -6,7 +6,8 @@
 
 Islands and early stopping score validation blocks with `mean_loss`; evaluation and re-routing score
 held-out documents with `token_losses` (kept per path in `dipaco.eval.modes.LossTable`), the
-baselines with `score_documents`; every perplexity is `perplexity`.
+baselines with `score_documents`, the lm-evaluation-harness model (`dipaco.inference.harness`) with
+`token_losses_and_greedy`; every perplexity is `perplexity`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,25 @@ import torch
 from dipaco.device import autocast
 
 
-@torch.no_grad()
 def token_losses(model: torch.nn.Module, docs: list[np.ndarray], *, batch_size: int, device: torch.device,
                  precision: str, pad_id: int = 0) -> list[np.ndarray]:
     """Per-token negative log-likelihood of each document: `out[d][i]` is the loss of token i given
     tokens < i (`out[d][0] = 0`, nothing predicts the first token). Shapes: `(len(docs[d]),)` float64."""
+    losses, _ = token_losses_and_greedy(model, docs, batch_size=batch_size, device=device, precision=precision,
+                                        pad_id=pad_id)
+    return losses
+
+
+@torch.no_grad()
+def token_losses_and_greedy(model: torch.nn.Module, docs: list[np.ndarray], *, batch_size: int,
+                            device: torch.device, precision: str,
+                            pad_id: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`token_losses`, and whether each token is the model's most likely one given tokens < i
+    (`greedy[d][i]`, bool `(len(docs[d]),)`; `greedy[d][0]` is True): what lm-evaluation-harness calls
+    `is_greedy` for a continuation."""
     model.eval()
     out: list[np.ndarray] = [np.zeros(len(d)) for d in docs]
+    greedy: list[np.ndarray] = [np.ones(len(d), dtype=bool) for d in docs]
     order = np.argsort([-len(d) for d in docs], kind="stable")  # similar lengths share a batch
     for start in range(0, len(docs), batch_size):
         index = [i for i in order[start : start + batch_size] if len(docs[i]) > 1]
@@ -42,9 +55,11 @@ def token_losses(model: torch.nn.Module, docs: list[np.ndarray], *, batch_size: 
             logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         nll = -logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).double().cpu().numpy()  # (B, T-1)
+        best = (logp.argmax(dim=-1) == ids[:, 1:]).cpu().numpy()  # (B, T-1)
         for row, i in enumerate(index):
             out[i][1:] = nll[row, : len(docs[i]) - 1]
-    return out
+            greedy[i][1:] = best[row, : len(docs[i]) - 1]
+    return out, greedy
 
 
 def score_documents(model: torch.nn.Module, docs: list[np.ndarray], *, skip: int, batch_size: int,

@@ -1,0 +1,59 @@
+"""Continuing a prompt with one path model: greedy or sampled, capped at the sequence length paths saw.
+
+    check_options(max_new_tokens=20, temperature=0.0, seed=0, route="router")
+    new = continue_tokens(model, prompt_ids, max_length=256, max_new_tokens=20, temperature=0.0, seed=0,
+                          pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)   # (N,) the generated ids
+
+`dipaco generate`, `dipaco.load(...).generate` and `dipaco serve` all continue prompts here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+from transformers import LlamaForCausalLM
+
+from dipaco.inference.prompt_routing import ROUTES
+
+log = logging.getLogger(__name__)
+
+
+def check_options(*, max_new_tokens: int, temperature: float, seed: int, route: str = "router") -> None:
+    """Refuse options that would silently mean something else (a negative temperature is not greedy)."""
+    if route not in ROUTES:
+        raise ValueError(f"--route must be one of {list(ROUTES)}, got {route!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"--temperature must be 0 (greedy) or a positive number, got {temperature}")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+
+
+@torch.no_grad()
+def continue_tokens(model: LlamaForCausalLM, prompt: np.ndarray, *, max_length: int, max_new_tokens: int,
+                    temperature: float, seed: int, pad_id: int | None, eos_id: int | None) -> np.ndarray:
+    """Up to `max_new_tokens` token ids after `prompt` (T,), no more than `max_length` in all: greedy when
+    `temperature` is 0, sampled with `seed` otherwise; generation stops after `eos_id`."""
+    model.eval()
+    model.config.use_cache = True
+    if len(prompt) == 0:
+        raise ValueError("the prompt is empty after tokenization; give some text")
+    device = next(model.parameters()).device
+    input_ids = torch.as_tensor(np.asarray(prompt)[None], dtype=torch.long, device=device)  # (1, T)
+    torch.manual_seed(seed)
+    limit = max_length - input_ids.shape[1]
+    if limit < 1:
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens; paths see at most sharding.seq_len {max_length}")
+    if max_new_tokens > limit:
+        log.warning("--max-new-tokens %d: a path sees at most sharding.seq_len %d tokens and the prompt has %d, "
+                    "so it generates at most %d", max_new_tokens, max_length, input_ids.shape[1], limit)
+    sample = temperature > 0
+    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                            max_new_tokens=min(max_new_tokens, limit), do_sample=sample,
+                            temperature=temperature if sample else None, top_k=None, top_p=None,
+                            pad_token_id=pad_id if pad_id is not None else eos_id, eos_token_id=eos_id)
+    return output[0, input_ids.shape[1]:].cpu().numpy()
