@@ -89,7 +89,7 @@ simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goo
 test:  ## the test suite without the tests marked slow (offline, one torch thread: tests/conftest.py)
 	$(PYTHON) -m pytest -q --durations=10
 
-test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island
+test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island, a Ray run through an island kill
 	$(PYTHON) -m pytest -q -m slow --durations=10
 
 # The standard benchmarks, each at the settings of its committed results file (bench/results/), one after the

@@ -55,6 +55,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # 15-18 s; make test keeps the Ray launcher's failing-islands run (2 s)
 def test_ray_launcher_runs_the_tiny_config_to_completion_through_an_island_kill(tiny_routed, tiny_straight, tmp_path,
                                                                                local_ray):
     """...and ends with the modules of the same config trained in one process (conftest's `tiny_straight`):
