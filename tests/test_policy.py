@@ -173,6 +173,17 @@ def test_open_tasks_move_to_the_newest_version_and_lost_ones_are_replaced_in_asy
     assert policy.keep_from(keep_rounds=0, bases=[0]) is None
 
 
+def test_a_cut_islands_path_goes_to_another_idle_island_first():
+    """An island whose task was cut (a straggler) loses its claim on the path it trained last, and idle
+    islands that were never cut go first; alone, it still takes the task."""
+    policy = RoundPolicy(grid(), ASYNC)
+    task = [OpenTask(key="p0", path=0, base=3, steps_done=120)]
+    assert policy.assign(task, [IdleIsland("a", last_path=0), IdleIsland("b")]) == [("p0", "a")]
+    assert policy.assign(task, [IdleIsland("a", last_path=0, was_cut=True), IdleIsland("b")]) == [("p0", "b")]
+    assert policy.assign(task, [IdleIsland("a", last_path=0, was_cut=True)]) == [("p0", "a")]
+    assert policy.assign(task, [IdleIsland("a", last_path=0, was_cut=True), IdleIsland("b", pinned=(0,))]) == [("p0", "b")]
+
+
 def test_assignment_prefers_pinned_then_last_path_and_respects_pins():
     policy = RoundPolicy(grid(), ASYNC)
     open_tasks = [OpenTask("p0", 0, 0), OpenTask("p1", 1, 0), OpenTask("p2", 2, 0)]

@@ -74,6 +74,7 @@ class IdleIsland:
     name: str
     pinned: tuple[int, ...] = ()  # the only paths it takes; () = any
     last_path: int | None = None  # the path it trained last
+    was_cut: bool = False  # a task of it was cut (it fell behind): other idle islands go first
 
     def may_take(self, path: int) -> bool:
         return not self.pinned or path in self.pinned

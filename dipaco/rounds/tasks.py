@@ -81,7 +81,8 @@ def on_lost(base: int, *, committed: int, config: RoundsConfig, resumable: bool 
 def assign(open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[str, str]]:
     """(task key, island) for the open tasks idle islands take now: oldest base first, then the path
     furthest behind, then the lowest path; an island pinned to the path first, then the one that
-    trained it last."""
+    trained it last (unless it was cut: a straggler's path moves to an island that was not), then
+    islands never cut before islands that were."""
     waiting = sorted(idle, key=lambda i: i.name)
     decisions = []
     for task in sorted(open, key=lambda t: (t.base, t.steps_done, t.path)):
@@ -89,7 +90,8 @@ def assign(open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[s
         if not candidates:
             continue
         island = min(candidates, key=lambda i: (0 if task.path in i.pinned else 1,
-                                                0 if i.last_path == task.path else 1, i.name))
+                                                0 if i.last_path == task.path and not i.was_cut else 1,
+                                                1 if i.was_cut else 0, i.name))
         waiting.remove(island)
         decisions.append((task.key, island.name))
     return decisions

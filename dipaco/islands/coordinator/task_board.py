@@ -36,6 +36,7 @@ class TaskBoard:
         self.tasks, self.paths = tasks, paths
         self.used: set[str] = used or set()  # task keys applied or dropped by committed rounds
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
+        self.cut_islands: set[str] = set()  # islands a task of which was cut (stragglers), this coordinator's life
         self._written = written  # the board's JSON as last written
         self._snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
 
@@ -53,7 +54,8 @@ class TaskBoard:
 
     def idle_islands(self, liveness: Liveness, now: float) -> list[IdleIsland]:
         busy = {t.island for t in self.tasks.values() if t.status in RUNNING}
-        return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path)
+        return [IdleIsland(name=name, pinned=tuple(seen.beat.pinned), last_path=seen.beat.last_path,
+                           was_cut=name in self.cut_islands)
                 for name, seen in sorted(liveness.seen.items())
                 if name not in busy and liveness.alive(name, now) and seen.beat.status == "idle"]
 
@@ -115,6 +117,8 @@ class TaskBoard:
         for key in keys:
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="cut")
+            if task.island is not None:
+                self.cut_islands.add(task.island)
             log.info("%s: cut on island %s (%d versions behind, %.1fs running): it reports what it trained", key,
                      task.island, self.committed - task.base, now - self.started.get(key, now))
         return len(keys)
