@@ -7,6 +7,7 @@ abort (rc 134, `terminate called without an active exception`) nor by SIGINT aft
 never raised inside an import (a half-initialised C++ extension aborted the exit), and no thread of the
 island's is left running when the interpreter exits."""
 
+import importlib
 import os
 import random
 import signal
@@ -93,7 +94,7 @@ def test_a_signal_during_an_import_is_raised_once_the_import_is_over(tmp_path, m
     installed = stop_on_signals()
     try:
         with pytest.raises(Stopped) as stop:
-            import slow_import_29  # noqa: F401
+            importlib.import_module("slow_import_29")  # written above, in tmp_path
             time.sleep(5)  # the signal, deferred, is raised here
         assert sys.modules["slow_import_29"].DONE
         assert exit_code(stop.value) == 143 and str(stop.value) == "stopped by SIGTERM"

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dipaco.islands.island.timing import stopped_by
+
 SLICE = 0.05  # seconds of padding between two calls of `check`
 
 
@@ -59,13 +61,8 @@ class Pacer:
         end = started + self.slowdown * max(compute, self.step_seconds) - compute
         try:
             while (left := end - self.clock()) > 0:
-                if check is not None:
-                    try:
-                        check()
-                    except Exception as err:
-                        if stop is None or not isinstance(err, stop):
-                            raise
-                        break
+                if check is not None and stopped_by(check, stop):
+                    break
                 self.sleep(min(left, SLICE))
         finally:
             slept = self.clock() - started

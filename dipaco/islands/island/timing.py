@@ -52,19 +52,24 @@ def waited(batches: Iterator[torch.Tensor], timings: dict[str, float] | None) ->
         yield batch
 
 
+def stopped_by(check: Callable[[], None], stop: type[Exception] | None) -> bool:
+    """Call `check`: True when it raised `stop`; anything else it raises propagates."""
+    try:
+        check()
+    except Exception as err:
+        if stop is None or not isinstance(err, stop):
+            raise
+        return True
+    return False
+
+
 def checked(batches: Iterator[torch.Tensor], check: Callable[[], None] | None,
             stop: type[Exception] | None = None) -> Iterator[torch.Tensor]:
     """`batches`, calling `check` (fault injection, cancellation) before each, in the training thread; a
     `stop` exception it raises ends the batches there (the task is cut short, after one step at least)."""
     for i, batch in enumerate(batches):
-        if check is not None:
-            try:
-                check()
-            except Exception as err:
-                if stop is None or not isinstance(err, stop):
-                    raise
-                if i > 0:
-                    return
+        if check is not None and stopped_by(check, stop):
+            if i == 0:
                 yield batch  # nothing trained yet: one step, then stop
-                return
+            return
         yield batch
