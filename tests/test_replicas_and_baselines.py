@@ -171,15 +171,13 @@ def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
 
 
 def test_the_diloco_config_has_diloco_s_outer_step():
-    """configs/diloco.yaml: 4 replicas of one path sharing every module, Nesterov 0.7 / 0.9 in every round
-    (outer.decay keep: with the default, the 50% warm start puts every round in the decay), no √ rescale."""
+    """configs/diloco.yaml: 4 replicas of one path sharing every module, Nesterov 0.7 / 0.9, no √ rescale."""
     from pathlib import Path
 
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "diloco.yaml", [])
     assert config.topology.levels == [1] and config.topology.replicas == 4
     outer = config.outer
-    assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths, outer.decay) == (0.7, 0.9, True, False,
-                                                                                                 "keep")
+    assert (outer.lr, outer.momentum, outer.nesterov, outer.rescale_by_paths) == (0.7, 0.9, True, False)
 
 
 def _schedule(monkeypatch, tmp_path, *, fail: bool):
