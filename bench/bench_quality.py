@@ -10,8 +10,9 @@ Trains, on the bundled corpus (or whatever `--config` / `--set corpus.path=...` 
 - DiPaCo: `--config` (default configs/demo.yaml) with `--set` (every model) and `--dipaco` (DiPaCo only)
   overrides, evaluated with prefix routing, re-routing every 64 tokens and the oracle path;
 - DiLoCo: P replicas (P = DiPaCo's paths) of one path-sized model sharing every module, on random
-  shares of the data (configs/diloco.yaml), with DiLoCo's own outer step, and a second time with
-  DiPaCo's outer step (same lr, momentum, rescale, weighting): the same compute and outer bytes;
+  shares of the data (configs/diloco.yaml), with DiLoCo's own outer step (Nesterov in every round), and
+  a second time with DiPaCo's outer section (`outer.decay` included: rounds in the inner lr's decay are
+  plain averages, at the demo budget all of them): the same compute and outer bytes;
 - dense path-size models for as many steps as one path (equal steps) and as all paths together
   (equal compute), and dense-large (`--large-hidden` x `--large-layers`, about 8x a path) for as many
   steps as one path (`dipaco baselines`).
@@ -22,7 +23,10 @@ score from every model's training, DiLoCo's and the dense baselines' included.
 Every model gets the same dense warm start (`warm_start.fraction` of the run, counted in its budget: DiLoCo starts
 from the same pretrained model) and scores the same held-out tokens. Compute is reported as total
 training tokens per model (warm start included) and FLOPs = 6 x parameters a token passes through x
-tokens. Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens);
+tokens. The headline is DiPaCo against the better of the DiLoCo rows (DiLoCo under its best outer step);
+the header says the outer step each run's rounds took as applied (train.json's rows), and the results
+record the commit that trained each run (`trained_at`: with `--keep` it may be an earlier invocation's).
+Writes bench/results/<name>.{json,md} and <name>.png (perplexity against training tokens);
 `--results-dir experiments/results` for a research run (experiments/README.md).
 """
 
@@ -38,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quality_runs import Runner, mode_perplexity, pretrain_summary, read_json  # noqa: E402
-from bench.recording import RESULTS, write_results  # noqa: E402
+from bench.quality_runs import Runner, mode_perplexity, outer_steps, pretrain_summary, read_json  # noqa: E402
+from bench.recording import RESULTS, run_code, write_results  # noqa: E402
 from dipaco.config import Config, load_config  # noqa: E402
 
 log = logging.getLogger("bench_quality")
@@ -128,7 +132,8 @@ def main() -> None:
         print(f"DiLoCo trained in {runner.root}; write the results with --collect-only once DiPaCo has finished")
         return
     results.update(budget=args.budget, seconds=time.perf_counter() - started)
-    path = write_results(name, results, markdown(results), results_dir=Path(args.results_dir))
+    trained_at = results.pop("trained_at")  # the runs may be an earlier invocation's (--keep)
+    path = write_results(name, results, markdown(results), results_dir=Path(args.results_dir), trained_at=trained_at)
     plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
     print(f"results in {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")
@@ -140,7 +145,8 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
     """Train (or, with `collect_only`, only read) DiPaCo (`config_file` + `dipaco_overrides`, evaluated in
     `modes`, with its dense baselines) and, when `diloco`, DiLoCo with its own outer step (unless not
     `diloco_own`) and with DiPaCo's (when `diloco_dipaco_outer`) as runs of `runner`; the `collect` dict
-    of their perplexities and budgets. `diloco_only`: train the DiLoCo runs alone and return None
+    of their perplexities and budgets, with `trained_at`, the code that trained the runs' models
+    (`bench.recording.run_code`). `diloco_only`: train the DiLoCo runs alone and return None
     (DiPaCo is another invocation's).
     `reroute_after`: DiPaCo's discriminative re-routing phases (`Runner.pipeline`)."""
     config = load_config(config_file, dipaco_overrides)
@@ -170,7 +176,8 @@ def compare(runner: Runner, config_file: Path, dipaco_overrides: list[str], *, d
     if collect_only:  # a DiLoCo run that never finished has no row (the point is still reported)
         runs = {label: run for label, run in runs.items() if (run / "eval.json").exists()}
     results = collect(config, own, dipaco_run, runs)
-    results.update(dipaco_overrides=dipaco_overrides,
+    results.update(trained_at=[code for run in (dipaco_run, *runs.values()) for code in run_code(run)],
+                   dipaco_overrides=dipaco_overrides,
                    config=str(config_file.resolve().relative_to(ROOT)) if config_file.resolve().is_relative_to(ROOT)
                    else str(config_file))
     return results
@@ -218,7 +225,10 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
     for m in ours["models"][1:]:
         add(names.get(m["model"], m["model"]), m, perplexity=m["perplexity"], kind=m["model"], warm=False)
     by = {r["kind"]: r["perplexity"] for r in rows}
+    diloco_rows = [r for r in rows if r["kind"] in ("diloco", "diloco-dipaco-outer")]
+    best_diloco = min(diloco_rows, key=lambda r: r["perplexity"]) if diloco_rows else None
     checks = {
+        "dipaco_vs_best_diloco": 1 - by["dipaco-prefix"] / best_diloco["perplexity"] if best_diloco else None,
         "dipaco_vs_diloco": 1 - by["dipaco-prefix"] / by["diloco"] if "diloco" in by else None,
         "dipaco_vs_diloco_same_outer": (1 - by["dipaco-prefix"] / by["diloco-dipaco-outer"])
         if "diloco-dipaco-outer" in by else None,
@@ -239,6 +249,9 @@ def collect(config: Config, diloco_config: Config, dipaco_run: Path, diloco_runs
             "all_paths": ours.get("modes", {}).get("all_paths"),
             "routing_agrees_with_shards": ours.get("routing_agrees_with_shards"),
             "pretrain": {"steps": pre_steps, "tokens": pre_tokens},
+            "best_diloco": best_diloco["model"] if best_diloco else None,
+            "outer_steps": {"DiPaCo": outer_steps(dipaco_run),
+                            **{label: outer_steps(run) for label, run in diloco_runs.items()}},
             "dipaco_outer": config.to_dict()["outer"], "diloco_outer": diloco_config.to_dict()["outer"],
             "recipe": {s: config.to_dict()[s] for s in ("routing", "topology", "warm_start", "inner", "outer", "model")},
             "rounds": config.run.rounds,
@@ -262,9 +275,13 @@ def markdown(results: dict) -> str:
     def lower(x):
         return "-" if x is None else f"{abs(100 * x):.1f}% {'lower' if x >= 0 else 'higher'} perplexity"
 
+    best = c.get("dipaco_vs_best_diloco")
     check_lines = [
-        f"- DiPaCo (prefix routing) against DiLoCo with its own outer step: {lower(c['dipaco_vs_diloco'])} "
-        f"(target: at least 5% lower)" if c["dipaco_vs_diloco"] is not None
+        f"- DiPaCo (prefix routing) against DiLoCo under its best outer step ({results['best_diloco']}): "
+        f"{lower(best)} (target: at least 5% lower)" if best is not None
+        else "- DiPaCo against DiLoCo: not run (`--no-diloco`)",
+        f"- DiPaCo against DiLoCo with its own outer step: {lower(c['dipaco_vs_diloco'])}"
+        if c["dipaco_vs_diloco"] is not None
         else "- DiPaCo against DiLoCo with its own outer step: not run (`--no-diloco` or `--no-diloco-own`)",
         f"- DiPaCo against DiLoCo with DiPaCo's outer step: {lower(c['dipaco_vs_diloco_same_outer'])}",
         f"- DiPaCo ÷ dense equal compute: {c['dipaco_over_dense_equal_compute']:.2f} (target: ≤ 1.5 at the demo "
@@ -283,14 +300,17 @@ def markdown(results: dict) -> str:
     if c["dipaco_over_dense_large"] is not None:
         check_lines.append(f"- DiPaCo ÷ dense large: {c['dipaco_over_dense_large']:.2f}")
     o, d = results["dipaco_outer"], results["diloco_outer"]
+    applied = "; ".join(f"{model}: {steps}" for model, steps in results.get("outer_steps", {}).items())
     return (
         f"# DiPaCo against DiLoCo and dense models ({results['rounds']} rounds, budget x{results['budget']:g})\n\n"
         f"{results['test_documents']} held-out documents, {results['scored_tokens']:,} tokens scored after the "
         f"routing prefix; every model scores the same tokens. DiPaCo: `{results['config']}` with "
         f"`{' '.join(results['dipaco_overrides'])}`. Warm start: {results['pretrain']['steps']} dense steps "
         f"({results['pretrain']['tokens']:,} tokens), counted in every model's total.\n"
-        f"Outer steps: DiPaCo lr {o['lr']}, momentum {o['momentum']}, rescale {o['rescale_by_paths']}, weighting "
-        f"{o['weighting']}; DiLoCo's own lr {d['lr']}, momentum {d['momentum']}, rescale {d['rescale_by_paths']}.\n\n"
+        f"Outer steps as applied (train.json's rows): {applied or 'not recorded'}. Configured: DiPaCo lr {o['lr']}, "
+        f"momentum {o['momentum']}, rescale {o['rescale_by_paths']}, weighting {o['weighting']}, outer.decay "
+        f"{o['decay']}; DiLoCo's own lr {d['lr']}, momentum {d['momentum']}, rescale {d['rescale_by_paths']}, "
+        f"outer.decay {d['decay']}.\n\n"
         + "\n".join(table) + "\n\n" + "\n".join(check_lines)
         + "\n\nPer path (prefix routing): "
         + ", ".join(f"{p['label']} {p['documents']} docs {p['perplexity']:.1f}" for p in results["per_path"]

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dipaco.config import Config, load_config  # noqa: E402
+from dipaco.optim.outer_history import describe_rows  # noqa: E402
 from dipaco.outputs import mark_run_dir  # noqa: E402
 
 log = logging.getLogger("quality_runs")
@@ -164,6 +165,12 @@ def rerouted_after(run: Path) -> set[int]:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def outer_steps(run: Path) -> str:
+    """The outer step each span of a run's rounds took, as applied (train.json's rows)."""
+    rows = read_json(run / "train.json").get("rounds")
+    return describe_rows(rows, file=str(run / "train.json")) if rows else "not recorded (no train.json rows)"
 
 
 def pretrain_summary(run: Path) -> dict:

@@ -5,8 +5,8 @@
 
 Reads `<run>/eval.json` and writes bench/results/<name>.{json,md} (or `--results-dir`'s): every model's
 row (warm start, steps, training tokens, perplexity), every eval mode, the checks the quality issue names
-(DiPaCo ÷ dense equal compute, DiPaCo against dense equal steps, routed ÷ oracle), the wall time and the
-machine.
+(DiPaCo ÷ dense equal compute, DiPaCo against dense equal steps, routed ÷ oracle), the outer step each
+span of rounds took (train.json's rows), the wall time, the machine and the code that trained the run.
 Not a `bench_*.py` script: `make bench` does not run it (it needs a finished run).
 """
 
@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.recording import RESULTS, write_results  # noqa: E402
+from bench.quality_runs import outer_steps  # noqa: E402
+from bench.recording import RESULTS, run_code, write_results  # noqa: E402
 
 
 def checks(evaluation: dict) -> dict[str, float]:
@@ -54,14 +55,16 @@ def main() -> int:
     evaluation = json.loads((args.run / "eval.json").read_text())
     figures = checks(evaluation)
     results = {"command": args.command, "wall_seconds": args.wall_seconds, "note": args.note,
-               "models": evaluation["models"], "modes": evaluation.get("modes", {}).get("rows", []), "checks": figures}
+               "models": evaluation["models"], "modes": evaluation.get("modes", {}).get("rows", []), "checks": figures,
+               "outer_steps": outer_steps(args.run)}
     lines = [f"# `{args.command}`: the run's evaluation", ""]
     if args.note:
         lines += [args.note, ""]
     if args.wall_seconds is not None:
         lines += [f"Wall time of the whole command: {args.wall_seconds / 60:.1f} min ({args.wall_seconds:.0f} s).", ""]
     lines += [f"{evaluation['test_documents']} held-out documents, {evaluation['scored_tokens']:,} tokens scored "
-              f"after a {evaluation['prefix_tokens']}-token routing prefix.", "",
+              f"after a {evaluation['prefix_tokens']}-token routing prefix. Outer steps as applied (train.json's "
+              f"rows): {results['outer_steps']}.", "",
               "| model | params/path | params total | warm start | steps/path | steps in all | train tokens (all) | train s | perplexity |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in evaluation["models"]:
@@ -77,7 +80,8 @@ def main() -> int:
              "likelihood_over_oracle": "routed by the paths' likelihood of the prefix ÷ oracle − 1"}
     lines += [f"- {names[k]}: {v:.3f}" if k == "dipaco_over_dense_equal_compute" else f"- {names[k]}: {v:+.1%}"
               for k, v in figures.items()]
-    path = write_results(args.name, results, "\n".join(lines) + "\n", results_dir=Path(args.results_dir))
+    path = write_results(args.name, results, "\n".join(lines) + "\n", results_dir=Path(args.results_dir),
+                         trained_at=run_code(args.run))
     print("\n".join(lines))
     print(f"\nwritten to {path}")
     return 0

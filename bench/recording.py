@@ -9,6 +9,12 @@ commit, on which date), `reproduce` (the command that writes the file again) and
 usable cores, torch version and CPU capability, CUDA device, load average). The markdown table gets the
 same in one line under its title, so a figure quoted from it in the README or docs/ names its machine.
 Files transcribed from older notes (no script can rewrite them) carry a hand-written `source` instead.
+
+Provenance: `commit` and `clean` (`dipaco.code_version`: no tracked change, no untracked code) of the tree
+that measured, and `trained_at`, the code that trained the models a script read from run directories
+(`run_code`: train.json's and the dense summaries' `code`), when it passes them. A figure is quotable
+(`quotable`) only from a clean tree whose models were all trained from clean trees; the source line says
+which ("from a clean tree", or "not quotable").
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
+
+from dipaco.code_version import code_version, describe_code
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"  # the standard benchmarks' (bench/)
@@ -57,15 +64,51 @@ def machine() -> dict:
 
 
 def git_commit() -> str | None:
-    """The checked-out commit, with "+local changes" when the tracked files differ from it."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    """The checked-out commit (short), with "+local changes" when the tree is not clean (`code_version`)."""
+    code = code_version(ROOT)
+    if code is None:
         return None
-    return f"{commit}+local changes" if dirty else commit
+    return code["commit"][:7] + ("" if code["clean"] else "+local changes")
+
+
+def run_code(run: Path) -> list[dict]:
+    """The code that trained a run directory's models: train.json's sessions and the dense summaries'
+    (warm start, baselines), each `{"what", "commit", "clean"}`; a model trained before they were
+    recorded has commit and clean None."""
+    out = []
+    train = run / "train.json"
+    if train.exists():
+        summary = json.loads(train.read_text())
+        sessions = summary.get("code") or []
+        if summary.get("rounds") and (not sessions or sessions[0].get("first_round", 1) > 1):
+            out.append({"what": f"{run.name}: rounds trained before the code was recorded", "commit": None, "clean": None})
+        out += [{"what": f"{run.name}: rounds from {s.get('first_round', 1)}", "commit": s.get("commit"),
+                 "clean": s.get("clean")} for s in sessions]
+    for dense in sorted([run / "pretrain", *(run / "baselines").glob("*")]):
+        if (dense / "summary.json").exists():
+            code = json.loads((dense / "summary.json").read_text()).get("code") or {}
+            out.append({"what": f"{run.name}: {dense.relative_to(run)}", "commit": code.get("commit"),
+                        "clean": code.get("clean")})
+    return out
+
+
+def quotable(record: dict) -> bool:
+    """Whether a results record's figures may be quoted: measured from a clean tree, and every model it
+    read trained from one. A file written before `clean` was recorded: its source does not say
+    "+local changes" (hand-written sources claim nothing)."""
+    if "clean" not in record:
+        return "+local changes" not in str(record.get("source", ""))
+    return record["clean"] is True and all(t.get("clean") is True for t in record.get("trained_at") or [])
+
+
+def describe_provenance(record: dict) -> str:
+    """"at commit 95b2359 from a clean tree" or "... from a tree with local changes (not quotable)", with
+    the code that trained the models when it is recorded."""
+    tree = "a clean tree" if record["clean"] else "a tree with local changes"
+    text = f"at commit {(record['commit'] or 'unknown')[:7]} from {tree}"
+    if record.get("trained_at"):
+        text += f", the models trained at {', '.join(sorted({describe_code(t) for t in record['trained_at']}))}"
+    return text + ("" if quotable(record) else " (not quotable)")
 
 
 def command_line() -> str:
@@ -90,18 +133,22 @@ def describe(record: dict) -> str:
     return f"Source: {record['source']}. Machine: {where}. Reproduce: `{record['reproduce']}`."
 
 
-def write_results(name: str, results: dict, markdown: str, *, results_dir: Path | None = None) -> Path:
-    """Write <results_dir>/<name>.json (results + source, reproduce, machine) and <name>.md; results_dir
-    defaults to bench/results (`RESULTS`).
+def write_results(name: str, results: dict, markdown: str, *, results_dir: Path | None = None,
+                  trained_at: list[dict] | None = None) -> Path:
+    """Write <results_dir>/<name>.json (results + source, reproduce, commit, clean, trained_at, machine)
+    and <name>.md; results_dir defaults to bench/results (`RESULTS`).
 
     `markdown` is the benchmark's own text; the source line goes under its first (title) line.
-    Returns the JSON path.
+    `trained_at`: the code that trained the models read from run directories (`run_code`), when the
+    script did not train them all in this process. Returns the JSON path.
     """
     command = command_line()
-    commit = git_commit()
+    code = code_version(ROOT)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    record = {"source": f"measured by `{command}` at commit {commit} on {date}", "reproduce": command,
-              "machine": machine(), **results}
+    provenance = {"commit": code["commit"] if code else None, "clean": bool(code and code["clean"]),
+                  **({"trained_at": trained_at} if trained_at is not None else {})}
+    record = {"source": f"measured by `{command}` {describe_provenance(provenance)} on {date}",
+              "reproduce": command, **provenance, "machine": machine(), **results}
     results_dir = results_dir or RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"

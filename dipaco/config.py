@@ -4,10 +4,11 @@
     cfg = load_config("configs/tiny.yaml", ["inner.steps=10", "topology.levels=[4,4]"])
 
 The defaults are the recipe (a dense warm start of half the run, routing on its features, wsd inner
-schedule, DiLoCo's outer step averaged plainly in the decay, path-private embeddings): a config names
-only what differs (corpus, sizes, budget). Each field's type says what it allows (`Literal` choices,
-`Range` bounds: `routing.fields`), and one validator checks every section; the few rules that tie
-fields together sit in `__post_init__`. An unknown key, a wrong type or a renamed key (`config_keys`)
+schedule, path-private embeddings, DiLoCo's Nesterov outer step before the inner lr's decay and plain
+averaging in it: with that warm start on 4 paths every round is in the decay, docs/outer-step.md): a
+config names only what differs (corpus, sizes, budget). Each field's type says what it allows
+(`Literal` choices, `Range` bounds: `routing.fields`), and one validator checks every section; the
+few rules that tie fields together sit in `__post_init__`. An unknown key, a wrong type or a renamed key (`config_keys`)
 is an error that names the key and the file. The corpus, routing and sharding sections live in their
 own packages because those stages run without `dipaco`.
 """
@@ -130,7 +131,7 @@ class InnerConfig(Section):
 
 @dataclass(kw_only=True)
 class OuterConfig(Section):
-    """The outer step: per module, a weighted average of the paths' pseudo-gradients, then Nesterov SGD."""
+    """The outer step: per module, a weighted average of the paths' pseudo-gradients, then Nesterov SGD or (`decay`) a plain average."""
 
     section = "outer"
     lr: Positive = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)

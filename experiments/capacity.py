@@ -189,6 +189,8 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
+    trained_at: list[dict] = []  # the code that trained each point's runs (an earlier invocation's with --keep)
+
     def run(point: Point) -> dict | None:
         runner = Runner(root / point.name, keep=args.keep or args.collect_only)
         try:
@@ -200,6 +202,7 @@ def main() -> None:
                 raise
             log.warning("point %s is not finished (%s): left out", point.name, err)
             return None
+        trained_at.extend(result["trained_at"])
         return summarise(point, result, embedding=embedding_parameters(config),
                          corpus_tokens=corpus_train_tokens(root / point.name / "dipaco"))
 
@@ -209,7 +212,7 @@ def main() -> None:
     results = {"points": summaries, "set": set_, "dipaco": dipaco, "warm_fraction": args.warm_fraction,
                "config": display_path(config_file), "threads": args.threads, "jobs": args.jobs,
                "embedding_params": embedding_parameters(config), "seconds": time.perf_counter() - started}
-    path = write_results(args.name, results, markdown(results), results_dir=EXPERIMENT_RESULTS)
+    path = write_results(args.name, results, markdown(results), results_dir=EXPERIMENT_RESULTS, trained_at=trained_at)
     plot(results, EXPERIMENT_RESULTS / f"{args.name}.png")
     print(path.with_suffix(".md").read_text())
     print(f"results in {path}, {path.with_suffix('.md')} and {path.with_suffix('.png')}")

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.recording import EXPERIMENT_RESULTS, write_results  # noqa: E402
+from bench.recording import EXPERIMENT_RESULTS, run_code, write_results  # noqa: E402
 
 
 def rows(evaluation: dict) -> dict[str, float]:
@@ -46,7 +46,8 @@ def main() -> int:
              f"| row | {args.before_label} | {args.after_label} | identical |", "|---|---:|---:|---|"]
     lines += [f"| {r['row']} | {r['before']:.4f} | {r['after']:.4f} | {'yes' if r['identical'] else 'NO'} |" for r in table]
     lines += ["", f"All-paths table identical: {'yes' if all_paths else 'NO'}."]
-    path = write_results(args.name, results, "\n".join(lines) + "\n", results_dir=EXPERIMENT_RESULTS)
+    path = write_results(args.name, results, "\n".join(lines) + "\n", results_dir=EXPERIMENT_RESULTS,
+                         trained_at=run_code(args.before) + run_code(args.after))
     print("\n".join(lines))
     print(f"\nwritten to {path}")
     return 0 if results["all_identical"] else 1

@@ -1,6 +1,7 @@
 """The README, docs/ and experiments/ stay true: the config reference is generated and complete, the make
-targets and files they name exist, every results file says where its figures come from, and every figure a
-page quotes next to a results file is in that file."""
+targets and files they name exist, every results file says where its figures come from, every figure a
+page quotes next to a results file is in that file, and none is quoted from a tree with local changes
+beyond the files listed to be measured again (`DIRTY_QUOTED`)."""
 
 import dataclasses
 import functools
@@ -216,3 +217,72 @@ def test_a_changed_digit_fails_the_figure_check():
     mutated = README.replace(row, row.replace(figure, changed, 1), 1)
     assert not wrong_figures(doc, README)
     assert any(f": {changed} is in none of" in message for message in wrong_figures(doc, mutated)), (figure, changed)
+
+
+# Quoted from a tree with local changes: the results files below were recorded from a tree with local changes
+# (source "... at commit 6db885c+local changes ...") and the README or docs quote figures from them today.
+# Each must be measured again from a clean tree (bench/recording.py records `clean`) and then leave this list;
+# no file may join it: a figure newly quoted from a dirty tree fails the test.
+DIRTY_QUOTED = frozenset({
+    "bench/results/demo-private-emb",
+    "bench/results/grid256",
+    "bench/results/huge-document",
+    "bench/results/islands",
+    "bench/results/quality-private-emb-full",
+    "bench/results/quality-private-emb-full-budget4",
+    "bench/results/quality-private-emb-seed1",
+    "bench/results/routing",
+    "bench/results/routing-1m",
+    "experiments/results/capacity-decay-avg",
+    "experiments/results/capacity-decay-avg-labels",
+    "experiments/results/capacity-likelihood",
+    "experiments/results/demo-decay-avg",
+    "experiments/results/islands-target",
+    "experiments/results/quality-budget4",
+    "experiments/results/quality-manpages-decay-avg-budget4",
+    "experiments/results/quality-manpages-private-emb-budget4",
+    "experiments/results/quality-private-emb",
+    "experiments/results/quality-reduced",
+    "experiments/results/quality-reduced-wsd-average-budget4",
+    "experiments/results/quality-reduced-wsd-nesterov-budget4",
+    "experiments/results/quality-w50h10",
+    "experiments/results/quality-w50h10-budget4",
+})
+
+
+def quoted_from_dirty_trees(docs: dict[Path, str]) -> dict[str, list[str]]:
+    """Results file -> the places whose figures only it (or other files not `quotable`) holds, for every
+    results file recorded from a dirty tree (or read models trained from one)."""
+    found: dict[str, list[str]] = {}
+    for doc, text in docs.items():
+        for line, unit, files in quoting_units(doc, text):
+            for figure in figures(unit):
+                holding = [name for name in sorted(files) if holds(figure, name)]
+                if holding and not any(quotable_file(name) for name in holding):
+                    for name in holding:
+                        found.setdefault(str(name.relative_to(ROOT)), []).append(f"{doc.relative_to(ROOT)}:{line}")
+    return found
+
+
+@functools.cache
+def quotable_file(name: Path) -> bool:
+    from bench.recording import quotable
+
+    return quotable(json.loads(name.with_suffix(".json").read_text()))
+
+
+def test_no_figure_is_quoted_from_a_dirty_tree():
+    found = quoted_from_dirty_trees(DOCS)
+    new = {name: places for name, places in found.items() if name not in DIRTY_QUOTED}
+    assert not new, f"figures quoted from results recorded from a tree with local changes: {new}"
+    stale = sorted(DIRTY_QUOTED - set(found))
+    assert not stale, f"{stale} are no longer quoted from a dirty tree: take them off DIRTY_QUOTED"
+
+
+def test_a_quote_of_a_dirty_results_file_is_reported():
+    """The check bites: a page quoting a figure of a file recorded with local changes names it."""
+    name = ROOT / "bench" / "results" / "quality-private-emb-full"
+    assert not quotable_file(name)
+    page = ROOT / "docs" / "page.md"
+    text = "DiPaCo reaches 93.46 ([results](../bench/results/quality-private-emb-full.md)).\n"
+    assert quoted_from_dirty_trees({page: text}) == {"bench/results/quality-private-emb-full": ["docs/page.md:1"]}

@@ -19,6 +19,7 @@ import torch
 from cli_helpers import TINY, copy_run, dipaco, dipaco_in_process, start_dipaco
 from transformers import AutoTokenizer
 
+from dipaco.code_version import code_version
 from dipaco.config import load_config
 from dipaco.pipeline.context import PathFactory
 from routing.assignments import Assignments
@@ -40,6 +41,8 @@ def test_every_artifact_is_written_and_readable(tiny_trained):
     assert factory.store.current_round() == config.run.rounds
     summary = json.loads(run.train_summary.read_text())
     assert [r["round"] for r in summary["rounds"]] == list(range(1, config.run.rounds + 1))
+    code = code_version()  # the code that trained it: this checkout's (one session)
+    assert summary["code"] == [{"commit": code and code["commit"], "clean": code and code["clean"], "first_round": 1}]
     for name in ("dense-equal-steps", "dense-equal-compute"):
         assert (run.baselines / name / "model.safetensors").exists()
 

@@ -80,3 +80,7 @@ def test_a_config_of_a_few_lines_trains_the_recipe(few_lines, tmp_path):
         assert module and all(torch.equal(tensor, warm[param]) for param, tensor in module.items()), name
     rounds = json.loads(run.train_summary.read_text())["rounds"]
     assert [r["outer_step"] for r in rounds] == ["average", "average"]  # every path step lies in the wsd decay
+    # so the configured Nesterov never ran: train.json says the step as applied
+    assert json.loads(run.train_summary.read_text())["outer_steps"] == [
+        {"rounds": [1, 2], "outer_step": "average", "lr": 1.0, "momentum": 0.0, "nesterov": False,
+         "rescale_by_paths": False}]

@@ -11,6 +11,7 @@ from dipaco.store.records import (
     Board,
     Heartbeat,
     ManifestEntry,
+    OuterStep,
     PathState,
     ResultMeta,
     RoundManifest,
@@ -29,7 +30,8 @@ def examples() -> list:
     task = Task.open(path=3, base=1, step_offset=8, inner_from="islands/path-0003/inner-round-000001.safetensors")
     entry = ManifestEntry(key=task.key, path=3, base=1, attempt=0, staleness=0, tokens=512, seconds=1.5, bytes=1000,
                           train_loss=4.0, val_loss_start=4.5, factor=1.0)
-    manifest = RoundManifest(round=2, applied=(entry,), dropped=())
+    manifest = RoundManifest(round=2, applied=(entry,), dropped=(),
+                             outer=OuterStep(lr=0.7, momentum=0.9, nesterov=True, rescale_by_paths=False))
     return [
         task,
         Board(round=1, tasks={task.key: task}, paths={3: PathState(steps_done=8, inner=None)}),
@@ -120,3 +122,16 @@ def test_round_stats_say_which_outer_step_the_round_took():
     assert RoundStats.from_json(old, file=FILE).outer_step == "configured"
     with pytest.raises(StoreError, match="outer_step.*not one of"):
         RoundStats.from_json({**obj, "outer_step": "nesterov"}, file=FILE)
+
+
+def test_manifests_and_rows_record_the_outer_step_s_settings():
+    """RoundManifest.outer (apply_round's step) is copied into the round's row; both are None in files
+    written before it was recorded, and read back as such."""
+    manifest = examples()[4]
+    stats = RoundStats.of(manifest, in_flight=0)
+    assert stats.outer == manifest.outer == OuterStep(lr=0.7, momentum=0.9, nesterov=True, rescale_by_paths=False)
+    for record in (manifest, stats):
+        old = {k: v for k, v in through_json(record.to_json()).items() if k != "outer"}
+        assert type(record).from_json(old, file=FILE).outer is None
+    with pytest.raises(StoreError, match="outer.lr"):
+        RoundManifest.from_json({**manifest.to_json(), "outer": {**manifest.outer.to_json(), "lr": "0.7"}}, file=FILE)

@@ -52,6 +52,10 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
     assert moved["data_parallel"] == train["bytes_data_parallel"] == steps * moved["float32_diloco"]
     assert 0 < sum(moved["by_module"].values()) < moved["sent"]  # the modules' spans, without each file's header
     assert "bytes applied:" in text and "float32 DiLoCo would send" in text
+    # the tiny config's Nesterov (with the sqrt(paths) rescale) ran in every round, as train.json records
+    steps = "rounds 1-3: Nesterov SGD lr 0.7, momentum 0.9, sqrt(paths) rescale"
+    assert status["outer_steps"] == steps and f"outer steps (train.json): {steps}" in text
+    assert status["last_round"]["outer_step"] == "Nesterov SGD lr 0.7, momentum 0.9, sqrt(paths) rescale"
     assert status["queue"] == {"open": 0, "assigned": 0, "received": 0, "lost": 0, "cancelled": 0, "cut": 0}
     assert status["cancelled"] == {"tasks": 0, "how": "train.json"}  # sync never cancels
     assert [p["results_applied"] for p in status["paths"]] == [3, 3, 3, 3]

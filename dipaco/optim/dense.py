@@ -10,7 +10,7 @@
 this way: a freshly seeded model (or, with `init`, the parameters of one written before: a baseline
 continuing from the warm start), the inner recipe (`dipaco.optim.inner`) with its warmup + cosine
 schedule stretched over `steps`, then the parameters and a summary (steps, tokens, seconds,
-parameters, the architecture, the losses) written next to each other.
+parameters, the architecture, the losses, the commit of the code: `dipaco.code_version`) written next to each other.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from dipaco.atomic import replacing, write_json
+from dipaco.code_version import code_version
 from dipaco.config import InnerConfig, ModelConfig
 from dipaco.model.path_model import (
     PathSpec,
@@ -96,7 +97,8 @@ def train_dense(spec: PathSpec, batches: Iterator[np.ndarray], *, steps: int, in
                "continued_optimizer": init_optimizer is not None,
                "tokens": stats["tokens"], "seconds": seconds,
                "cpu_seconds": cpu_seconds, "parameters": count_parameters(model), "model": dataclasses.asdict(spec.model),
-               "final_train_loss": float(np.mean(stats["losses"][-10:])), "losses": stats["losses"]}
+               "final_train_loss": float(np.mean(stats["losses"][-10:])), "code": code_version(),
+               "losses": stats["losses"]}
     write_json(Path(out) / SUMMARY, summary)
     return model, summary
 

@@ -8,9 +8,10 @@
 It shows the committed round and whether the run is finished, the lease holder, the module versions
 kept, every island's last heartbeat and task, the queue of tasks, and from the round manifests the
 results applied, their island-seconds and bytes and every path's latest losses (validation losses from
-best.json); goodput is train.json's at the end of a run, an estimate while it runs. Bytes: the applied
-pseudo-gradients as sent, against what float32 DiLoCo (the same results in float32) and data parallel (a
-float32 gradient per inner step of the same training) would have sent, by island and by module.
+best.json); the outer step each span of rounds took (train.json's rows, as applied); goodput is
+train.json's at the end of a run, an estimate while it runs. Bytes: the applied pseudo-gradients as
+sent, against what float32 DiLoCo (the same results in float32) and data parallel (a float32 gradient
+per inner step of the same training) would have sent, by island and by module.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from dipaco.config import Config
 from dipaco.eval.early_stopping import best_rounds, read_history
+from dipaco.optim.outer_history import describe_rows, describe_step
 from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
@@ -146,7 +148,9 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "goodput": goodput,
         "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
                                                         "applied": last_stats.applied, "in_flight": last_stats.in_flight,
-                                                        "cancelled": last_stats.cancelled},
+                                                        "cancelled": last_stats.cancelled,
+                                                        "outer_step": describe_step(last_stats.outer, last_stats.outer_step)},
+        "outer_steps": _outer_steps(summary, src.run),
         "islands": islands,
         "queue": counts,
         "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
@@ -191,6 +195,13 @@ def _cancelled(summary: dict[str, Any], last: RoundStats | None) -> dict[str, An
     if last is not None:
         return {"tasks": last.cancelled, "how": f"in round {last.round}, the last commit"}
     return None
+
+
+def _outer_steps(summary: dict[str, Any], run: RunDir | None) -> str | None:
+    """The outer step each span of rounds took, from train.json's rows (None without them)."""
+    if not summary.get("rounds"):
+        return None
+    return describe_rows(summary["rounds"], file=str(run.train_summary if run else "train.json"))
 
 
 def _train_summary(run: RunDir | None) -> dict[str, Any]:
@@ -239,7 +250,10 @@ def format_status(status: dict[str, Any]) -> str:
     last = status["last_round"]
     if last:
         lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
-                     f"{last['in_flight']} tasks in flight when it closed, {last['cancelled']} cancelled")
+                     f"{last['in_flight']} tasks in flight when it closed, {last['cancelled']} cancelled; "
+                     f"outer step: {last['outer_step']}")
+    if status["outer_steps"]:
+        lines.append(f"outer steps (train.json): {status['outer_steps']}")
     lines.append(f"\nislands ({len(status['islands'])})")
     if status["islands"]:
         lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],

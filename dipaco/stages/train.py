@@ -8,7 +8,8 @@ processes (`dipaco.islands.island`, talking only to the store), closes rounds as
 writes each module version, train.json's rows and TensorBoard metrics; `launcher.kind=ray` runs the
 coordinator and its islands as Ray tasks. The run ends when every path has had `run.rounds` results
 applied. A killed run resumes with the same command; one coordinator holds a store's lease (`--force`
-takes it over).
+takes it over). train.json also says the outer step each span of rounds took as applied (`outer_steps`,
+`dipaco.optim.outer_history`) and the commit of the code each session trained with (`code`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dipaco import atomic
+from dipaco.code_version import code_version
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.islands import launch_ray
@@ -31,6 +33,7 @@ from dipaco.islands.coordinator.metrics import RunMetrics
 from dipaco.islands.coordinator.pruning import finish_run
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
+from dipaco.optim.outer_history import describe_outer_steps, describe_rows, describe_step, outer_spans
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.fingerprints import check, index_digest, record
 from dipaco.pipeline.published import publish_run
@@ -94,6 +97,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version
         return not service.done and not (config.run.stop_after_round and service.committed >= config.run.stop_after_round)
 
+    if more():  # this session trains rounds: the code it trains them with
+        summary["code"] = code_sessions(summary.get("code", []), code_version(), first_round=service.committed + 1)
     islands = None
     metrics = RunMetrics(run.tensorboard, enabled=config.run.tensorboard)
     if local_islands and more():
@@ -117,10 +122,10 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients (%.2f MB in float32), "
-                     "%d results applied (%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step %s, %.1fs",
+                     "%d results applied (%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step: %s, %.1fs",
                      round, stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.bytes_float32 / 1e6,
-                     stats.applied, stats.stale, stats.dropped,
-                     stats.in_flight, stats.cancelled, stats.outer_step, stats.seconds)
+                     stats.applied, stats.stale, stats.dropped, stats.in_flight, stats.cancelled,
+                     describe_step(stats.outer, stats.outer_step), stats.seconds)
         finished_at = time.monotonic()
         bar.close()
         if islands and service.done:
@@ -144,7 +149,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         bytes_up=sum(r.bytes_up for r in rounds),
         bytes_float32=sum(r.bytes_float32 for r in rounds),  # float32 DiLoCo, the same results
         bytes_data_parallel=sum(r.bytes_data_parallel for r in rounds),  # a float32 gradient per inner step
+        outer_steps=[span.to_json() for span in outer_spans(rounds)],  # what each round applied
     )
+    log.info("outer steps: %s", describe_outer_steps(outer_spans(rounds)))
     if islands:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
         summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds)
@@ -171,6 +178,17 @@ def _goodput_so_far(rounds: list[RoundStats], *, islands: int, first_beat: float
     elapsed = time.monotonic() - first_beat
     useful = sum(sum(r.island_seconds.values()) for r in rounds)
     return useful / (islands * elapsed) if elapsed > 0 else None
+
+
+def code_sessions(sessions: list[dict], code: dict | None, *, first_round: int) -> list[dict]:
+    """train.json's `code`: `{"commit", "clean", "first_round"}` of each session that trained rounds with
+    other code than the one before (commit and clean None outside a git checkout); a session's entry from
+    `first_round` on replaces later ones (a reset store trains them again)."""
+    entry = {"commit": None, "clean": None, **(code or {})}
+    kept = [s for s in sessions if s.get("first_round", 1) < first_round]
+    if kept and (kept[-1].get("commit"), kept[-1].get("clean")) == (entry["commit"], entry["clean"]):
+        return kept
+    return [*kept, {**entry, "first_round": first_round}]
 
 
 def resumed_rounds(rounds: list[RoundStats], committed: RoundStats | None, *, done: int) -> list[RoundStats]:
@@ -217,9 +235,11 @@ def command_train(config: Config, run: RunDir, args: argparse.Namespace) -> None
     print(f"trained {summary['n_paths']} paths for {summary['rounds_completed']} rounds "
           f"({summary['inner_steps_per_path']} inner steps each, {summary['tokens']:,} tokens) "
           f"in {summary['seconds']:.0f}s; summary in {run.train_summary}")
+    print(f"outer steps: {describe_rows(summary['rounds'], file=str(run.train_summary))}")
 
 
 def command_coordinator(config: Config, run: RunDir, args: argparse.Namespace) -> None:
     summary = train(config, run, local_islands=False, force=args.force)
     print(f"coordinated {summary['rounds_completed']} rounds of {summary['n_paths']} paths "
           f"({summary['tokens']:,} tokens) in {summary['seconds']:.0f}s; summary in {run.train_summary}")
+    print(f"outer steps: {describe_rows(summary['rounds'], file=str(run.train_summary))}")

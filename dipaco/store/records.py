@@ -10,7 +10,7 @@
 | `Board`         | tasks.json (coordinator)                           | every `Task` and every `PathState`   |
 | `Heartbeat`     | heartbeats/<island>.json (that island)             | alive, idle or training, what it did |
 | `ResultMeta`    | results/round-t/path-p[.aN].json (the island)      | a pseudo-gradient's metadata         |
-| `RoundManifest` | rounds/round-t.json (coordinator)                  | which results round t applied        |
+| `RoundManifest` | rounds/round-t.json (coordinator)                  | which results round t applied, how   |
 | `RoundStats`    | train.json's "rounds", and state.json's "stats"    | one round's tokens, losses, bytes    |
 
 Each is a frozen dataclass; a new state is a new record (`dataclasses.replace`). `to_json()` writes the
@@ -31,6 +31,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from dipaco.config import OuterConfig
 from dipaco.store.module_store import StoreError
 
 R = TypeVar("R", bound="Record")
@@ -311,14 +312,32 @@ class ManifestEntry(Record):
 
 
 @dataclass(frozen=True)
+class OuterStep(Record):
+    """The settings of the outer step a round applied (`dipaco.optim.outer.outer_update`'s config)."""
+
+    lr: float
+    momentum: float  # 0: no momentum kept (plain averaging with lr 1 and no rescale)
+    nesterov: bool
+    rescale_by_paths: bool
+
+    @classmethod
+    def of(cls, config: OuterConfig) -> OuterStep:
+        return cls(lr=config.lr, momentum=config.momentum, nesterov=config.nesterov,
+                   rescale_by_paths=config.rescale_by_paths)
+
+
+@dataclass(frozen=True)
 class RoundManifest(Record):
-    """rounds/round-t.json: which results round t's outer step used (written before the commit)."""
+    """rounds/round-t.json: which results round t's outer step used, and the step (written before the commit)."""
 
     SCHEMA: ClassVar[int] = 1
 
     round: int
     applied: tuple[ManifestEntry, ...]
     dropped: tuple[ManifestEntry, ...]
+    outer: OuterStep | None = None  # the step apply_round took; None in manifests written before it was recorded
+
+    ADDED: ClassVar[tuple[str, ...]] = ("outer",)
 
     @property
     def keys(self) -> set[str]:
@@ -350,8 +369,10 @@ class RoundStats(Record):
     outer_step: str = "configured"
     bytes_float32: int = 0  # the applied results in float32: what float32 DiLoCo would have sent
     bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results: what data parallel sends
+    outer: OuterStep | None = None  # its settings, from the manifest (as applied); None in rows written before
 
-    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut", "bytes_float32", "bytes_data_parallel")
+    ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut", "bytes_float32", "bytes_data_parallel",
+                                        "outer")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
@@ -371,7 +392,7 @@ class RoundStats(Record):
                    dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
                    cancelled=cancelled, cut=cut, outer_step=outer_step,
                    bytes_float32=sum(e.float32_bytes for e in applied),
-                   bytes_data_parallel=sum(e.data_parallel_bytes for e in applied))
+                   bytes_data_parallel=sum(e.data_parallel_bytes for e in applied), outer=manifest.outer)
 
     @property
     def mean_train_loss(self) -> float:

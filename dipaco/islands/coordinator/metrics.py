@@ -75,6 +75,9 @@ class RunMetrics:
         for key in ("seconds", "tokens", "applied", "stale", "dropped", "in_flight", "cancelled"):
             add(f"round/{key}", getattr(stats, key), t)
         add("outer/plain_average", float(stats.outer_step == "average"), t)
+        if stats.outer is not None:  # the step as applied
+            add("outer/lr", stats.outer.lr, t)
+            add("outer/momentum", stats.outer.momentum, t)
         if goodput is not None and math.isfinite(goodput):
             add("goodput", goodput, t)
         self.writer.flush()

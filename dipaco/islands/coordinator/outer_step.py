@@ -24,7 +24,7 @@ from dipaco.rounds.plan import RoundPlan
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import ResultReader, read_result_meta
 from dipaco.store.module_store import ModuleStore
-from dipaco.store.records import ManifestEntry, ResultMeta, RoundManifest, Task
+from dipaco.store.records import ManifestEntry, OuterStep, ResultMeta, RoundManifest, Task
 
 
 def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: list[Task],
@@ -33,7 +33,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 metas: dict[str, ResultMeta] | None = None,
                 digests: dict[str, dict[str, str] | None] | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
-    momentum) version `round` and returns the manifest of what it applied and dropped (not written).
+    momentum) version `round` and returns the manifest (not written) of what it applied and dropped and
+    of the step every module took (`outer`: `config`'s settings).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
     only `pending` (sync). `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
     results' metadata by task key where the caller has read it already (the coordinator, when it validated
@@ -98,7 +99,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     def counted(entry: ManifestEntry) -> ManifestEntry:
         return dataclasses.replace(entry, float32_bytes=4 * sum(floats[m] for m in topology.modules_of_path(entry.path)))
 
-    return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)))
+    return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)),
+                         outer=OuterStep.of(config))
 
 
 def _norm(tensors) -> float:
