@@ -72,7 +72,8 @@ def tokenizer_key(config: Config) -> str:
 
 
 def pretrain_key(config: Config) -> str:
-    return _key(config, "corpus", "sharding", "model", "inner", "warm_start", extra=(config.run.seed, config.pretrain_steps))
+    """What the warm start depends on: its steps, not the fraction of the run that makes them (grids differ)."""
+    return _key(config, "corpus", "sharding", "model", "inner", extra=(config.run.seed, config.pretrain_steps))
 
 
 def routing_key(config: Config) -> str:
