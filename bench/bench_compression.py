@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quality_runs import Runner, mode_perplexity, read_json  # noqa: E402
-from bench.recording import markdown_table, write_results  # noqa: E402
+from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> None:
             train(name, seed)
     results = collect(runs, chosen=chosen, common=common, min_ratio=args.min_ratio,
                       seconds=time.perf_counter() - started)
-    path = write_results(args.name, results, markdown(results))
+    path = write_results(args.name, results, markdown(results), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     print(path.with_suffix(".md").read_text())
 
 

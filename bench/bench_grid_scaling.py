@@ -1,8 +1,8 @@
-"""More paths at the same path size: DiPaCo grids of 2x2, 4x4 and 8x8 paths against dense models of 1x, 4x and
-16x a path's parameters, each the mean of several seeds (the same seeds for every model).
+"""More paths at the same path size: DiPaCo grids of 2x2, 4x4 and 8x8 paths against dense models of 1x and 4x
+a path's parameters, each the mean of several seeds (the same seeds for every model).
 
     python bench/bench_grid_scaling.py                              # 3 seeds, ~1.5 h on 2 cores
-    python bench/bench_grid_scaling.py --seeds 0 --grids 2x2 4x4 --dense 1 4 --name grid-scaling-quick
+    python bench/bench_grid_scaling.py --seeds 0 --grids 2x2 4x4 --dense 1 4 16 --name grid-scaling-quick
     python bench/bench_grid_scaling.py --keep --collect-only        # the results from the runs already made
 
 Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, default width 64 and sequences of
@@ -11,7 +11,7 @@ Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, defau
   the same dense warm start (`--warm-start` steps, by default the 2x2 grid's: the recipe's 50%), whatever the
   number of paths; routed by the k-means router on the warm start's features (prefix), by the paths'
   likelihood of the prefix, and the oracle path (not deployable);
-- dense models of `--dense` times a path's parameters (a wider path model, width chosen for the parameter
+- dense models of `--dense` times a path's parameters (1 and 4 by default) (a wider path model, width chosen for the parameter
   count): a 1x1 grid, so each gets its own warm start of its own size for the same warm-start steps and then
   the same per-path steps on every training document: the same sequential steps as one path. 1x is the
   dense model of equal steps.
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quality_runs import Runner, mode_perplexity, read_json  # noqa: E402
-from bench.recording import markdown_table, write_results  # noqa: E402
+from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
@@ -87,9 +87,12 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                         help=f"override for every model (default {REDUCED})")
     parser.add_argument("--grids", nargs="+", default=["2x2", "4x4", "8x8"], help="DiPaCo grids")
-    parser.add_argument("--dense", nargs="+", type=int, default=[1, 4, 16],
+    parser.add_argument("--dense", nargs="+", type=int, default=[1, 4],
                         help="dense models of these multiples of a path's parameters")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="run.seed of every model")
+    parser.add_argument("--all-modes-seeds", type=int, default=1,
+                        help="the first this many seeds also route by likelihood and score the oracle path (both "
+                             "score every held-out document with every path: 8x8 spends most of its time there)")
     parser.add_argument("--warm-start", type=int, default=0,
                         help="warm-start steps of every model (default: the first grid's under the recipe)")
     parser.add_argument("--islands", type=int, default=1, help="island processes per DiPaCo run (hardware.islands)")
@@ -111,8 +114,9 @@ def main() -> None:
     models = [(f"DiPaCo {grid}", f"topology.levels={grid_levels(grid)}", MODES) for grid in args.grids]
     models += [(f"dense {k}x", f"model.hidden_size={widths[k]}", ["prefix"]) for k in args.dense]
     runs: dict[str, dict[int, Path]] = {}
-    for seed in args.seeds:
-        for model, override, modes in models:
+    for index, seed in enumerate(args.seeds):
+        for model, override, all_modes in models:
+            modes = all_modes if index < args.all_modes_seeds else ["prefix"]
             dense = model.startswith("dense")
             overrides = [*common, f"run.seed={seed}", f"warm_start.steps={warm}", override]
             if dense:
@@ -132,7 +136,7 @@ def main() -> None:
             log.info("%s seed %d: %s", model, seed, summary_line(run))
     results = collect(runs, warm=warm, widths=widths, path_params=path_params, common=common,
                       seconds=time.perf_counter() - started)
-    path = write_results(args.name, results, markdown(results))
+    path = write_results(args.name, results, markdown(results), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
 

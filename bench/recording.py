@@ -25,6 +25,7 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from dipaco.code_version import code_version, describe_code
@@ -90,6 +91,15 @@ def run_code(run: Path) -> list[dict]:
             out.append({"what": f"{run.name}: {dense.relative_to(run)}", "commit": code.get("commit"),
                         "clean": code.get("clean")})
     return out
+
+
+def distinct_code(runs: Iterable[Path]) -> list[dict]:
+    """`run_code` of several runs, one entry per distinct (commit, clean tree): the first model each trained."""
+    seen: dict[tuple, dict] = {}
+    for run in runs:
+        for code in run_code(run):
+            seen.setdefault((code["commit"], code["clean"]), code)
+    return list(seen.values())
 
 
 def quotable(record: dict) -> bool:
