@@ -13,7 +13,9 @@ token count is those steps × inner.batch_size × sharding.seq_len; no module of
 `resilience.max_update_ratio` × that module's norm at the task's base version (so a path's first result,
 and the first after a restart, are bounded too); and its norm is at most `resilience.max_norm_ratio` ×
 the median of the path's last accepted norms. After `resilience.max_rejections` rejections of one task
-the run stops with the reasons. The sha256 of the bytes checked (`read_result_as_stored`) go with an
+the run stops with the reasons. The tensors a file declares (its header, each module frame's header) are
+compared with the path's modules before anything is decoded, so a result declaring a huge tensor costs
+nothing (`open_result`). The sha256 of the bytes checked go with an
 accepted result (`accepted_digests`), and the outer step applies exactly those bytes or none.
 """
 
@@ -28,7 +30,7 @@ import torch
 
 from dipaco.config import ResilienceConfig
 from dipaco.model.topology import Topology
-from dipaco.store.board import read_result_as_stored, read_result_meta, result_file
+from dipaco.store.board import open_result, read_result_meta, result_file
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
 
@@ -107,10 +109,18 @@ class ResultChecks:
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt, link=task.link)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt, link=task.link))
         _check_meta(meta, task, attempt, where=where, inner_steps=self.inner_steps, tokens_per_step=self.tokens_per_step)
-        tensors, location, digests = read_result_as_stored(self.store, meta)
-        norm = self._check_tensors(tensors, task.path, where=location)
-        self._check_bounded(tensors, task.base, where=location)
-        return norm, meta, digests
+        stored = open_result(self.store, meta)  # headers only: nothing is decoded before they are checked
+        expected = self._expected(task)
+        _check_declared(stored.declared, expected, where=stored.location, what=f"path {task.path}'s modules")
+        tensors = stored.decode(shapes=expected)  # each frame decompresses to at most what these shapes take
+        norm = self._check_tensors(tensors, expected, where=stored.location)
+        self._check_bounded(tensors, task.base, where=stored.location)
+        return norm, meta, stored.digests
+
+    def _expected(self, task: Task) -> dict[str, list[int]]:
+        """`{"module/param": shape}` of the pseudo-gradient `task`'s result must hold (float32)."""
+        return {f"{module}/{param}": shape for module in self.topology.modules_of_path(task.path)
+                for param, (shape, _) in self._module_shapes(module).items()}
 
     def _check_bounded(self, tensors: dict[str, torch.Tensor], base: int, *, where: str) -> None:
         """No module of the result moves more than `resilience.max_update_ratio` × its norm at `base`."""
@@ -130,18 +140,14 @@ class ResultChecks:
                 raise StoreError(f"{where}: its pseudo-gradient of {module} has norm {step:.4g}, {step / size:.3g}x the "
                                  f"module's norm {size:.4g} at version {base} (resilience.max_update_ratio {ratio})")
 
-    def _check_tensors(self, tensors: dict[str, torch.Tensor], path: int, *, where: str) -> float:
-        expected = {f"{module}/{param}": spec for module in self.topology.modules_of_path(path)
-                    for param, spec in self._module_shapes(module).items()}
-        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        if missing or unexpected:
-            raise StoreError(f"{where}: tensors do not match path {path}'s modules (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
+    def _check_tensors(self, tensors: dict[str, torch.Tensor], expected: dict[str, list[int]], *, where: str) -> float:
+        """The decoded tensors are `expected`'s (as declared), float32 and finite; returns their norm."""
+        if set(tensors) != set(expected):  # the declared names were checked: a file that decodes to others is broken
+            raise StoreError(f"{where}: decodes to other tensors than it declares")
         total = 0.0
         for name, tensor in tensors.items():
-            shape, _ = expected[name]
-            if list(tensor.shape) != shape:
-                raise StoreError(f"{where}: {name} has shape {list(tensor.shape)}, the module's is {shape}")
+            if list(tensor.shape) != expected[name]:
+                raise StoreError(f"{where}: {name} has shape {list(tensor.shape)}, the module's is {expected[name]}")
             if tensor.dtype != torch.float32:
                 raise StoreError(f"{where}: {name} is {tensor.dtype}, pseudo-gradients are float32")
             if not bool(torch.isfinite(tensor).all()):
@@ -165,6 +171,21 @@ class ResultChecks:
         if module not in self._shapes:
             self._shapes[module] = self.store.module_shapes(module)
         return self._shapes[module]
+
+
+def _check_declared(declared: dict[str, tuple[torch.dtype, list[int]]], expected: dict[str, list[int]], *,
+                    where: str, what: str) -> None:
+    """Refuse a file whose headers declare other tensors than `expected` (names, shapes, float32), naming the
+    tensor, its declared and its expected shape, before anything is decoded (a frame declaring a huge tensor
+    is never decompressed)."""
+    missing, unexpected = sorted(set(expected) - set(declared)), sorted(set(declared) - set(expected))
+    if missing or unexpected:
+        raise StoreError(f"{where}: tensors do not match {what} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, (dtype, shape) in declared.items():
+        if list(shape) != expected[name]:
+            raise StoreError(f"{where}: {name} has shape {list(shape)}, the module's is {expected[name]}")
+        if dtype != torch.float32:
+            raise StoreError(f"{where}: {name} is {dtype}, pseudo-gradients are float32")
 
 
 def _check_meta(meta: ResultMeta, task: Task, attempt: int, *, where: str, inner_steps: int | None,
