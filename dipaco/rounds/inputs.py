@@ -43,6 +43,7 @@ class Result:
     arrived: float  # policy clock
     started: float | None = None  # when the task was handed out (policy clock); None = unknown
     steps: int | None = None  # inner steps it trained (fewer when it was cut); None = a whole task
+    modules: frozenset[str] | None = None  # the modules it carries (outer.fragments); None = every module of its path
 
 
 @dataclass(frozen=True)

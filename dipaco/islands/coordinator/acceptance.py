@@ -3,16 +3,18 @@ any shared module sees it.
 
     checks = ResultChecks(store, topology, resilience=cfg.resilience, inner_steps=steps, tokens_per_step=batch * seq_len)
     reason = checks.check(task, attempt)          # None: apply it; else why it is rejected
+    reason = checks.check(task, attempt, modules=["embeddings"])  # with fragments: the modules its round syncs
     task = checks.requeue(task, reason)           # the task as the next attempt (logged)
     checks.moved(task, fresh)                     # ... replaced by one from a newer version (async)
 
 A result is accepted when its `ResultMeta` names this task (path, round, base, link, attempt) and this
-attempt's own file; its tensors are exactly the path's module parameters (names, shapes, float32) with
-finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
+attempt's own file; its tensors are exactly the parameters of the path's modules the task syncs (all of
+them, or with `outer.fragments` those of its round's fragment: `dipaco.rounds.fragments`; names, shapes,
+float32) with finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
 token count is those steps × inner.batch_size × sharding.seq_len; no module of it is larger than
 `resilience.max_update_ratio` × that module's norm at the task's base version (so a path's first result,
 and the first after a restart, are bounded too); and its norm is at most `resilience.max_norm_ratio` ×
-the median of the path's last accepted norms. After `resilience.max_rejections` rejections of one task
+the median of the path's last accepted norms (of results that synced the same modules). After `resilience.max_rejections` rejections of one task
 the run stops with the reasons. The tensors a file declares (its header, each module frame's header) are
 compared with the path's modules before anything is decoded, so a result declaring a huge tensor costs
 nothing (`open_result`). The sha256 of the bytes checked go with an
@@ -46,7 +48,7 @@ class ResultChecks:
         not checked, for a caller that does not know the batch shape)."""
         self.store, self.topology, self.resilience = store, topology, resilience
         self.inner_steps, self.tokens_per_step = inner_steps, tokens_per_step
-        self.norms: dict[int, list[float]] = {}  # path -> norms of its accepted results, oldest first
+        self.norms: dict[int | tuple, list[float]] = {}  # path (fragments: path and modules) -> accepted norms, oldest first
         self.verdicts: dict[tuple[str, int], str | None] = {}  # (task key, attempt) -> None or the reason
         self.rejections: dict[str, list[str]] = {}  # task key -> reasons of its rejected attempts
         self._shapes: dict[str, dict[str, tuple[list[int], str]]] = {}  # module -> param -> (shape, dtype)
@@ -54,18 +56,22 @@ class ResultChecks:
         self._digests: dict[tuple[str, int], dict[str, str]] = {}  # (task key, attempt) -> the bytes' sha256
         self._module_norms: dict[tuple[int, str], float] = {}  # (version, module) -> its parameters' norm
 
-    def check(self, task: Task, attempt: int) -> str | None:
-        """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once)."""
+    def check(self, task: Task, attempt: int, *, modules: list[str] | None = None) -> str | None:
+        """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once).
+        `modules`: the modules the result must carry (the task's fragment); None: every module of its path."""
         key = (task.key, attempt)
         if key not in self.verdicts:
+            path_modules = self.topology.modules_of_path(task.path)
+            modules = path_modules if modules is None else modules
+            history = task.path if modules == path_modules else (task.path, *modules)
             try:
-                norm, meta, digests = self._check(task, attempt)
+                norm, meta, digests = self._check(task, attempt, modules)
             except StoreError as err:
                 self.verdicts[key] = str(err)
             else:
-                self.verdicts[key] = self._outlier(task.path, norm)
+                self.verdicts[key] = self._outlier(history, norm)
                 if self.verdicts[key] is None:
-                    self.norms[task.path] = (self.norms.get(task.path, []) + [norm])[-HISTORY:]
+                    self.norms[history] = (self.norms.get(history, []) + [norm])[-HISTORY:]
                     self._accepted[key] = meta
                     self._digests[key] = digests
             if self.verdicts[key] is not None:
@@ -103,24 +109,22 @@ class ResultChecks:
         self.rejections[to.key] = self.rejections.pop(task.key, []) + self.rejections.get(to.key, [])
 
     # --- the checks ----------------------------------------------------------------------------------
-    def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta, dict[str, str]]:
+    def _check(self, task: Task, attempt: int, modules: list[str]) -> tuple[float, ResultMeta, dict[str, str]]:
         """The result's pseudo-gradient norm, its metadata and its bytes' digests; a StoreError says what
         is wrong with it."""
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt, link=task.link)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt, link=task.link))
         _check_meta(meta, task, attempt, where=where, inner_steps=self.inner_steps, tokens_per_step=self.tokens_per_step)
         stored = open_result(self.store, meta)  # headers only: nothing is decoded before they are checked
-        expected = self._expected(task)
-        _check_declared(stored.declared, expected, where=stored.location, what=f"path {task.path}'s modules")
+        expected = {f"{module}/{param}": shape for module in modules
+                    for param, (shape, _) in self._module_shapes(module).items()}
+        what = (f"path {task.path}'s modules" if modules == self.topology.modules_of_path(task.path) else
+                f"the modules path {task.path} syncs in round {task.round} ({', '.join(modules) or 'none'})")
+        _check_declared(stored.declared, expected, where=stored.location, what=what)
         tensors = stored.decode(shapes=expected)  # each frame decompresses to at most what these shapes take
         norm = self._check_tensors(tensors, expected, where=stored.location)
         self._check_bounded(tensors, task.base, where=stored.location)
         return norm, meta, stored.digests
-
-    def _expected(self, task: Task) -> dict[str, list[int]]:
-        """`{"module/param": shape}` of the pseudo-gradient `task`'s result must hold (float32)."""
-        return {f"{module}/{param}": shape for module in self.topology.modules_of_path(task.path)
-                for param, (shape, _) in self._module_shapes(module).items()}
 
     def _check_bounded(self, tensors: dict[str, torch.Tensor], base: int, *, where: str) -> None:
         """No module of the result moves more than `resilience.max_update_ratio` × its norm at `base`."""
@@ -156,13 +160,14 @@ class ResultChecks:
             total += float(tensor.double().square().sum())
         return math.sqrt(total)
 
-    def _outlier(self, path: int, norm: float) -> str | None:
-        history = self.norms.get(path)
+    def _outlier(self, key: int | tuple, norm: float) -> str | None:
+        history = self.norms.get(key)
         ratio = self.resilience.max_norm_ratio
         if not ratio or not history:
             return None
         median = statistics.median(history)
         if median > 0 and norm > ratio * median:
+            path = key if isinstance(key, int) else key[0]
             return (f"pseudo-gradient norm {norm:.4g} is {norm / median:.1f}x the median {median:.4g} of path {path}'s "
                     f"last {len(history)} accepted results (resilience.max_norm_ratio {ratio})")
         return None
