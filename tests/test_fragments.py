@@ -12,12 +12,15 @@ import torch
 from test_decoupled import FailInTask
 from tiny_runs import Clock, drive, make_run
 
-from dipaco.config import ResilienceConfig
+from dipaco.config import ResilienceConfig, RoundsConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.island.checkpoint import InnerCheckpoint
 from dipaco.islands.island.training import push_result, train_task
 from dipaco.optim.drift import DRIFT, split_drift
+from dipaco.optim.error_feedback import split_inner
 from dipaco.rounds.fragments import FragmentSchedule
+from dipaco.rounds.inputs import Grid, Result, Running
+from dipaco.rounds.policy import RoundPolicy
 from dipaco.stages.island import island_setup
 from dipaco.store.board import all_inner_states, read_inner, read_manifest, read_result, write_inner
 from dipaco.store.module_store import StoreError
@@ -80,9 +83,13 @@ def test_one_fragment_syncs_everything_and_the_paths_last_task_syncs_everything(
 
 
 # --- a tiny run ------------------------------------------------------------------------------------
-def test_a_tiny_run_sends_the_scheduled_modules_and_a_module_moves_only_when_synced(tiny, tmp_path):
+@pytest.mark.parametrize("codec", ["none", "topk"])
+def test_a_tiny_run_sends_the_scheduled_modules_and_a_module_moves_only_when_synced(tiny, tmp_path, codec):
+    """Three sync rounds, K = 2: round 1 sends fragment 1, round 2 fragment 0, round 3 (the last) every module.
+    With top-k and error feedback a module not sent keeps its residual (the residual covers every parameter)."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", [*FRAGMENTS, "run.rounds=3"])
+    topk = ["compression.codec=topk", "compression.density=0.05", "compression.chunk=256"] if codec == "topk" else []
+    run = make_run(tiny, tmp_path / "run", [*FRAGMENTS, "run.rounds=3", *topk])
     coordinator = run.coordinator(clock)
     schedule = coordinator.fragments
     assert schedule.count == 2 and {len(f) > 0 for f in schedule.fragments()} == {True}
@@ -100,8 +107,10 @@ def test_a_tiny_run_sends_the_scheduled_modules_and_a_module_moves_only_when_syn
             assert entry.float32_bytes == 4 * sum(run.store.module_sizes(modules).values())  # float32 DiLoCo: all
             synced_any |= set(expected)
             inner, _ = read_inner(run.store, coordinator.paths[entry.path].inner)
-            _, drift = split_drift(inner)
+            rest, drift = split_drift(inner)
             assert {name.partition("/")[0] for name in drift} == set(modules) - set(expected)
+            residual = split_inner(rest)[1]
+            assert {n.partition("/")[0] for n in residual} == (set(modules) if codec == "topk" else set())
         for name in run.topology.modules:
             before, after = run.store.read_module(round - 1, name), run.store.read_module(round, name)
             moved = any(not torch.equal(before[p], after[p]) for p in before)
@@ -209,3 +218,57 @@ def test_a_result_with_other_modules_than_its_round_syncs_is_refused_naming_them
     push_result(run.setup, task, train_task(run.setup, task), island="a")  # round 1's fragment only
     reason = ResultChecks(run.store, run.topology, resilience=ResilienceConfig()).check(task, 0, modules=modules)
     assert "tensors do not match path 0's modules (missing [" in reason and f"'{extra[0]}/" in reason
+
+
+# --- async -----------------------------------------------------------------------------------------
+def test_an_async_quorum_counts_for_a_module_only_the_results_and_tasks_that_carry_it():
+    """Paths 0, 1 and 2 share module s (quorum 1.0): 0 and 1 reported results carrying s. One fragment: s
+    waits for path 2. Fragments: path 2's running task will not carry s, so s does not wait for it (and the
+    plan gives s only the results that carry it); when it will, s waits. With nothing pending or in flight
+    that carries s, s is not waited for at all."""
+    g = Grid(n_paths=3, modules={"s": (0, 1, 2), "p0": (0,), "p1": (1,), "p2": (2,)})
+    config = RoundsConfig(mode="async", quorum=1.0, grace_seconds=100.0)
+
+    def policy(fragments: int, carries: dict[int, set[str]]) -> tuple[RoundPolicy, list[Running]]:
+        def carry(path):
+            return frozenset(carries[path]) if fragments > 1 else None
+        p = RoundPolicy(g, config, rounds=5, fragments=fragments)
+        for path in (0, 1):
+            p.received(Result(key=f"r{path}", path=path, base=0, tokens=1, arrived=0.0, modules=carry(path)))
+        return p, [Running(key="r2", path=2, base=0, started=0.0, modules=carry(2))]
+
+    one, running = policy(1, {0: {"s"}, 1: {"s"}, 2: {"p2"}})
+    assert not one.close_due(1.0, running=running)
+    split, running = policy(2, {0: {"s", "p0"}, 1: {"s"}, 2: {"p2"}})
+    assert split.close_due(1.0, running=running)
+    plan = split.plan()
+    assert [c.key for c in plan.modules["s"]] == ["r0", "r1"] and [c.key for c in plan.modules["p1"]] == []
+    waiting, running = policy(2, {0: {"s"}, 1: {"s"}, 2: {"s", "p2"}})
+    assert not waiting.close_due(1.0, running=running)
+    nobody, running = policy(2, {0: {"p0"}, 1: {"p1"}, 2: {"p2"}})
+    assert nobody.close_due(1.0, running=running) and nobody.plan().modules["s"] == ()
+
+
+def test_an_async_tiny_run_with_fragments_syncs_each_result_s_fragment_and_ends_with_no_drift(tiny, tmp_path):
+    clock = Clock()
+    run = make_run(tiny, tmp_path / "run", [*FRAGMENTS, "run.rounds=4", "rounds.mode=async", "rounds.quorum=0.5",
+                                            "rounds.grace_seconds=0"])
+    coordinator = run.coordinator(clock)
+    drive(coordinator, [run.island(f"i{k}", clock) for k in range(3)], clock, turns=800)
+    schedule, steps = coordinator.fragments, run.config.inner.steps
+    applied = [e for r in range(1, coordinator.committed + 1) for e in read_manifest(run.store, r).applied]
+    for path in range(run.topology.n_paths):
+        ours = [e for e in applied if e.path == path]
+        assert sum(e.steps for e in ours) == run.config.run.rounds * steps
+        modules = run.topology.modules_of_path(path)
+        for entry in ours[:-1]:
+            assert sorted(entry.module_bytes) == sorted(schedule.synced(modules, round=entry.base + 1)), entry.key
+        assert sorted(ours[-1].module_bytes) == sorted(modules)  # the path's last task: every module
+    for path, states in all_inner_states(run.store).items():
+        assert not split_drift(read_inner(run.store, max(states)[1])[0])[1], path
+
+
+def test_more_fragments_than_the_grids_modules_are_refused_when_the_coordinator_starts(tiny, tmp_path):
+    run = make_run(tiny, tmp_path / "run", ["outer.fragments=6"])  # the tiny grid has 5 modules
+    with pytest.raises(ValueError, match=r"outer.fragments 6 must be between 1 and the grid's 5 modules \(\['embeddings'"):
+        run.coordinator(Clock())

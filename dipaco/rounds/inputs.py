@@ -56,6 +56,7 @@ class Running:
     started: float | None  # when it was handed out; None = unknown (e.g. before a coordinator restart)
     cut: bool = False  # already told to stop and report what it trained
     steps: int | None = None  # inner steps it was asked for; None = a whole task
+    modules: frozenset[str] | None = None  # the modules its result will carry (outer.fragments); None = all of its path's
 
 
 @dataclass(frozen=True)
