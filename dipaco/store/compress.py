@@ -138,9 +138,11 @@ def _decompress_module(frame: bytes, *, method: str,
         if shapes is not None:
             _check_shapes(declared, shapes)
         spec = _topk_spec(meta) if method == "topk" else None
-        body = _read_at_most(reader, _data_bytes(declared, method=method, topk=spec))
-    blob = load_safetensors(bytes(head + body))
-    del body
+        _read_at_most(reader, _data_bytes(declared, method=method, topk=spec), out=head)  # appended to the header
+    payload = bytes(head)  # safetensors reads bytes: one copy, as zstd's own decompress made
+    del head
+    blob = load_safetensors(payload)
+    del payload
     if spec is not None:
         return _decode_topk(blob, declared, spec)
     out = {}
@@ -234,17 +236,18 @@ def _read_exactly(reader, size: int) -> bytearray:
     return out
 
 
-def _read_at_most(reader, size: int, *, stop: bool = False) -> bytearray:
-    """Up to `size` bytes from a zstd stream reader; a ValueError when more follow (unless `stop`: the rest is
-    left unread)."""
-    out = bytearray()
+def _read_at_most(reader, size: int, *, stop: bool = False, out: bytearray | None = None) -> bytearray:
+    """Up to `size` bytes from a zstd stream reader, appended to `out` (a new bytearray by default); a
+    ValueError when more follow (unless `stop`: the rest is left unread)."""
+    out = bytearray() if out is None else out
+    start = len(out)
     want = size if stop else size + 1  # one byte past the limit tells a frame that holds more
-    while len(out) < want:
-        chunk = reader.read(min(READ_CHUNK, want - len(out)))
+    while len(out) - start < want:
+        chunk = reader.read(min(READ_CHUNK, want - (len(out) - start)))
         if not chunk:
             break
         out += chunk
-    if len(out) > size:
+    if len(out) - start > size:
         raise ValueError(f"a module frame decompresses to more than the {size} bytes its tensors take")
     return out
 
