@@ -39,13 +39,13 @@ def random_sizes(n: int, seed: int) -> dict[str, int]:
     return {f"m{i:02d}": rng.choice([1, 10, 100, 5000]) * rng.randint(1, 9) for i in range(n)}
 
 
-def reference_split(sizes: dict[str, int], k: int) -> list[set[str]]:
-    """Largest first (ties by name), each to the lightest fragment (ties: the lowest), written out plainly."""
+def reference_split(weights: dict[str, int], k: int) -> list[set[str]]:
+    """Heaviest first (ties by name), each to the lightest fragment (ties: the lowest), written out plainly."""
     fragments, load = [set() for _ in range(k)], [0] * k
-    for name in sorted(sizes, key=lambda m: (-sizes[m], m)):
+    for name in sorted(weights, key=lambda m: (-weights[m], m)):
         lightest = load.index(min(load))
         fragments[lightest].add(name)
-        load[lightest] += sizes[name]
+        load[lightest] += weights[name]
     return fragments
 
 
@@ -53,19 +53,21 @@ def reference_split(sizes: dict[str, int], k: int) -> list[set[str]]:
 @pytest.mark.parametrize("seed", range(5))
 def test_any_k_consecutive_rounds_sync_every_module_exactly_once_in_balanced_fragments(seed):
     sizes = random_sizes(3 + seed * 3, seed)
+    paths = {m: range(random.Random(m).randint(1, 4)) for m in sizes}  # a module's Δ is sent by each path through it
+    weights = {m: sizes[m] * len(paths[m]) for m in sizes}  # what a round that syncs it uploads
     for k in range(1, len(sizes) + 1):
-        schedule = FragmentSchedule.split(sizes, k)
-        assert [set(f) for f in schedule.fragments()] == reference_split(sizes, k)
+        schedule = FragmentSchedule.split(sizes, k, paths=paths)
+        assert [set(f) for f in schedule.fragments()] == reference_split(weights, k)
         for first in range(1, 2 * k + 2):
             counts = dict.fromkeys(sizes, 0)
             for round in range(first, first + k):
                 for m in schedule.synced(sizes, round=round):
                     counts[m] += 1
             assert set(counts.values()) == {1}, (k, first)
-        heaviest = max(sum(sizes[m] for m in f) for f in schedule.fragments())
-        assert heaviest <= sum(sizes.values()) / k + max(sizes.values())
+        heaviest = max(sum(weights[m] for m in f) for f in schedule.fragments())
+        assert heaviest <= sum(weights.values()) / k + max(weights.values())  # a round's upload
         shuffled = dict(random.Random(seed).sample(sorted(sizes.items()), len(sizes)))
-        assert FragmentSchedule.split(shuffled, k).of_module == schedule.of_module  # deterministic
+        assert FragmentSchedule.split(shuffled, k, paths=paths).of_module == schedule.of_module  # deterministic
 
 
 def test_one_fragment_syncs_everything_and_the_paths_last_task_syncs_everything():

@@ -2,12 +2,14 @@
 staggered schedule, so a round uploads about one fragment while every module is still synced every K rounds.
 
     schedule = FragmentSchedule.split({"embeddings": 16384, "level0.module0": 8448, ...}, count=2,
-                                      inner_steps=4, rounds=10)
+                                      paths=Grid.of(topology).modules, inner_steps=4, rounds=10)
     schedule.synced(topology.modules_of_path(3), round=5, step_offset=16)   # what that task sends
 
-The grid's modules are split into K = `count` fragments of about equal parameter count: largest module first
-(ties by name), each to the fragment with the fewest parameters so far (ties: the lowest fragment), so no
-fragment exceeds the ideal share by more than the largest module. A task of round r (`Task.round`) sends the
+The grid's modules are split into K = `count` fragments of about equal upload: a module weighs its
+parameters × the paths through it (each of them sends its Δ of the module when it is synced), so a round
+uploads about 1/K of what syncing every module does. Heaviest module first (ties by name), each to the
+lightest fragment so far (ties: the lowest), so no fragment exceeds the ideal share by more than the
+heaviest module: the granularity is the module (a module of half the upload is half of every round's). A task of round r (`Task.round`) sends the
 modules of fragment r mod K among its path's; over any K consecutive rounds every module is synced exactly
 once. The path's last task, the one that reaches its `rounds` x `inner_steps` steps, sends every module, so
 no training stays on the island at the end. K = 1 is every module every round. The island keeps training
@@ -17,7 +19,7 @@ expects exactly `synced` in the result and averages a module only over the resul
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
 
 
@@ -36,18 +38,20 @@ class FragmentSchedule:
         return cls(count=1, of_module={})
 
     @classmethod
-    def split(cls, sizes: dict[str, int], count: int, *, inner_steps: int = 1,
-              rounds: int | None = None) -> FragmentSchedule:
-        """Split the modules `sizes` (module -> parameters) into `count` fragments of about equal size."""
+    def split(cls, sizes: dict[str, int], count: int, *, paths: Mapping[str, Sized] | None = None,
+              inner_steps: int = 1, rounds: int | None = None) -> FragmentSchedule:
+        """Split the modules `sizes` (module -> parameters) into `count` fragments of about equal weight, a
+        module's weight its size × its `paths` (module -> the paths through it; None: one each)."""
         if count < 1 or count > max(1, len(sizes)):
             raise ValueError(f"outer.fragments {count} must be between 1 and the grid's {len(sizes)} modules "
                              f"({sorted(sizes)[:6]}{'...' if len(sizes) > 6 else ''})")
+        weight = {m: n * (1 if paths is None else len(paths[m])) for m, n in sizes.items()}
         load = [0] * count
         of_module = {}
-        for name in sorted(sizes, key=lambda m: (-sizes[m], m)):
+        for name in sorted(weight, key=lambda m: (-weight[m], m)):
             fragment = min(range(count), key=lambda f: (load[f], f))
             of_module[name] = fragment
-            load[fragment] += sizes[name]
+            load[fragment] += weight[name]
         return cls(count=count, of_module=of_module, inner_steps=inner_steps, rounds=rounds)
 
     def fragments(self) -> list[list[str]]:

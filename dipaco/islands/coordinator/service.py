@@ -85,7 +85,8 @@ class Coordinator:
                              f"starts to decay (dipaco.optim.outer.path_decay_from)")
         count = outer.fragments  # which modules each task syncs; the module sizes are read only when K > 1
         self.fragments = FragmentSchedule.split(store.module_sizes(topology.modules) if count > 1 else {}, count,
-                                                inner_steps=settings.inner_steps, rounds=settings.run_rounds)
+                                                paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
+                                                rounds=settings.run_rounds)
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
         self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,

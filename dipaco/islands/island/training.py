@@ -66,6 +66,7 @@ from dipaco.optim.inner import (
 )
 from dipaco.optim.prefetch import Prefetcher
 from dipaco.rounds.fragments import FragmentSchedule
+from dipaco.rounds.inputs import Grid
 from dipaco.store.board import (
     inner_ref,
     read_inner,
@@ -118,7 +119,8 @@ class IslandSetup:
         if self.fragments == 1:
             return FragmentSchedule.every_round()
         return FragmentSchedule.split(self.store.module_sizes(self.topology.modules), self.fragments,
-                                      inner_steps=self.inner.steps, rounds=self.run.rounds)
+                                      paths=Grid.of(self.topology).modules, inner_steps=self.inner.steps,
+                                      rounds=self.run.rounds)
 
 
 @dataclass(frozen=True)
