@@ -141,6 +141,7 @@ class OuterConfig(Section):
     normalize: Literal["module", "all"] = "module"  # divide the weights by their sum over the module's reporting paths (the paper's weighted average) or over all paths
     rescale_by_paths: bool = False  # multiply a shared module's average by sqrt(paths through it) (the paper's DiPaCo step)
     decay: Literal["average", "keep"] = "average"  # the rounds whose inner steps reach the inner lr's decay (inner.schedule wsd): average = plain averaging (lr 1, momentum 0, no rescale, the momentum dropped) | keep = this outer step
+    fragments: PositiveInt = 1  # K: the grid's modules split into K fragments of about equal upload, a round syncing one of them in turn (Streaming DiLoCo), so every module is synced every K rounds and a path's last task syncs all; the islands train on the modules not synced; 1 = every module every round
 
 
 @dataclass(kw_only=True)

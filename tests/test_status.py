@@ -60,6 +60,9 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
     assert status["cancelled"] == {"tasks": 0, "how": "train.json"}  # sync never cancels
     assert [p["results_applied"] for p in status["paths"]] == [3, 3, 3, 3]
     last = {r["round"]: r for r in train["rounds"]}[3]
+    sent = [r["bytes_up"] for r in train["rounds"]]  # the peak round, and the steady state's without the paths' last tasks
+    assert [r["bytes_up_final"] for r in train["rounds"]] == [0, 0, last["bytes_up"]] == [0, 0, train["bytes_up_final"]]
+    assert train["bytes_up_peak_round"] == max(sent) and train["bytes_up_peak_round_excluding_final"] == max(sent[:2])
     for p in status["paths"]:
         assert p["train_loss"] == pytest.approx(last["train_loss"][str(p["path"])]) and p["train_loss_round"] == 3
         assert p["val_loss_version"] == 3 and p["best_val_loss"] <= p["val_loss"]

@@ -43,6 +43,7 @@ class Result:
     arrived: float  # policy clock
     started: float | None = None  # when the task was handed out (policy clock); None = unknown
     steps: int | None = None  # inner steps it trained (fewer when it was cut); None = a whole task
+    modules: frozenset[str] | None = None  # the modules it carries (outer.fragments); None = every module of its path
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Running:
     started: float | None  # when it was handed out; None = unknown (e.g. before a coordinator restart)
     cut: bool = False  # already told to stop and report what it trained
     steps: int | None = None  # inner steps it was asked for; None = a whole task
+    modules: frozenset[str] | None = None  # the modules its result will carry (outer.fragments); None = all of its path's
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 A result based on version b applied in round t is s = t − 1 − b versions stale for the shared modules;
 for a path-private module, s = the results of its own path applied in rounds b+1 … t−1. Its factor is
-`staleness_weight(s)`; a result whose shared staleness is past the limit is dropped whole.
+`staleness_weight(s)`; a result whose shared staleness is past the limit is dropped whole. A result that
+carries only some of its path's modules (`Result.modules`, outer.fragments) contributes to those alone.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def plan_round(round: int, pending: Iterable[Result], *, grid: Grid, config: Rou
     for m, paths in grid.modules.items():
         contributions = []
         for verdict in verdicts:
-            if verdict.factor is None or verdict.path not in paths:
+            carried = by_key[verdict.key].modules
+            if verdict.factor is None or verdict.path not in paths or (carried is not None and m not in carried):
                 continue
             staleness, factor = verdict.staleness, verdict.factor
             if len(paths) == 1:  # private: stale only by its own path's results applied since

@@ -30,10 +30,13 @@ class RoundPolicy:
     """The committed version, the results not yet used, the run's length and the quorum clock."""
 
     def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, inner_steps: int = 1,
-                 committed: int = 0, applied: Iterable[tuple] = ()):
+                 committed: int = 0, applied: Iterable[tuple] = (), fragments: int = 1):
         """`rounds` × `inner_steps`: the run's length, in steps applied per path (`run.rounds`; None = no
-        end). `applied`: (round, path[, steps]) of every result applied by committed rounds (manifests)."""
+        end). `applied`: (round, path[, steps]) of every result applied by committed rounds (manifests).
+        `fragments` (outer.fragments) > 1: results and running tasks carry only some modules
+        (`Result.modules`, `Running.modules`), and an async quorum counts for a module only those that carry it."""
         self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
+        self.fragments = fragments
         self.length = RunLength(grid.n_paths, rounds, inner_steps=inner_steps, applied=applied)
         self.clock = QuorumClock(grid, config)
         self.pending: dict[str, Result] = {}
@@ -97,7 +100,15 @@ class RoundPolicy:
         if self.length.finishing(outstanding, running=running, open=open):
             return bool(self.pending) and not running  # the last results: wait for every one of them
         return self.clock.due(now, committed=self.committed, fresh=fresh, unfinished=unfinished(outstanding),
-                              any_pending=bool(self.pending), running=running)
+                              any_pending=bool(self.pending), running=running,
+                              carried=self._carried(fresh) if self.fragments > 1 else None)
+
+    def _carried(self, fresh: set[int]) -> dict[str, set[int]]:
+        """Per shared module, the `fresh` paths whose pending results carry it."""
+        results = [r for r in self.pending.values() if r.path in fresh
+                   and staleness_weight(self.committed - r.base, config=self.config) is not None]
+        return {m: {r.path for r in results if r.path in self.grid.modules[m] and (r.modules is None or m in r.modules)}
+                for m in self.grid.shared}
 
     def grace_deadline(self) -> float | None:
         return self.clock.grace_deadline()

@@ -2,7 +2,9 @@
 
 A shared module m is ready when ceil(rounds.quorum × |P(m)|) of its reporting paths have reported since
 the last commit (a result the next round can apply), and then all of them have, or its grace window has
-passed. The window adapts to the
+passed. With fragments (`outer.fragments`) a result carries only some modules, so for a module only the
+paths whose pending result or running task carries it count, and a module that none carries is not
+waited for. The window adapts to the
 measured task times: it is rounds.grace_fraction × their median (at most rounds.grace_seconds, which is
 also its length before any task was measured), and within it the round waits only for the paths whose
 running task is expected by then (its start + the median task time). A round closes when every shared
@@ -51,28 +53,45 @@ class QuorumClock:
         return max(starts) + self.window() if starts else None
 
     def due(self, now: float, *, committed: int, fresh: set[int], unfinished: set[int], any_pending: bool,
-            running: list[Running]) -> bool:
+            running: list[Running], carried: dict[str, set[int]] | None = None) -> bool:
         """May the round close at `now`? `fresh`: paths that reported since the last commit; `unfinished`:
-        paths that still owe work."""
+        paths that still owe work; `carried` (fragments only): per shared module, the fresh paths whose
+        results carry it."""
         shared = self.grid.shared
         if not shared:  # only private modules: nothing to wait for
             return any_pending
         reporting = fresh | unfinished  # a path done with its work no longer counts for the quorum
-        quorum_met = True
+        quorum_met, waited = True, {}
         for m in shared:
-            paths = set(self.grid.modules[m]) & reporting
-            if len(fresh & paths) >= math.ceil(self.config.quorum * len(paths)):
+            paths, reported = self._counted(m, reporting=reporting, fresh=fresh, running=running, carried=carried)
+            if not paths and carried is not None:  # no pending result and no running task carries it
+                self.quorum_since.pop(m, None)
+                continue
+            waited[m] = paths, reported
+            if len(reported) >= math.ceil(self.config.quorum * len(paths)):
                 self.quorum_since.setdefault(m, now)
             else:
                 self.quorum_since.pop(m, None)
                 quorum_met = False
         if not quorum_met:
             return False
-        return all(self._grace_over(m, now, committed, fresh, running, reporting) for m in shared)
+        if not waited:
+            return any_pending
+        return all(self._grace_over(m, now, committed, reported, running, paths, fragments=carried is not None)
+                   for m, (paths, reported) in waited.items())
+
+    def _counted(self, module: str, *, reporting: set[int], fresh: set[int], running: list[Running],
+                 carried: dict[str, set[int]] | None) -> tuple[set[int], set[int]]:
+        """(the module's paths its quorum counts, those of them that reported for it)."""
+        paths = set(self.grid.modules[module]) & reporting
+        if carried is None:
+            return paths, fresh & paths
+        coming = {t.path for t in running if t.modules is None or module in t.modules}
+        paths &= carried[module] | coming
+        return paths, carried[module] & paths
 
     def _grace_over(self, module: str, now: float, committed: int, fresh: set[int], running: list[Running],
-                    reporting: set[int]) -> bool:
-        paths = set(self.grid.modules[module]) & reporting
+                    paths: set[int], *, fragments: bool = False) -> bool:
         missing = paths - fresh
         if not missing:
             return True
@@ -81,6 +100,8 @@ class QuorumClock:
             return True
         median = self.median_task_seconds()
         for task in running:
+            if fragments and task.modules is not None and module not in task.modules:
+                continue  # its result will not carry this module
             if task.path in missing and committed - task.base <= self.config.max_staleness:  # still applicable
                 if median is None or task.started is None:
                     return False  # nothing measured yet: the whole window

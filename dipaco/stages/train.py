@@ -147,6 +147,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         seconds=sum(r.seconds for r in rounds),
         last_session_seconds=time.perf_counter() - started,
         bytes_up=sum(r.bytes_up for r in rounds),
+        bytes_up_peak_round=max((r.bytes_up for r in rounds), default=0),  # the most one round uploaded
+        bytes_up_peak_round_excluding_final=max((r.bytes_up - r.bytes_up_final for r in rounds), default=0),  # the steady state: paths' last tasks (which sync every module) left out
+        bytes_up_final=sum(r.bytes_up_final for r in rounds),
         bytes_float32=sum(r.bytes_float32 for r in rounds),  # float32 DiLoCo, the same results
         bytes_data_parallel=sum(r.bytes_data_parallel for r in rounds),  # a float32 gradient per inner step
         outer_steps=[span.to_json() for span in outer_spans(rounds)],  # what each round applied

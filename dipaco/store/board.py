@@ -33,7 +33,15 @@ import re
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dipaco.store.compress import Index, compress, decode_module, decompress, header_size, read_index
+from dipaco.store.compress import (
+    Index,
+    compress,
+    declared_tensors,
+    decode_module,
+    decompress,
+    header_size,
+    read_index,
+)
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
 from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
 from dipaco.store.sparse import TopK
@@ -216,21 +224,56 @@ def _decoded(store: ModuleStore, meta: ResultMeta) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str, dict[str, str]]:
-    """A result's pseudo-gradient as its file holds it (a `none` file's tensors in their own dtypes, int8 /
-    int4 decoded to float32), where the file is, and the sha256 of the bytes `ResultReader` will read
-    (its header and each module's span: `ResultReader(digests=...)` refuses any other bytes); a
-    StoreError naming the file when it cannot be decoded."""
+@dataclasses.dataclass(frozen=True)
+class StoredResult:
+    """A result file as the coordinator's checks read it: its bytes, its index and the tensors its headers
+    declare (names, dtypes, shapes), nothing decoded yet; `decode` decodes it."""
+
+    location: str  # where the file is (for messages)
+    compression: str
+    data: bytes
+    index: Index
+    declared: dict[str, tuple[torch.dtype, list[int]]]  # "module/param" -> (dtype, shape), from the headers alone
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """The sha256 of the bytes `ResultReader` will read: the file's header and each module's span."""
+        size = header_size(self.data[:8])
+        return {HEADER: _sha256(self.data[:size]), **{m: _sha256(self.data[s:e]) for m, (s, e) in self.index.spans.items()}}
+
+    def decode(self, *, shapes: dict[str, list[int]] | None = None) -> dict[str, torch.Tensor]:
+        """Its tensors as the file holds them (a `none` file's in their own dtypes, the others decoded to float32);
+        with `shapes` (`{"module/param": shape}`) a module frame decompresses only when it declares exactly those
+        shapes, and to no more bytes than they take. A StoreError naming the file when it cannot be decoded."""
+        try:
+            if self.compression == "none":
+                return load_safetensors(self.data)
+            return decompress(self.data, method=self.compression, shapes=shapes)[0]
+        except Exception as err:  # safetensors / zstd raise their own error types
+            raise StoreError(f"{self.location} is not a valid {self.compression} pseudo-gradient: {err}") from None
+
+
+def open_result(store: ModuleStore, meta: ResultMeta) -> StoredResult:
+    """A result's file read and its headers parsed, no tensor decoded (a frame's header is the first bytes it
+    decompresses to); a StoreError naming the file when they are not valid."""
     name = f"results/{round_dir(meta.round)}/{meta.file}"
     data = store.read_bytes(name)
     try:
-        tensors = load_safetensors(data) if meta.compression == "none" else decompress(data, method=meta.compression)[0]
-        size = header_size(data[:8])
-        index = read_index(data[:size], method=meta.compression)
-    except Exception as err:  # safetensors / zstd raise their own error types
+        index = read_index(data[:header_size(data[:8])], method=meta.compression)
+        declared = declared_tensors(data, index)
+    except Exception as err:  # json / safetensors / zstd raise their own error types
         raise StoreError(f"{store.location(name)} is not a valid {meta.compression} pseudo-gradient: {err}") from None
-    digests = {HEADER: _sha256(data[:size]), **{m: _sha256(data[s:e]) for m, (s, e) in index.spans.items()}}
-    return tensors, store.location(name), digests
+    return StoredResult(location=store.location(name), compression=meta.compression, data=data, index=index,
+                        declared=declared)
+
+
+def read_result_as_stored(store: ModuleStore, meta: ResultMeta) -> tuple[dict[str, torch.Tensor], str, dict[str, str]]:
+    """A result's pseudo-gradient as its file holds it (`StoredResult.decode`), where the file is, and the sha256
+    of the bytes `ResultReader` will read (`ResultReader(digests=...)` refuses any other bytes); a StoreError
+    naming the file when it cannot be decoded. The coordinator's checks compare `open_result`'s declared tensors
+    with the path's modules before they decode."""
+    stored = open_result(store, meta)
+    return stored.decode(), stored.location, stored.digests
 
 
 HEADER = "__header__"  # the digest of a result file's header (its index)

@@ -24,6 +24,9 @@ without the rest, as the coordinator's outer step does (it streams module by mod
     start, end = index.spans["embeddings"]             # the byte range to read from the file
     params = decode_module(index, "embeddings", data[start:end])   # {"w": float32 tensor}
 
+A frame is decompressed as a stream: its header first (`declared_tensors` reads only that), then at most
+the bytes the tensors it declares take, so a frame of zeros claiming a huge size allocates nothing;
+`decompress(..., shapes=...)` also refuses a frame that declares other shapes than expected.
 (Format 1, before it, held the whole result in one zstd frame; readers refuse it by name.)
 
 Run `python -m dipaco.store.compress` to print the sizes and errors for a random pseudo-gradient.
@@ -124,18 +127,26 @@ def _compress_module(tensors: dict[str, torch.Tensor], *, method: str, level: in
     return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
-def _decompress_module(frame: bytes, *, method: str) -> dict[str, torch.Tensor]:
-    """A frame of `_compress_module` → `{"module/param": float32 tensor}`."""
-    payload = zstandard.ZstdDecompressor().decompress(frame)
-    meta = json.loads(_header(payload)["__metadata__"]["dipaco"])
-    if meta.get("method") != method:
-        raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
+def _decompress_module(frame: bytes, *, method: str,
+                       shapes: dict[str, list[int]] | None = None) -> dict[str, torch.Tensor]:
+    """A frame of `_compress_module` → `{"module/param": float32 tensor}`. Decompression stops at the bytes the
+    tensors its header declares take (with `shapes`, `{"module/param": shape}`, only those shapes are accepted,
+    before any tensor is decompressed): a frame cannot make its reader allocate more than that."""
+    with zstandard.ZstdDecompressor().stream_reader(frame) as reader:
+        head, meta = _frame_header(reader, method=method)
+        declared = _declared(meta)
+        if shapes is not None:
+            _check_shapes(declared, shapes)
+        spec = _topk_spec(meta) if method == "topk" else None
+        _read_at_most(reader, _data_bytes(declared, method=method, topk=spec), out=head)  # appended to the header
+    payload = bytes(head)  # safetensors reads bytes: one copy, as zstd's own decompress made
+    del head
     blob = load_safetensors(payload)
     del payload
-    if method == "topk":
-        return _decode_topk(blob, meta)
+    if spec is not None:
+        return _decode_topk(blob, declared, spec)
     out = {}
-    for name, shape in meta["shapes"].items():
+    for name, shape in declared.items():
         scale = blob.pop(f"{name}::scale")
         q = blob.pop(f"{name}::q")
         if method == "int4":
@@ -144,13 +155,10 @@ def _decompress_module(frame: bytes, *, method: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def _decode_topk(blob: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.Tensor]:
-    """A topk frame's blob and metadata → `{"module/param": float32 tensor}` (ValueError naming what is wrong)."""
-    spec = TopK(**{k: meta["topk"][k] for k in ("density", "bits", "chunk")})
+def _decode_topk(blob: dict[str, torch.Tensor], shapes: dict[str, list[int]], spec: TopK) -> dict[str, torch.Tensor]:
+    """A topk frame's blob and declared shapes → `{"module/param": float32 tensor}` (ValueError naming what is wrong)."""
     out = {}
-    for name, shape in meta["shapes"].items():
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise ValueError(f"{name}: shape {shape!r} is not a list of sizes")
+    for name, shape in shapes.items():
         parts = {part: blob.pop(f"{name}::{part}", None) for part in ("gaps", "codes", "lo", "step")}
         out[name] = decode_tensor(parts, shape=shape, spec=spec, name=name)
     if blob:
@@ -158,15 +166,134 @@ def _decode_topk(blob: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.T
     return out
 
 
-def decompress(data: bytes, *, method: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """Bytes from `compress` → (`{name: float32 tensor}`, stats): the whole pseudo-gradient at once."""
+# --- a frame's header, read before its tensors -----------------------------------------------------
+MAX_FRAME_HEADER = 16 << 20  # bytes a module frame's safetensors header may take (names, shapes, offsets)
+READ_CHUNK = 64 << 20  # bytes decompressed per read: memory grows with what a frame holds, not what it claims
+
+
+def _frame_header(reader, *, method: str) -> tuple[bytearray, dict]:
+    """The first bytes a frame decompresses to, its safetensors header, and the metadata in it."""
+    head = _read_exactly(reader, 8)
+    size = int.from_bytes(head, "little")
+    if size > MAX_FRAME_HEADER:
+        raise ValueError(f"a module frame's header claims {size} bytes, more than the {MAX_FRAME_HEADER} allowed")
+    head += _read_exactly(reader, size)
+    meta = json.loads(json.loads(bytes(head[8:])).get("__metadata__", {}).get("dipaco", "{}"))
+    if meta.get("method") != method:
+        raise ValueError(f"pseudo-gradient was compressed with {meta.get('method')!r}, not {method!r}")
+    return head, meta
+
+
+def _declared(meta: dict) -> dict[str, list[int]]:
+    """`{"module/param": shape}` a frame's metadata declares (ValueError when it is not a list of sizes)."""
+    shapes = meta.get("shapes")
+    if not isinstance(shapes, dict):
+        raise ValueError(f"a module frame declares shapes {shapes!r}, not an object")
+    for name, shape in shapes.items():
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"{name}: shape {shape!r} is not a list of sizes")
+    return shapes
+
+
+def _check_shapes(declared: dict[str, list[int]], shapes: dict[str, list[int]]) -> None:
+    """Refuse a frame that does not declare exactly `shapes`, naming the tensor and both shapes."""
+    for name, shape in declared.items():
+        if name not in shapes:
+            raise ValueError(f"{name}: declared with shape {shape}, but no such tensor is expected")
+        if list(shape) != list(shapes[name]):
+            raise ValueError(f"{name}: declared shape {shape}, expected {list(shapes[name])}")
+    missing = sorted(set(shapes) - set(declared))
+    if missing:
+        raise ValueError(f"{missing[0]}: expected with shape {list(shapes[missing[0]])}, not in the frame")
+
+
+def _topk_spec(meta: dict) -> TopK:
+    settings = meta.get("topk")
+    if not isinstance(settings, dict):
+        raise ValueError(f"a topk frame's settings are {settings!r}, not an object")
+    return TopK(**{k: settings.get(k) for k in ("density", "bits", "chunk")})
+
+
+def _data_bytes(shapes: dict[str, list[int]], *, method: str, topk: TopK | None) -> int:
+    """The bytes of the tensors after a frame's header that encode tensors of `shapes` with `method`."""
+    total = 0
+    for shape in shapes.values():
+        numel = math.prod(shape)
+        if topk is not None:
+            segments = topk.segments(numel)
+            chunks, kept = sum(s[0] for s in segments), sum(s[0] * s[2] for s in segments)
+            total += 2 * kept + -(-kept * topk.bits // 8) + 8 * chunks  # gaps, codes, lo and step
+            continue
+        rows = shape[0] if len(shape) >= 2 and shape[0] > 0 else 1
+        total += (numel if method == "int8" else (numel + 1) // 2) + 4 * rows  # values, then a scale per row
+    return total
+
+
+def _read_exactly(reader, size: int) -> bytearray:
+    out = _read_at_most(reader, size, stop=True)
+    if len(out) < size:
+        raise ValueError(f"a module frame ends after {len(out)} of the {size} bytes of its header")
+    return out
+
+
+def _read_at_most(reader, size: int, *, stop: bool = False, out: bytearray | None = None) -> bytearray:
+    """Up to `size` bytes from a zstd stream reader, appended to `out` (a new bytearray by default); a
+    ValueError when more follow (unless `stop`: the rest is left unread)."""
+    out = bytearray() if out is None else out
+    start = len(out)
+    want = size if stop else size + 1  # one byte past the limit tells a frame that holds more
+    while len(out) - start < want:
+        chunk = reader.read(min(READ_CHUNK, want - (len(out) - start)))
+        if not chunk:
+            break
+        out += chunk
+    if len(out) - start > size:
+        raise ValueError(f"a module frame decompresses to more than the {size} bytes its tensors take")
+    return out
+
+
+def decompress(data: bytes, *, method: str,
+               shapes: dict[str, list[int]] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Bytes from `compress` → (`{name: float32 tensor}`, stats): the whole pseudo-gradient at once. With
+    `shapes` (`{"module/param": shape}`) a compressed file must hold exactly those tensors, each module's frame
+    checked before it is decompressed (a `none` file: compare `declared_tensors` first)."""
     if method == "none":
         return {k: v.float() for k, v in load_safetensors(data).items()}, {"method": method, "bytes": len(data)}
     index = read_index(data[: header_size(data[:8])], method=method)
+    if shapes is not None:
+        _check_modules(index, {module_of(name) for name in shapes})
     out: dict[str, torch.Tensor] = {}
-    for start, end in index.spans.values():
-        out.update(_decompress_module(data[start:end], method=method))
+    for module, (start, end) in index.spans.items():
+        part = None if shapes is None else {k: v for k, v in shapes.items() if module_of(k) == module}
+        out.update(_module_tensors(module, _decompress_module(data[start:end], method=method, shapes=part)))
     return out, {"method": method, "bytes": len(data)}
+
+
+def declared_tensors(data: bytes, index: Index) -> dict[str, tuple[torch.dtype, list[int]]]:
+    """`{"module/param": (dtype, shape)}` a file from `compress` declares, nothing decoded: a `none` file's
+    from its index, a compressed file's from each module frame's header (float32: what it decodes to)."""
+    if index.method == "none":
+        return {name: (dtype, shape) for name, (dtype, shape, _, _) in index.tensors.items()}
+    out = {}
+    for module, (start, end) in index.spans.items():
+        with zstandard.ZstdDecompressor().stream_reader(data[start:end]) as reader:
+            _, meta = _frame_header(reader, method=index.method)
+        out |= {name: (torch.float32, shape) for name, shape in _module_tensors(module, _declared(meta)).items()}
+    return out
+
+
+def _module_tensors(module: str, tensors: dict) -> dict:
+    """`tensors` ("module/param" -> anything), refused when one is not of `module` (its frame holds only its own)."""
+    stray = [name for name in tensors if module_of(name) != module]
+    if stray:
+        raise ValueError(f"module {module!r}'s frame holds {stray[0]!r}, a tensor of another module")
+    return tensors
+
+
+def _check_modules(index: Index, modules: set[str]) -> None:
+    missing, unexpected = sorted(modules - set(index.spans)), sorted(set(index.spans) - modules)
+    if missing or unexpected:
+        raise ValueError(f"the file's modules are not the expected ones (missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
 # --- one module at a time --------------------------------------------------------------------------
@@ -221,7 +348,8 @@ def decode_module(index: Index, module: str, chunk: bytes) -> dict[str, torch.Te
         raise ValueError(f"module {module!r} spans {end - start} bytes, got {len(chunk)}")
     prefix = f"{module}/"
     if index.method != "none":
-        return {k.removeprefix(prefix): v for k, v in _decompress_module(chunk, method=index.method).items()}
+        tensors = _module_tensors(module, _decompress_module(chunk, method=index.method))
+        return {k.removeprefix(prefix): v for k, v in tensors.items()}
     view = memoryview(chunk)
     out = {}
     for name, (dtype, shape, first, last) in index.tensors.items():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import torch
@@ -132,6 +133,10 @@ class ModuleStore(StoreFiles):
         size = int.from_bytes(self.read_range(relative, 0, 8), "little")
         header = json.loads(self.read_range(relative, 8, 8 + size))
         return {param: (spec["shape"], spec["dtype"]) for param, spec in header.items() if param != "__metadata__"}
+
+    def module_sizes(self, names: list[str]) -> dict[str, int]:
+        """Each module's parameter count (`module_shapes`: headers only)."""
+        return {name: sum(math.prod(shape) for shape, _ in self.module_shapes(name).values()) for name in names}
 
     def has_module(self, round: int, name: str) -> bool:
         return self.exists(_version_file("modules", round, name))

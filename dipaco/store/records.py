@@ -370,14 +370,16 @@ class RoundStats(Record):
     bytes_float32: int = 0  # the applied results in float32: what float32 DiLoCo would have sent
     bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results: what data parallel sends
     outer: OuterStep | None = None  # its settings, from the manifest (as applied); None in rows written before
+    bytes_up_final: int = 0  # of bytes_up, the results of paths' last tasks (with outer.fragments they sync every module)
 
     ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut", "bytes_float32", "bytes_data_parallel",
-                                        "outer")
+                                        "outer", "bytes_up_final")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
     def of(cls, manifest: RoundManifest, *, in_flight: int, cancelled: int = 0, cut: int = 0,
-           outer_step: str = "configured") -> RoundStats:
+           outer_step: str = "configured", last: frozenset[str] = frozenset()) -> RoundStats:
+        """`last`: the keys of the tasks that were their path's last (`bytes_up_final`)."""
         applied = manifest.applied
         seconds: dict[int, float] = {}
         val_loss: dict[int, float] = {}  # a chained task's is NaN (it did not start from a version)
@@ -392,7 +394,8 @@ class RoundStats(Record):
                    dropped=len(manifest.dropped), stale=sum(1 for e in applied if e.staleness > 0), in_flight=in_flight,
                    cancelled=cancelled, cut=cut, outer_step=outer_step,
                    bytes_float32=sum(e.float32_bytes for e in applied),
-                   bytes_data_parallel=sum(e.data_parallel_bytes for e in applied), outer=manifest.outer)
+                   bytes_data_parallel=sum(e.data_parallel_bytes for e in applied), outer=manifest.outer,
+                   bytes_up_final=sum(e.bytes for e in applied if e.key in last))
 
     @property
     def mean_train_loss(self) -> float:

@@ -3,17 +3,21 @@ any shared module sees it.
 
     checks = ResultChecks(store, topology, resilience=cfg.resilience, inner_steps=steps, tokens_per_step=batch * seq_len)
     reason = checks.check(task, attempt)          # None: apply it; else why it is rejected
+    reason = checks.check(task, attempt, modules=["embeddings"])  # with fragments: the modules its round syncs
     task = checks.requeue(task, reason)           # the task as the next attempt (logged)
     checks.moved(task, fresh)                     # ... replaced by one from a newer version (async)
 
 A result is accepted when its `ResultMeta` names this task (path, round, base, link, attempt) and this
-attempt's own file; its tensors are exactly the path's module parameters (names, shapes, float32) with
-finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
+attempt's own file; its tensors are exactly the parameters of the path's modules the task syncs (all of
+them, or with `outer.fragments` those of its round's fragment: `dipaco.rounds.fragments`; names, shapes,
+float32) with finite values; it trained the task's steps (fewer only when the task was cut, at least one) and its
 token count is those steps × inner.batch_size × sharding.seq_len; no module of it is larger than
 `resilience.max_update_ratio` × that module's norm at the task's base version (so a path's first result,
 and the first after a restart, are bounded too); and its norm is at most `resilience.max_norm_ratio` ×
-the median of the path's last accepted norms. After `resilience.max_rejections` rejections of one task
-the run stops with the reasons. The sha256 of the bytes checked (`read_result_as_stored`) go with an
+the median of the path's last accepted norms (of results that synced the same modules). After `resilience.max_rejections` rejections of one task
+the run stops with the reasons. The tensors a file declares (its header, each module frame's header) are
+compared with the path's modules before anything is decoded, so a result declaring a huge tensor costs
+nothing (`open_result`). The sha256 of the bytes checked go with an
 accepted result (`accepted_digests`), and the outer step applies exactly those bytes or none.
 """
 
@@ -28,7 +32,7 @@ import torch
 
 from dipaco.config import ResilienceConfig
 from dipaco.model.topology import Topology
-from dipaco.store.board import read_result_as_stored, read_result_meta, result_file
+from dipaco.store.board import open_result, read_result_meta, result_file
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
 
@@ -44,7 +48,7 @@ class ResultChecks:
         not checked, for a caller that does not know the batch shape)."""
         self.store, self.topology, self.resilience = store, topology, resilience
         self.inner_steps, self.tokens_per_step = inner_steps, tokens_per_step
-        self.norms: dict[int, list[float]] = {}  # path -> norms of its accepted results, oldest first
+        self.norms: dict[int | tuple, list[float]] = {}  # path (fragments: path and modules) -> accepted norms, oldest first
         self.verdicts: dict[tuple[str, int], str | None] = {}  # (task key, attempt) -> None or the reason
         self.rejections: dict[str, list[str]] = {}  # task key -> reasons of its rejected attempts
         self._shapes: dict[str, dict[str, tuple[list[int], str]]] = {}  # module -> param -> (shape, dtype)
@@ -52,18 +56,22 @@ class ResultChecks:
         self._digests: dict[tuple[str, int], dict[str, str]] = {}  # (task key, attempt) -> the bytes' sha256
         self._module_norms: dict[tuple[int, str], float] = {}  # (version, module) -> its parameters' norm
 
-    def check(self, task: Task, attempt: int) -> str | None:
-        """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once)."""
+    def check(self, task: Task, attempt: int, *, modules: list[str] | None = None) -> str | None:
+        """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once).
+        `modules`: the modules the result must carry (the task's fragment); None: every module of its path."""
         key = (task.key, attempt)
         if key not in self.verdicts:
+            path_modules = self.topology.modules_of_path(task.path)
+            modules = path_modules if modules is None else modules
+            history = task.path if modules == path_modules else (task.path, *modules)
             try:
-                norm, meta, digests = self._check(task, attempt)
+                norm, meta, digests = self._check(task, attempt, modules)
             except StoreError as err:
                 self.verdicts[key] = str(err)
             else:
-                self.verdicts[key] = self._outlier(task.path, norm)
+                self.verdicts[key] = self._outlier(history, norm)
                 if self.verdicts[key] is None:
-                    self.norms[task.path] = (self.norms.get(task.path, []) + [norm])[-HISTORY:]
+                    self.norms[history] = (self.norms.get(history, []) + [norm])[-HISTORY:]
                     self._accepted[key] = meta
                     self._digests[key] = digests
             if self.verdicts[key] is not None:
@@ -101,16 +109,22 @@ class ResultChecks:
         self.rejections[to.key] = self.rejections.pop(task.key, []) + self.rejections.get(to.key, [])
 
     # --- the checks ----------------------------------------------------------------------------------
-    def _check(self, task: Task, attempt: int) -> tuple[float, ResultMeta, dict[str, str]]:
+    def _check(self, task: Task, attempt: int, modules: list[str]) -> tuple[float, ResultMeta, dict[str, str]]:
         """The result's pseudo-gradient norm, its metadata and its bytes' digests; a StoreError says what
         is wrong with it."""
         meta = read_result_meta(self.store, round=task.round, path=task.path, attempt=attempt, link=task.link)
         where = self.store.location(result_file(round=task.round, path=task.path, attempt=attempt, link=task.link))
         _check_meta(meta, task, attempt, where=where, inner_steps=self.inner_steps, tokens_per_step=self.tokens_per_step)
-        tensors, location, digests = read_result_as_stored(self.store, meta)
-        norm = self._check_tensors(tensors, task.path, where=location)
-        self._check_bounded(tensors, task.base, where=location)
-        return norm, meta, digests
+        stored = open_result(self.store, meta)  # headers only: nothing is decoded before they are checked
+        expected = {f"{module}/{param}": shape for module in modules
+                    for param, (shape, _) in self._module_shapes(module).items()}
+        what = (f"path {task.path}'s modules" if modules == self.topology.modules_of_path(task.path) else
+                f"the modules path {task.path} syncs in round {task.round} ({', '.join(modules) or 'none'})")
+        _check_declared(stored.declared, expected, where=stored.location, what=what)
+        tensors = stored.decode(shapes=expected)  # each frame decompresses to at most what these shapes take
+        norm = self._check_tensors(tensors, expected, where=stored.location)
+        self._check_bounded(tensors, task.base, where=stored.location)
+        return norm, meta, stored.digests
 
     def _check_bounded(self, tensors: dict[str, torch.Tensor], base: int, *, where: str) -> None:
         """No module of the result moves more than `resilience.max_update_ratio` × its norm at `base`."""
@@ -130,18 +144,14 @@ class ResultChecks:
                 raise StoreError(f"{where}: its pseudo-gradient of {module} has norm {step:.4g}, {step / size:.3g}x the "
                                  f"module's norm {size:.4g} at version {base} (resilience.max_update_ratio {ratio})")
 
-    def _check_tensors(self, tensors: dict[str, torch.Tensor], path: int, *, where: str) -> float:
-        expected = {f"{module}/{param}": spec for module in self.topology.modules_of_path(path)
-                    for param, spec in self._module_shapes(module).items()}
-        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        if missing or unexpected:
-            raise StoreError(f"{where}: tensors do not match path {path}'s modules (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
+    def _check_tensors(self, tensors: dict[str, torch.Tensor], expected: dict[str, list[int]], *, where: str) -> float:
+        """The decoded tensors are `expected`'s (as declared), float32 and finite; returns their norm."""
+        if set(tensors) != set(expected):  # the declared names were checked: a file that decodes to others is broken
+            raise StoreError(f"{where}: decodes to other tensors than it declares")
         total = 0.0
         for name, tensor in tensors.items():
-            shape, _ = expected[name]
-            if list(tensor.shape) != shape:
-                raise StoreError(f"{where}: {name} has shape {list(tensor.shape)}, the module's is {shape}")
+            if list(tensor.shape) != expected[name]:
+                raise StoreError(f"{where}: {name} has shape {list(tensor.shape)}, the module's is {expected[name]}")
             if tensor.dtype != torch.float32:
                 raise StoreError(f"{where}: {name} is {tensor.dtype}, pseudo-gradients are float32")
             if not bool(torch.isfinite(tensor).all()):
@@ -150,13 +160,14 @@ class ResultChecks:
             total += float(tensor.double().square().sum())
         return math.sqrt(total)
 
-    def _outlier(self, path: int, norm: float) -> str | None:
-        history = self.norms.get(path)
+    def _outlier(self, key: int | tuple, norm: float) -> str | None:
+        history = self.norms.get(key)
         ratio = self.resilience.max_norm_ratio
         if not ratio or not history:
             return None
         median = statistics.median(history)
         if median > 0 and norm > ratio * median:
+            path = key if isinstance(key, int) else key[0]
             return (f"pseudo-gradient norm {norm:.4g} is {norm / median:.1f}x the median {median:.4g} of path {path}'s "
                     f"last {len(history)} accepted results (resilience.max_norm_ratio {ratio})")
         return None
@@ -165,6 +176,21 @@ class ResultChecks:
         if module not in self._shapes:
             self._shapes[module] = self.store.module_shapes(module)
         return self._shapes[module]
+
+
+def _check_declared(declared: dict[str, tuple[torch.dtype, list[int]]], expected: dict[str, list[int]], *,
+                    where: str, what: str) -> None:
+    """Refuse a file whose headers declare other tensors than `expected` (names, shapes, float32), naming the
+    tensor, its declared and its expected shape, before anything is decoded (a frame declaring a huge tensor
+    is never decompressed)."""
+    missing, unexpected = sorted(set(expected) - set(declared)), sorted(set(declared) - set(expected))
+    if missing or unexpected:
+        raise StoreError(f"{where}: tensors do not match {what} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, (dtype, shape) in declared.items():
+        if list(shape) != expected[name]:
+            raise StoreError(f"{where}: {name} has shape {list(shape)}, the module's is {expected[name]}")
+        if dtype != torch.float32:
+            raise StoreError(f"{where}: {name} is {dtype}, pseudo-gradients are float32")
 
 
 def _check_meta(meta: ResultMeta, task: Task, attempt: int, *, where: str, inner_steps: int | None,

@@ -20,6 +20,7 @@ from dipaco.islands.coordinator.task_board import RUNNING, TaskBoard
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import round_outer_step
 from dipaco.optim.weighting import PathSizes
+from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import ResultChanged, write_manifest
 from dipaco.store.lease import Lease
@@ -41,9 +42,12 @@ class ClosedRound:
 
 class RoundCloser:
     def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, inner_steps: int,
-                 decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease):
+                 decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease,
+                 fragments: FragmentSchedule | None = None):
         """`outer`: the configured outer step; `inner_steps`: per task; `decay_from`: the path step where the
-        inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation)."""
+        inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation);
+        `fragments`: the schedule, which knows a path's last task (its bytes counted apart in the stats)."""
+        self.fragments = fragments or FragmentSchedule.every_round()
         self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
         self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
 
@@ -86,8 +90,9 @@ class RoundCloser:
         now = clock()
         cut += board.cut(policy, now)  # behind by rounds.max_staleness now: the next round is their last
         in_flight = sum(1 for t in board.tasks.values() if t.status in RUNNING)
-        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, cut=cut, outer_step=outer_step),
-                        seconds=now - round_started)
+        last = frozenset(t.key for t in pending if self.fragments.last(step_offset=t.step_offset, steps=t.steps))
+        stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, cut=cut, outer_step=outer_step,
+                                      last=last), seconds=now - round_started)
         self.lease.check()  # the fencing check: a deposed coordinator never commits
         commit_round(self.store, self.topology, round, finished=finished, board=board.snapshot().to_json(),
                      stats=stats.to_json())

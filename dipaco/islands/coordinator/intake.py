@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.task_board import RUNNING, TaskBoard, open_view
+from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Result
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import inner_ref, read_result_meta, reported_results
@@ -27,8 +28,11 @@ log = logging.getLogger(__name__)
 
 
 class ResultIntake:
-    def __init__(self, store: ModuleStore, checks: ResultChecks, *, inner_steps: int, clock: Callable[[], float]):
+    def __init__(self, store: ModuleStore, checks: ResultChecks, *, inner_steps: int, clock: Callable[[], float],
+                 fragments: FragmentSchedule | None = None):
+        """`fragments`: which modules each task's result carries (`outer.fragments`; None: all of its path's)."""
         self.store, self.checks, self.inner_steps, self.clock = store, checks, inner_steps, clock
+        self.fragments = fragments or FragmentSchedule.every_round()
         self.metas: dict[str, ResultMeta] = {}  # task key -> its received result's metadata, until applied
         self.digests: dict[str, dict[str, str]] = {}  # task key -> the sha256 of the bytes its checks read
 
@@ -44,7 +48,7 @@ class ResultIntake:
             requeued = False
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if attempt in attempts:
-                    reason = self.checks.check(task, attempt)
+                    reason = self.checks.check(task, attempt, modules=self.carried(task))
                     if reason is not None:  # rejected: never applied; the current attempt is handed out again
                         if attempt == task.attempt:
                             board.tasks[key] = task = self.checks.requeue(task, reason)
@@ -75,8 +79,17 @@ class ResultIntake:
     def tell(self, policy: RoundPolicy, task: Task, *, started: float | None, arrived: float) -> None:
         """Tell the policy that `task`'s result arrived at `arrived` (its attempt handed out at `started`)."""
         meta = self.meta(task)
+        carried = self.carried(task)
         policy.received(Result(key=task.key, path=task.path, base=task.base, tokens=meta.tokens,
-                               arrived=arrived, started=started, steps=meta.steps))
+                               arrived=arrived, started=started, steps=meta.steps,
+                               modules=None if carried is None else frozenset(carried)))
+
+    def carried(self, task: Task) -> list[str] | None:
+        """The modules `task`'s result carries: those its round syncs (`outer.fragments`); None: all of its path's."""
+        if self.fragments.count == 1:
+            return None
+        return self.fragments.synced(self.checks.topology.modules_of_path(task.path), round=task.round,
+                                     step_offset=task.step_offset, steps=task.steps)
 
     def recheck(self, board: TaskBoard, policy: RoundPolicy) -> None:
         """A starting coordinator checks again every result its board holds as received and not yet applied
@@ -84,7 +97,7 @@ class ResultIntake:
         for key, task in list(board.tasks.items()):
             if task.status != "received" or key in board.used:
                 continue
-            reason = self.checks.check(task, task.result_attempt)
+            reason = self.checks.check(task, task.result_attempt, modules=self.carried(task))
             if reason is None:
                 self.metas[key] = self.checks.accepted_meta(task, task.result_attempt) or self.meta(task)
                 self.digests[key] = self.checks.accepted_digests(task, task.result_attempt)

@@ -35,6 +35,7 @@ from dipaco.islands.coordinator.task_board import resume_board
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import path_decay_from
 from dipaco.optim.weighting import PathSizes, needs_sizes
+from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Grid
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import read_manifest
@@ -82,16 +83,23 @@ class Coordinator:
         if outer.decay != "keep" and settings.decay_from is None:
             raise ValueError(f"outer.decay {outer.decay!r} needs decay_from, the path step where the inner lr "
                              f"starts to decay (dipaco.optim.outer.path_decay_from)")
+        count = outer.fragments  # which modules each task syncs; the module sizes are read only when K > 1
+        self.fragments = FragmentSchedule.split(store.module_sizes(topology.modules) if count > 1 else {}, count,
+                                                paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
+                                                rounds=settings.run_rounds)
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
         self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,
                                                    inner_steps=settings.inner_steps)
         self.board, self.last_stats, applied = resume_board(store, n_paths=topology.n_paths,
                                                             inner_steps=settings.inner_steps)
-        self.intake = ResultIntake(store, self.checks, inner_steps=settings.inner_steps, clock=clock)
+        self.intake = ResultIntake(store, self.checks, inner_steps=settings.inner_steps, clock=clock,
+                                   fragments=self.fragments)
         self.liveness = Liveness(store, timeout=settings.resilience.heartbeat_timeout)
         self.policy = RoundPolicy(Grid.of(topology), settings.rounds, rounds=settings.run_rounds,
-                                  inner_steps=settings.inner_steps, committed=self.committed, applied=applied)
+                                  inner_steps=settings.inner_steps, committed=self.committed, applied=applied,
+                                  fragments=outer.fragments)
+        self.board.carried = self.intake.carried  # what each running task's result will carry
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,
@@ -102,7 +110,7 @@ class Coordinator:
         self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
-                                  sizes=sizes, lease=self.lease)
+                                  sizes=sizes, lease=self.lease, fragments=self.fragments)
         self.round_started = clock()
         self.cut = 0  # running tasks cut since the last commit
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed

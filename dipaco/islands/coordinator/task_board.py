@@ -15,6 +15,7 @@ is retried or replaced as the policy says.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 from dipaco.islands.coordinator.heartbeats import Liveness
@@ -37,6 +38,7 @@ class TaskBoard:
         self.used: set[str] = used or set()  # task keys applied or dropped by committed rounds
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
         self.cut_islands: set[str] = set()  # islands a task of which was cut (stragglers), this coordinator's life
+        self.carried: Callable[[Task], list[str] | None] = lambda task: None  # the modules a task's result carries (fragments)
         self._written = written  # the board's JSON as last written
         self._snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
 
@@ -46,7 +48,7 @@ class TaskBoard:
 
     def running(self) -> list[Running]:
         return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key), cut=t.status == "cut",
-                        steps=t.steps or None)
+                        steps=t.steps or None, modules=_frozen(self.carried(t)))
                 for t in self.tasks.values() if t.status in RUNNING]
 
     def in_flight(self) -> list[Task]:
@@ -180,6 +182,10 @@ class TaskBoard:
 
 
 RUNNING = ("assigned", "cut")  # an island has it
+
+
+def _frozen(modules: list[str] | None) -> frozenset[str] | None:
+    return None if modules is None else frozenset(modules)
 
 
 def open_view(task: Task) -> OpenTask:

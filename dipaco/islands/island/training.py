@@ -10,10 +10,17 @@ the path's shard continuing its data order and lr schedule at `step_offset` (few
 it), and returns the pseudo-gradient Δ = θ_start − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
 then Δ compressed per `compression.codec`, then the result JSON (the commit).
 
+With fragments (`outer.fragments` K > 1, `dipaco.rounds.fragments`) a task sends only the modules its round
+syncs (every module in the path's last task). Its path keeps training the others: their drift
+d = θ_base − θ_end stays in the path's inner state (`dipaco.optim.drift`), and the path's next task starts
+each module from its base − d (after scoring the base version on validation), so what a module sends when
+its round comes holds all the training since its last sync.
+
 With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also reads the
 path's residual e from its inner state (or its inner checkpoint), checked by `check_residual`, and ends by
 encoding Δ + e: the residual of that encoding joins the new inner state, so it moves with the path
-(`dipaco.optim.error_feedback`), and `push_result` uploads the bytes it encoded.
+(`dipaco.optim.error_feedback`), and `push_result` uploads the bytes it encoded; a module not sent keeps
+its residual.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
+from dipaco.optim.drift import check_drift, join_drift, split_drift, split_sent
 from dipaco.optim.error_feedback import (
     check_residual,
     encode_with_feedback,
@@ -57,6 +65,8 @@ from dipaco.optim.inner import (
     train_steps,
 )
 from dipaco.optim.prefetch import Prefetcher
+from dipaco.rounds.fragments import FragmentSchedule
+from dipaco.rounds.inputs import Grid
 from dipaco.store.board import (
     inner_ref,
     read_inner,
@@ -94,6 +104,7 @@ class IslandSetup:
     step_seconds: float = 0.0  # pad every inner step to this wall time by sleeping (faults.step_seconds; 0 = off)
     checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (resilience.checkpoint_steps)
     warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
+    fragments: int = 1  # outer.fragments: a task sends the modules of its round's fragment (1: every module)
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
     @cached_property
@@ -102,13 +113,22 @@ class IslandSetup:
         return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
                               max_batches=self.inner.val_batches, precision=self.hardware.precision)
 
+    @cached_property
+    def schedule(self) -> FragmentSchedule:
+        """Which modules each task sends (`outer.fragments`; the module sizes read once from the store)."""
+        if self.fragments == 1:
+            return FragmentSchedule.every_round()
+        return FragmentSchedule.split(self.store.module_sizes(self.topology.modules), self.fragments,
+                                      paths=Grid.of(self.topology).modules, inner_steps=self.inner.steps,
+                                      rounds=self.run.rounds)
+
 
 @dataclass(frozen=True)
 class TrainedTask:
     """One task's outcome before it is uploaded."""
 
-    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end (+ the residual it started from, with error feedback)
-    inner: InnerState  # the AdamW state after the task (and the new error-feedback residual)
+    pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end of the modules it sends (+ the residual it started from, with error feedback)
+    inner: InnerState  # the AdamW state after the task (and the new error-feedback residual, the drift of the modules not sent)
     meta: ResultMeta  # without the upload fields (island, bytes, ...)
     encoded: tuple[bytes, dict] | None = None  # with error feedback: the compressed pseudo-gradient and its stats
 
@@ -148,6 +168,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         resume = None  # another task's: this one starts afresh and replaces it
     feeds_back = setup.compression.feeds_back
     residual: dict[str, torch.Tensor] = {}  # the path's error-feedback residual at the task's start
+    drift: dict[str, torch.Tensor] = {}  # the path's drift at the task's start (a checkpoint's parameters hold it)
     where = ""  # where it was read from
     with timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, inner, fused=inner.fused)
@@ -163,9 +184,11 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                 saved, inner_local = cached_inner[1:], True
             else:
                 saved = read_inner(store, task.inner_from)
-            adam, residual = split_inner(saved[0])
+            rest, drift = split_drift(saved[0])
+            adam, residual = split_inner(rest)
             load_optimizer_state(optimizer, params, adam, saved[1])
             where = store.location(task.inner_from)
+            check_drift(drift, residual_shapes(params, setup.topology, path=path), where=where)
         if feeds_back:
             check_residual(residual, residual_shapes(params, setup.topology, path=path), where=where)
         else:
@@ -208,6 +231,8 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         with timed(timings, "validation", device):
             val_loss = (resume.val_loss_start if resume is not None else
                         math.nan if task.chain else setup.validation.loss(model, path=path))  # of version `base` only
+        if drift:
+            start_from_drift(params, drift, setup.topology, path=path)
         with timed(timings, "inner_loop", device):
             first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
             stats = train_steps(trained, optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
@@ -228,12 +253,15 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         tokens *= ctx.world
     encoded, carried = None, {}
     with timed(timings, "pseudo_gradient", device):
-        pseudo_gradient = pseudo_gradient_of(start, params, setup.topology, path=path)
+        synced = setup.schedule.synced(setup.topology.modules_of_path(path), round=task.round,
+                                       step_offset=task.step_offset, steps=task.steps)
+        pseudo_gradient, drift = split_sent(pseudo_gradient_of(start, params, setup.topology, path=path), set(synced))
         if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
             pseudo_gradient = with_residual(pseudo_gradient, residual)
             data, stats, carried = encode_with_feedback(pseudo_gradient, method="topk", level=setup.compression.zstd_level,
                                                         topk=topk_of(setup))
             encoded = (data, stats)
+            carried |= {name: residual[name] if name in residual else torch.zeros_like(t) for name, t in drift.items()}
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
                       bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
@@ -241,8 +269,8 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                       bytes_residual=residual_bytes(carried))
     with timed(timings, "save_inner", device):
         adam, adam_meta = optimizer_state(optimizer, names)
-    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=(join_inner(adam, carried), adam_meta), meta=meta,
-                       encoded=encoded)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=(join_drift(join_inner(adam, carried), drift), adam_meta),
+                       meta=meta, encoded=encoded)
 
 
 def topk_of(setup: IslandSetup) -> TopK | None:
@@ -254,6 +282,16 @@ def topk_of(setup: IslandSetup) -> TopK | None:
 def residual_shapes(params: dict[str, torch.nn.Parameter], topology: Topology, *, path: int) -> dict[str, list[int]]:
     """`{"module/param": shape}` of the path's parameters: what its error-feedback residual must hold."""
     return {f"{topology.module_of_param(name, path)}/{name}": list(p.shape) for name, p in params.items()}
+
+
+def start_from_drift(params: dict[str, torch.nn.Parameter], drift: dict[str, torch.Tensor], topology: Topology, *,
+                     path: int) -> None:
+    """θ_start = θ_base − d: subtract the path's drift `{"module/param": tensor}` from its model's parameters."""
+    with torch.no_grad():
+        for name, param in params.items():
+            key = f"{topology.module_of_param(name, path)}/{name}"
+            if key in drift:
+                param.sub_(drift[key].to(param.device))
 
 
 def rebase_on_chain(store: ModuleStore, start: dict[str, dict[str, torch.Tensor]], task: Task) -> None:
