@@ -53,6 +53,7 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     "float32, 3 fragments": ["compression.codec=none", "outer.fragments=3"],
     "int8, 3 fragments": ["compression.codec=int8", "outer.fragments=3"],
     "topk 10% 4b EF, 3 fragments": [*topk(0.1, 4, True), "outer.fragments=3"],
+    "topk 10% 2b EF, 3 fragments": [*topk(0.1, 2, True), "outer.fragments=3"],
 }
 
 
