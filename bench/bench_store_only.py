@@ -33,11 +33,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.recording import markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config, save_config  # noqa: E402
-from dipaco.islands.island.training import IslandSetup, train_task  # noqa: E402
+from dipaco.islands.island.training import train_task  # noqa: E402
 from dipaco.pipeline.context import PathFactory  # noqa: E402
 from dipaco.pipeline.published import fetch_run, publish_run, shard_files  # noqa: E402
 from dipaco.pipeline.version_zero import start_or_resume_store  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
+from dipaco.stages.island import island_setup  # noqa: E402
 from dipaco.stages.route import route  # noqa: E402
 from dipaco.stages.shard import shard  # noqa: E402
 from dipaco.store.records import Task  # noqa: E402
@@ -87,8 +88,7 @@ def measure_grid(levels: list[int], *, documents: int, tokens_per_shard: int, ba
         island_config, island_run = fetch_run(config.store.url, run_root=work / f"island-{name}-{path}",
                                               overrides=[f"store.cache_dir={work / f'cache-{name}-{path}'}"])
         island = PathFactory(island_config, island_run)
-        setup = IslandSetup(store=island.store, topology=island.topology, spec=island.spec, reader=island.reader,
-                            inner=island_config.inner, outer=island_config.outer, train=island_config.train)
+        setup = island_setup(island_config, island_run, factory=island)
         stats = island.reader.fetch.cache.stats
         path_bytes = sum(size for f, size in sizes.items() if f.startswith(f"path-{path:04d}/"))
         train_shards = sum(1 for f in files if f.startswith(f"path-{path:04d}/train"))

@@ -28,9 +28,10 @@ from dipaco.run_dir import RunDir
 from dipaco.store.board import check_island_name
 
 
-def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0) -> IslandSetup:
-    """The pieces of the run an island uses, unpacked from the config once (`slowdown`: an injected straggler)."""
-    factory = PathFactory(config, run)
+def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory: PathFactory | None = None) -> IslandSetup:
+    """The pieces of the run an island uses, unpacked from the config once (`slowdown`: an injected straggler;
+    `factory`: the run's store, grid and shard reader when the caller has them already)."""
+    factory = factory or PathFactory(config, run)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
                        inner=config.inner, compression=config.compression, hardware=config.hardware, run=config.run,
                        resilience=config.resilience, cancellable=config.rounds.mode == "async",
