@@ -70,6 +70,13 @@ def test_evaluation_json_compares_routed_paths_with_both_baselines(tiny_trained)
     routed = [p for p in results["per_path"] if p["documents"]]
     nll = sum(p["tokens"] * math.log(p["perplexity"]) for p in routed)
     assert models["DiPaCo 2x2 routed"]["perplexity"] == pytest.approx(math.exp(nll / results["scored_tokens"]))
+    train = json.loads(tiny_trained.train_summary.read_text())  # the wire's bytes, as training counted them
+    wire = results["bytes"]
+    assert (wire["sent"], wire["float32_diloco"], wire["data_parallel"]) == (
+        train["bytes_up"], train["bytes_float32"], train["bytes_data_parallel"])
+    assert wire["sent_per_path"] == pytest.approx(train["bytes_up"] / 4)
+    assert wire["times_fewer_than_data_parallel"] == pytest.approx(train["bytes_data_parallel"] / train["bytes_up"])
+    assert 0 < wire["peak_round"] <= wire["sent"]
 
 
 @pytest.mark.slow

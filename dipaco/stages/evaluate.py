@@ -122,6 +122,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         if len(docs) else None,
         "models": rows,
         "per_path": per_path_table(topology, paths, nll, tokens),
+        "bytes": wire_bytes(summary, n_paths=topology.n_paths),
     }
     results["paths_without_test_documents"] = [row["path"] for row in results["per_path"] if not row["documents"]]
     if results["paths_without_test_documents"]:  # their cells are null, not NaN: an empty path is not a broken one
@@ -144,6 +145,22 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                          f"(round {round}) and the baselines")
     write_json(run.eval_results, results)
     return results
+
+
+def wire_bytes(summary: dict, *, n_paths: int) -> dict | None:
+    """What the paths' pseudo-gradients cost on the wire (train.json's counts): sent in all and per path,
+    the peak round (and without the paths' last tasks, which sync every module with `outer.fragments`),
+    and what float32 DiLoCo and data parallel would have sent for the same training. None before training
+    recorded them."""
+    sent = summary.get("bytes_up")
+    if not sent:
+        return None
+    float32, data_parallel = summary.get("bytes_float32") or 0, summary.get("bytes_data_parallel") or 0
+    return {"sent": sent, "sent_per_path": sent / n_paths, "peak_round": summary.get("bytes_up_peak_round"),
+            "peak_round_excluding_final": summary.get("bytes_up_peak_round_excluding_final"),
+            "float32_diloco": float32, "data_parallel": data_parallel,
+            "times_fewer_than_float32_diloco": float32 / sent if float32 else None,
+            "times_fewer_than_data_parallel": data_parallel / sent if data_parallel else None}
 
 
 def steps_per_path(store: ModuleStore, n_paths: int, *, tokens_per_step: int, fallback: int) -> int:
@@ -210,9 +227,18 @@ def format_results(results: dict) -> str:
     if results.get("paths_without_test_documents"):
         text += ("\nno test document was routed to path(s) "
                  + ", ".join(map(str, results["paths_without_test_documents"])) + ": not scored")
+    wire = results.get("bytes")
+    if wire:
+        text += (f"\n\nPseudo-gradients on the wire: {wire['sent'] / 1e6:,.2f} MB sent ({wire['sent_per_path'] / 1e6:,.2f} MB "
+                 f"per path, peak round {wire['peak_round'] / 1e6:,.2f} MB); float32 DiLoCo would send "
+                 f"{_times(wire['times_fewer_than_float32_diloco'])}, data parallel {_times(wire['times_fewer_than_data_parallel'])}")
     if results.get("modes"):
         text += "\n\n" + format_modes(results["modes"])
     return text
+
+
+def _times(ratio: float | None) -> str:
+    return f"{ratio:,.1f}x that" if ratio else "-"
 
 
 def _tokens(row: dict) -> str:
