@@ -51,6 +51,8 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     **{f"topk {round(d * 100)}% {b}b {'EF' if ef else 'no EF'}": topk(d, b, ef)
        for d in (0.01, 0.03, 0.1) for b in (2, 4) for ef in (True, False)},
     "float32, 3 fragments": ["compression.codec=none", "outer.fragments=3"],
+    "float32, 4 fragments": ["compression.codec=none", "outer.fragments=4"],
+    "int8, 4 fragments": ["compression.codec=int8", "outer.fragments=4"],
     "int8, 3 fragments": ["compression.codec=int8", "outer.fragments=3"],
     "topk 10% 4b EF, 3 fragments": [*topk(0.1, 4, True), "outer.fragments=3"],
     "topk 10% 2b EF, 3 fragments": [*topk(0.1, 2, True), "outer.fragments=3"],
@@ -104,11 +106,13 @@ def main() -> None:
     for name in names:
         train(name, first)
     chosen = args.chosen if args.chosen is not None else choose(runs, first=first, min_ratio=args.min_ratio)
+    chosen_by = "--chosen" if args.chosen is not None else "min-ratio"
     for seed in others:
         for name in ["float32", *chosen]:
             train(name, seed)
     results = collect(runs, chosen=chosen, common=common, min_ratio=args.min_ratio,
                       seconds=time.perf_counter() - started)
+    results["chosen_by"] = chosen_by
     path = write_results(args.name, results, markdown(results), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     print(path.with_suffix(".md").read_text())
 
@@ -210,8 +214,10 @@ def markdown(results: dict) -> str:
         f"pseudo-gradient each task uploads its path's inner state (AdamW moments, residual) to the store, so that "
         f"any island can take the path on; that is a separate column, not counted in the ratios.\n\n"
         + markdown_table(headers, table)
-        + f"\n\nChosen setting (lowest perplexity at ≥ {results['min_ratio']:g}x fewer bytes than float32, "
-        f"at every seed): {', '.join(chosen) or 'none reaches that ratio'}.\n"
+        + (f"\n\nChosen settings (`--chosen`), trained at every seed: {', '.join(chosen)}.\n"
+           if results.get("chosen_by") == "--chosen" else
+           f"\n\nChosen setting (lowest perplexity at ≥ {results['min_ratio']:g}x fewer bytes than float32, "
+           f"trained at every seed): {', '.join(chosen) or 'none reaches that ratio'}.\n")
         + "\n".join(per_seed)
         + f"\n\nWall time: {results['seconds'] / 60:.0f} min.\n\n```\n" + format_table(headers, table) + "\n```\n"
     )
