@@ -5,8 +5,8 @@
 For every run under the folder whose paths carry an error-feedback residual (`compression.codec: topk`),
 per kind of module (the shared blocks, the path-private embeddings): the norm of the residuals the paths'
 last inner states hold (what they trained and never sent: the stored model does not have it), against the
-norm of the last round's update of the stored modules (θ_{R-1} − θ_R) in that run and in the run named
-`--reference` (float32). A residual of several rounds' updates is training the evaluated model never got.
+norm of the last round's update of the stored modules (θ_{R-1} − θ_R) in that run and in the float32 run of
+the same seed (`seed<N>-float32`, else `--reference`). A residual of several rounds' updates is training the evaluated model never got.
 Writes experiments/results/residual-left.{json,md}.
 """
 
@@ -63,16 +63,19 @@ def final_residual(store: Path) -> dict[str, float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="a folder of runs (bench/bench_compression.py's --runs)")
-    parser.add_argument("--reference", default="seed0-float32", help="the float32 run in that folder")
+    parser.add_argument("--reference", default="seed0-float32",
+                        help="the float32 run in that folder (default: the run's own seed's, seed<N>-float32)")
     parser.add_argument("--name", default="residual-left")
     args = parser.parse_args()
-    reference = last_update(args.runs / args.reference / "store")
     rows = []
     for run in sorted(p for p in args.runs.iterdir() if (p / "store").is_dir()):
         residual = final_residual(run / "store")
         if residual is None:
             continue
         update = last_update(run / "store")
+        seed = run.name.split("-")[0]  # bench_compression's runs are seed<N>-<variant>: compare within a seed
+        same_seed = args.runs / f"{seed}-float32"
+        reference = last_update((same_seed if same_seed.exists() else args.runs / args.reference) / "store")
         for k in sorted(residual):
             rows.append({"run": run.name, "kind": k, "final_residual": residual[k], "last_update": update.get(k),
                          "float32_last_update": reference.get(k),
