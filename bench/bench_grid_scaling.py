@@ -136,6 +136,7 @@ def main() -> None:
             log.info("%s seed %d: %s", model, seed, summary_line(run))
     results = collect(runs, warm=warm, widths=widths, path_params=path_params, common=common,
                       seconds=time.perf_counter() - started)
+    results["collected_only"] = args.collect_only
     path = write_results(args.name, results, markdown(results), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
@@ -227,6 +228,7 @@ def cell(row: dict, mode: str) -> str:
 def markdown(results: dict) -> str:
     rows = results["rows"]
     seeds = sorted({s for r in rows for s in r["seeds"]})
+    every_mode = sorted({s for r in rows for s, v in r["per_seed"].items() if v["modes"].get("oracle") is not None})
     headers = ["model", "paths", "params/path", "params total", "warm start + path steps", "train tokens/path shard (min / median)",
                "epochs of the smallest shard", *[MODE_NAMES[m] for m in MODES], "held-out docs per path (min / median)"]
     table = []
@@ -248,12 +250,15 @@ def markdown(results: dict) -> str:
         f"({results['warm_start_steps']}, each dense model its own warm start of its own size) and the same steps "
         f"after it; the dense models are 1x1 grids of a wider path model (widths {results['dense_widths']} for the "
         f"multiples of a path's {results['path_params']:,} parameters) on every training document. Perplexity on "
-        f"{tokens:,} held-out tokens, the same for every model. Outer steps the runs took: {', '.join(outer)}.\n\n"
+        f"{tokens:,} held-out tokens, the same for every model; likelihood routing and the oracle path at seeds "
+        f"{every_mode} only (mean ± std where more than one seed). Outer steps the runs took: {', '.join(outer)}.\n\n"
         + markdown_table(headers, table)
         + "\n\nPer seed (routed by k-means on the prefix):\n\n" + markdown_table(per_seed_headers, per_seed)
         + "\n\nComparisons (means of the seeds, routed by k-means on the prefix; negative = lower perplexity):\n\n"
         + "\n".join(lines)
-        + f"\n\nWall time: {results['seconds'] / 60:.0f} min.\n\n```\n" + format_table(headers, table) + "\n```\n"
+        + ("\n\nCollected from runs trained by earlier invocations (`--keep`); their training seconds are in the JSON."
+           if results.get("collected_only") else f"\n\nWall time: {results['seconds'] / 60:.0f} min.")
+        + "\n\n```\n" + format_table(headers, table) + "\n```\n"
     )
 
 
