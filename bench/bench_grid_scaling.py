@@ -270,16 +270,22 @@ def plot(results: dict, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     grids = [r for r in results["rows"] if not r["dense"]]
-    for mode in MODES:
-        xs = [r["paths"] for r in grids if mode in r["modes"]]
-        ys = [r["modes"][mode]["mean"] for r in grids if mode in r["modes"]]
-        err = [r["modes"][mode]["std"] for r in grids if mode in r["modes"]]
-        if xs:
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"DiPaCo, {MODE_NAMES[mode]}")
+    for mode in MODES:  # the mean over the seeds that scored the mode, and its std
+        points = [(r["paths"], r["modes"][mode]) for r in grids if mode in r["modes"]]
+        if points:
+            seeds = max(m["seeds"] for _, m in points)
+            ax.errorbar([x for x, _ in points], [m["mean"] for _, m in points], yerr=[m["std"] for _, m in points],
+                        marker="o", capsize=3, label=f"DiPaCo, {MODE_NAMES[mode]} ({seeds} seed{'s' * (seeds > 1)})")
+    first = min((s for r in grids for s in r["seeds"]), default=None)
+    points = [(r["paths"], r["per_seed"][first]["modes"]["prefix"]) for r in grids if first in r["per_seed"]]
+    if len(points) > 1 and any(r["modes"].get("oracle", {}).get("seeds") == 1 for r in grids):  # like for like with the one-seed modes
+        ax.plot([x for x, _ in points], [y for _, y in points], linestyle=":", marker=".", color="C0",
+                label=f"DiPaCo, {MODE_NAMES['prefix']} (seed {first})")
+    left = min((r["paths"] for r in grids), default=1)
     for r in results["rows"]:
         if r["dense"] and "prefix" in r["modes"]:
             ax.axhline(r["modes"]["prefix"]["mean"], linestyle="--", linewidth=1, color="grey")
-            ax.annotate(f"{r['model']} ({r['params_per_path']:,} params)", (1, r["modes"]["prefix"]["mean"]),
+            ax.annotate(f"{r['model']} ({r['params_per_path']:,} params, mean of seeds)", (left, r["modes"]["prefix"]["mean"]),
                         fontsize=8, va="bottom")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("paths (same path size and per-path steps)")
