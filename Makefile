@@ -9,10 +9,10 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
 help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | lm-eval | serve | test | test-slow | lint | bench | bench-quality | bench-islands | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
+	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | lm-eval | serve | test | test-slow | lint | bench | bench-quality | bench-islands | bench-bytes | bench-grids | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
 	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
@@ -106,6 +106,13 @@ bench:  ## the standard benchmarks: simulate, speed, routing, memory, islands (s
 
 bench-islands:  ## data parallel, sync and async rounds side by side: paced islands, failures, a straggler (~2.5 h; ARGS='--keep' resumes)
 	$(OFFLINE) $(PYTHON) bench/bench_islands.py $(ARGS)
+
+bench-bytes:  ## every pseudo-gradient codec and fragments side by side at the reduced demo, two seeds for the chosen one (~45 min on 2 cores; bench/results/compression*)
+	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 int8 int4 "topk 1% 2b EF" "topk 1% 2b no EF" "topk 1% 4b EF" "topk 1% 4b no EF" "topk 3% 2b EF" "topk 3% 2b no EF" "topk 3% 4b EF" "topk 3% 4b no EF" "topk 10% 2b EF" "topk 10% 2b no EF" "topk 10% 4b EF" "topk 10% 4b no EF" $(ARGS)
+	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 "float32, 3 fragments" "float32, 4 fragments" "int8, 3 fragments" "int8, 4 fragments" "topk 10% 4b EF, 3 fragments" "topk 10% 2b EF, 3 fragments" --chosen "float32, 3 fragments" "float32, 4 fragments" "topk 10% 2b EF, 3 fragments" --name compression-fragments $(ARGS)
+
+bench-grids:  ## 2x2, 4x4 and 8x8 grids at one path size against dense models of 1x and 4x a path, 3 seeds (~1.5 h on 2 cores; bench/results/grid-scaling*)
+	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py $(ARGS)
 
 bench-scale:  ## the systems benchmarks: store-only islands over s3, a 50 MB document, 256 paths, a million documents routed (~45-60 min on 2 cores)
 	$(OFFLINE) $(PYTHON) bench/bench_store_only.py
