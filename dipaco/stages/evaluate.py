@@ -229,8 +229,9 @@ def format_results(results: dict) -> str:
                  + ", ".join(map(str, results["paths_without_test_documents"])) + ": not scored")
     wire = results.get("bytes")
     if wire:
+        peak = f", peak round {wire['peak_round'] / 1e6:,.2f} MB" if wire.get("peak_round") else ""  # older train.json: none
         text += (f"\n\nPseudo-gradients on the wire: {wire['sent'] / 1e6:,.2f} MB sent ({wire['sent_per_path'] / 1e6:,.2f} MB "
-                 f"per path, peak round {wire['peak_round'] / 1e6:,.2f} MB); float32 DiLoCo would send "
+                 f"per path{peak}); float32 DiLoCo would send "
                  f"{_times(wire['times_fewer_than_float32_diloco'])}, data parallel {_times(wire['times_fewer_than_data_parallel'])}")
     if results.get("modes"):
         text += "\n\n" + format_modes(results["modes"])
