@@ -203,13 +203,17 @@ def collect(runs: dict[str, dict[int, Path]], *, warm: int, widths: dict[int, in
 
 
 def checks(rows: list[dict]) -> dict:
-    """The issue's comparisons, on the seeds' means (prefix routing)."""
+    """The issue's comparisons, on the seeds' means (prefix routing; likelihood routing too where scored)."""
     grids = [r for r in rows if not r["dense"] and "prefix" in r["modes"]]
     dense = {r["params_per_path"]: r for r in rows if r["dense"] and "prefix" in r["modes"]}
     out: dict[str, float] = {}
     for smaller, larger in zip(grids, grids[1:]):
         a, b = smaller["modes"]["prefix"]["mean"], larger["modes"]["prefix"]["mean"]
         out[f"{larger['model']} routed vs {smaller['model']}"] = b / a - 1
+        if "likelihood" in smaller["modes"] and "likelihood" in larger["modes"]:  # the same seeds on both sides
+            if smaller["modes"]["likelihood"]["seeds"] == larger["modes"]["likelihood"]["seeds"]:
+                a, b = smaller["modes"]["likelihood"]["mean"], larger["modes"]["likelihood"]["mean"]
+                out[f"{larger['model']} vs {smaller['model']}, both routed by the paths' likelihood"] = b / a - 1
     if grids and dense:
         largest = grids[-1]
         for _params, row in sorted(dense.items()):
@@ -254,7 +258,7 @@ def markdown(results: dict) -> str:
         f"{every_mode} only (mean ± std where more than one seed). Outer steps the runs took: {', '.join(outer)}.\n\n"
         + markdown_table(headers, table)
         + "\n\nPer seed (routed by k-means on the prefix):\n\n" + markdown_table(per_seed_headers, per_seed)
-        + "\n\nComparisons (means of the seeds, routed by k-means on the prefix; negative = lower perplexity):\n\n"
+        + "\n\nComparisons (means of the seeds, routed by k-means on the prefix unless said; negative = lower perplexity):\n\n"
         + "\n".join(lines)
         + ("\n\nCollected from runs trained by earlier invocations (`--keep`); their training seconds are in the JSON."
            if results.get("collected_only") else f"\n\nWall time: {results['seconds'] / 60:.0f} min.")
