@@ -37,15 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_corpus import (  # noqa: E402
     MIN_CHARS,
     TARGET_CHARS,
-    Unit,
     compress,
-    normalise,
-    pack,
     package_version,
-    paragraphs,
     serialise,
     write_atomic,
 )
+from corpus_text import Unit, normalise, pack, paragraphs  # noqa: E402
 
 log = logging.getLogger("build_manpages_corpus")
 
