@@ -39,10 +39,7 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -57,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.gpu_commands import Failed, dipaco, environment, run_command, start, stop, tail  # noqa: E402
 from bench.recording import write_results  # noqa: E402
 from dipaco.config import PRECISIONS, load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
@@ -77,10 +75,6 @@ TIMEOUTS = {"pipeline": 480, "torchrun": 240, "compile": 300, "speed": 360}  # s
 
 class Skip(Exception):
     """The check cannot run here; the message says why."""
-
-
-class Failed(Exception):
-    """The check ran and failed; the message says how."""
 
 
 @dataclass(frozen=True)
@@ -124,55 +118,6 @@ class Plan:
 
     def timeout(self, check: str) -> float:
         return TIMEOUTS[check] * (3 if self.smoke else 1)
-
-
-# --- running commands ------------------------------------------------------------------------------
-def tail(log_file: Path, lines: int = 3) -> str:
-    text = [line.strip() for line in log_file.read_text(errors="replace").splitlines() if line.strip()]
-    return " | ".join(text[-lines:])[-400:]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kill what is left of `proc`'s process group (it was started in its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def environment(threads: int = 0) -> dict[str, str]:
-    """Offline (the bundled corpus needs no network); `threads` > 0 pins each process's torch threads."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    if threads:
-        env |= {"DIPACO_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    return env
-
-
-def start(cmd: list[str], log_file: Path, *, threads: int = 0) -> subprocess.Popen:
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    log.info("%s  (log: %s)", shlex.join(cmd), log_file)
-    with log_file.open("w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=environment(threads), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def run_command(cmd: list[str], *, log_file: Path, timeout: float) -> None:
-    """Run `cmd` in the repository root with its output in `log_file`; Failed, with the log's last
-    lines, when it exits non-zero or runs past `timeout` seconds."""
-    proc = start(cmd, log_file)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failed(f"timed out after {timeout:.0f}s; log {log_file}") from None
-    finally:
-        stop(proc)
-    if code:
-        raise Failed(f"exit status {code}; log {log_file}: {tail(log_file)}")
-
-
-def dipaco(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dipaco", *args]
 
 
 def fresh_run(root: Path) -> RunDir:
