@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_coordinator import PLAIN, Clock, TinyRun, drive, make_run, manifests
 
+from dipaco.islands.island.checkpoint import InnerCheckpoint
 from dipaco.islands.island.faults import no_faults
 from dipaco.islands.island.polling import IslandWorker
 from dipaco.islands.island.training import rebase_on_chain
@@ -38,6 +39,36 @@ class FailInTask:
     def fail(self) -> float:
         self.failures += 1
         return self.return_after
+
+
+def killed_in_round_two(tiny, tmp_path, overrides: list[str], monkeypatch):
+    """Sync, fixed seeds, one island: a run never killed, and the same run whose island dies at the 4th check
+    of its first round-2 task and comes back 2 s later to resume from its inner checkpoint. Returns (straight,
+    killed, the island, every inner checkpoint the killed run saved)."""
+    overrides = [*overrides, "resilience.checkpoint_steps=2", "resilience.heartbeat_timeout=10"]
+    clock = Clock()
+    straight = make_run(tiny, tmp_path / "straight", overrides)
+    drive(straight.coordinator(clock), [straight.island("a", clock)], clock)
+
+    saved: list[InnerCheckpoint] = []
+    save = InnerCheckpoint.save
+    monkeypatch.setattr(InnerCheckpoint, "save", lambda self, path: (saved.append(self), save(self, path))[1])
+    clock = Clock()
+    killed = make_run(tiny, tmp_path / "killed", overrides)
+    fault = FailInTask(at=killed.topology.n_paths * killed.config.inner.steps + 4, return_after=2.0)
+    island = killed.island("a", clock, faults=fault)
+    fault.island = island
+    drive(killed.coordinator(clock), [island], clock)
+    assert fault.failures == 1 and len(island.resumed) == 1 and island.resumed[0][1] == 2
+    return straight, killed, island, saved
+
+
+def assert_same_last_modules(run: TinyRun, other: TinyRun) -> None:
+    """Every module of the last version is bit-identical in both runs."""
+    rounds = run.config.run.rounds
+    for name in run.topology.modules:
+        for param, value in run.store.read_module(rounds, name).items():
+            assert torch.equal(value, other.store.read_module(rounds, name)[param]), (name, param)
 
 
 def modules_of(run: TinyRun, round: int) -> dict[str, dict[str, torch.Tensor]]:

@@ -7,10 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-from test_decoupled import FailInTask
+from test_decoupled import assert_same_last_modules, killed_in_round_two
 from tiny_runs import Clock, drive, make_run
 
-from dipaco.islands.island.checkpoint import InnerCheckpoint
 from dipaco.islands.island.training import push_result, train_task
 from dipaco.optim.error_feedback import (
     RESIDUAL,
@@ -116,32 +115,13 @@ def test_an_island_killed_mid_task_resumes_with_the_residual_its_task_started_fr
     """Sync, fixed seeds, one island: it dies inside a round-2 task (whose path carries a residual from
     round 1), comes back, resumes from its inner checkpoint, and the run ends bit-identical to one never
     killed. The checkpoint held the residual the task's inner state in the store holds."""
-    overrides = [*TOPK, "resilience.checkpoint_steps=2", "resilience.heartbeat_timeout=10"]
-    clock = Clock()
-    straight = make_run(tiny, tmp_path / "straight", overrides)
-    drive(straight.coordinator(clock), [straight.island("a", clock)], clock)
-
-    saved: list[InnerCheckpoint] = []
-    save = InnerCheckpoint.save
-    monkeypatch.setattr(InnerCheckpoint, "save", lambda self, path: (saved.append(self), save(self, path))[1])
-    clock = Clock()
-    killed = make_run(tiny, tmp_path / "killed", overrides)
-    paths, steps = killed.topology.n_paths, killed.config.inner.steps
-    fault = FailInTask(at=paths * steps + 4, return_after=2.0)  # the 4th check of the first round-2 task
-    island = killed.island("a", clock, faults=fault)
-    fault.island = island
-    drive(killed.coordinator(clock), [island], clock)
-
-    assert fault.failures == 1 and len(island.resumed) == 1 and island.resumed[0][1] == 2
+    straight, killed, island, saved = killed_in_round_two(tiny, tmp_path, TOPK, monkeypatch)
     resumed = next(c for c in saved if c.task["key"] == island.resumed[0][0])
     assert resumed.task["inner_from"] is not None and resumed.residual  # a round-2 task starts from a residual
     _, stored = split_inner(read_inner(killed.store, resumed.task["inner_from"])[0])
     assert resumed.residual.keys() == stored.keys()
     assert all(torch.equal(resumed.residual[k], stored[k]) for k in stored)
-    rounds = killed.config.run.rounds
-    for name in killed.topology.modules:
-        for param, value in killed.store.read_module(rounds, name).items():
-            torch.testing.assert_close(value, straight.store.read_module(rounds, name)[param], rtol=0, atol=0)
+    assert_same_last_modules(killed, straight)
 
 
 def test_a_tiny_run_with_the_topk_codec_applies_its_results(tiny, tmp_path):

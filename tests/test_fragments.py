@@ -9,12 +9,11 @@ import random
 
 import pytest
 import torch
-from test_decoupled import FailInTask
+from test_decoupled import assert_same_last_modules, killed_in_round_two
 from tiny_runs import Clock, drive, make_run
 
 from dipaco.config import ResilienceConfig, RoundsConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
-from dipaco.islands.island.checkpoint import InnerCheckpoint
 from dipaco.islands.island.training import push_result, train_task
 from dipaco.optim.drift import DRIFT, split_drift
 from dipaco.optim.error_feedback import split_inner
@@ -173,29 +172,10 @@ def test_an_island_killed_mid_task_resumes_its_paths_drift_bit_for_bit(tiny, tmp
     """Sync, fixed seeds, one island, K = 2: it dies inside a round-2 task (whose path carries drift from round
     1), resumes from its inner checkpoint, and the run's modules and every path's last inner state (drift
     included) are bit-identical to a run never killed."""
-    overrides = [*FRAGMENTS, "resilience.checkpoint_steps=2", "resilience.heartbeat_timeout=10"]
-    clock = Clock()
-    straight = make_run(tiny, tmp_path / "straight", overrides)
-    drive(straight.coordinator(clock), [straight.island("a", clock)], clock)
-
-    saved: list[InnerCheckpoint] = []
-    save = InnerCheckpoint.save
-    monkeypatch.setattr(InnerCheckpoint, "save", lambda self, path: (saved.append(self), save(self, path))[1])
-    clock = Clock()
-    killed = make_run(tiny, tmp_path / "killed", overrides)
-    paths, steps = killed.topology.n_paths, killed.config.inner.steps
-    fault = FailInTask(at=paths * steps + 4, return_after=2.0)  # the 4th check of the first round-2 task
-    island = killed.island("a", clock, faults=fault)
-    fault.island = island
-    drive(killed.coordinator(clock), [island], clock)
-
-    assert fault.failures == 1 and len(island.resumed) == 1 and island.resumed[0][1] == 2
+    straight, killed, island, saved = killed_in_round_two(tiny, tmp_path, FRAGMENTS, monkeypatch)
     resumed = next(c for c in saved if c.task["key"] == island.resumed[0][0])
     assert split_drift(read_inner(killed.store, resumed.task["inner_from"])[0])[1]  # it started from a drift
-    rounds = killed.config.run.rounds
-    for name in killed.topology.modules:
-        for param, value in killed.store.read_module(rounds, name).items():
-            assert torch.equal(value, straight.store.read_module(rounds, name)[param])
+    assert_same_last_modules(killed, straight)
     last = {name: {p: max(states)[1] for p, states in all_inner_states(run.store).items()}
             for name, run in (("straight", straight), ("killed", killed))}  # the killed path's is attempt 1's
     for path, ref in last["straight"].items():
