@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 from bench.quality_runs import Runner, mode_perplexity, read_json  # noqa: E402
 from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
+from dipaco.store.board import read_manifest  # noqa: E402
+from dipaco.store.module_store import ModuleStore  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_compression")
@@ -136,19 +138,20 @@ def wire(run: Path) -> dict:
     (one island's upload for one task) and per round; and the inner state (AdamW moments, error-feedback
     residual) each task uploads besides, so that another island can take the path on (mean over the
     results the store still holds)."""
-    tasks, per_round, float32 = [], [], []
-    for file in sorted((run / "store" / "rounds").glob("round-*.json")):
-        applied = read_json(file)["applied"]
-        tasks += [entry["bytes"] for entry in applied]
-        float32 += [entry["float32_bytes"] for entry in applied]
-        per_round.append(sum(entry["bytes"] for entry in applied))
+    store = ModuleStore(str(run / "store"))
+    manifests = [read_manifest(store, r) for r in range(1, store.current_round() + 1)]
+    applied = [m.applied for m in manifests if m is not None]
+    tasks = [entry.bytes for entries in applied for entry in entries]
+    per_round = [sum(entry.bytes for entry in entries) for entries in applied]
     train = read_json(run / "train.json")
     inner = [read_json(f).get("bytes_up_inner", 0) for f in (run / "store" / "results").glob("round-*/path-*.json")]
-    return {"inner_state_task_mean": statistics.fmean(inner) if inner else None, "bytes_applied": sum(tasks), "task_mean": statistics.fmean(tasks), "task_peak": max(tasks),
+    return {"inner_state_task_mean": statistics.fmean(inner) if inner else None, "bytes_applied": sum(tasks),
+            "task_mean": statistics.fmean(tasks), "task_peak": max(tasks),
             "round_peak": max(per_round), "round_mean": statistics.fmean(per_round),
             "round_peak_before_last": max(per_round[:-1] or per_round),
-            "float32_task_mean": statistics.fmean(float32), "bytes_float32": train["bytes_float32"],
-            "bytes_data_parallel": train["bytes_data_parallel"], "rounds": len(per_round), "tasks": len(tasks)}
+            "float32_task_mean": statistics.fmean(e.float32_bytes for entries in applied for e in entries),
+            "bytes_float32": train["bytes_float32"], "bytes_data_parallel": train["bytes_data_parallel"],
+            "rounds": len(per_round), "tasks": len(tasks)}
 
 
 def collect(runs: dict[str, dict[int, Path]], *, chosen: list[str], common: list[str], min_ratio: float,

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quality_runs import Runner, mode_perplexity, read_json  # noqa: E402
+from bench.quality_runs import Runner, mode_perplexity, read_json, warm_start_steps_as_fraction  # noqa: E402
 from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
@@ -128,8 +128,6 @@ def main() -> None:
                     log.warning("%s has no eval.json: left out", run)
                     continue
             else:
-                from bench.quality_runs import warm_start_steps_as_fraction
-
                 resolved = warm_start_steps_as_fraction(Path(args.config), overrides)
                 run = runner.pipeline(name, Path(args.config), resolved, baselines=False, modes=modes)
             runs.setdefault(model, {})[seed] = run

@@ -47,16 +47,17 @@ def final_residual(store: Path) -> dict[str, float] | None:
     """Per kind of module, the norm of the residuals in every path's last inner state (None without any)."""
     from safetensors.torch import load_file
 
+    from dipaco.optim.error_feedback import split_inner
+
     squares: dict[str, float] = {}
     for path in sorted((store / "islands").glob("path-*")):
         states = sorted(path.glob("inner-round-*.safetensors"))
         if not states:
             continue
-        tensors = load_file(str(states[-1]))
-        for name, tensor in tensors.items():
-            if name.startswith("residual/"):
-                module = name.split("/")[1]
-                squares[kind(module)] = squares.get(kind(module), 0.0) + float(tensor.double().square().sum())
+        _, residual = split_inner(load_file(str(states[-1])))  # {"module/param": tensor}
+        for name, tensor in residual.items():
+            module = name.split("/")[0]
+            squares[kind(module)] = squares.get(kind(module), 0.0) + float(tensor.double().square().sum())
     return {k: math.sqrt(v) for k, v in squares.items()} if squares else None
 
 
