@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from dipaco.optim.inner_entries import check_entries, join_entries, split_entries
 from dipaco.store.module_store import StoreError
 
 DRIFT = "drift/"  # prefix of the drift's entries in an inner state's tensors
@@ -26,13 +27,12 @@ DRIFT = "drift/"  # prefix of the drift's entries in an inner state's tensors
 
 def split_drift(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """An inner state's tensors → (the others, the drift `{"module/param": tensor}`, empty when none)."""
-    rest = {k: v for k, v in tensors.items() if not k.startswith(DRIFT)}
-    return rest, {k.removeprefix(DRIFT): v for k, v in tensors.items() if k.startswith(DRIFT)}
+    return split_entries(tensors, DRIFT)
 
 
 def join_drift(tensors: dict[str, torch.Tensor], drift: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inner state's tensors holding the drift too (the inverse of `split_drift`)."""
-    return tensors | {DRIFT + name: tensor.contiguous() for name, tensor in drift.items()}
+    return join_entries(tensors, DRIFT, drift)
 
 
 def split_sent(delta: dict[str, torch.Tensor], synced: set[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -48,11 +48,4 @@ def check_drift(drift: dict[str, torch.Tensor], shapes: dict[str, list[int]], *,
     unexpected = sorted(set(drift) - set(shapes))
     if unexpected:
         raise StoreError(f"{where}: drift {unexpected[:3]} is not of the path's parameters")
-    for name, tensor in drift.items():
-        if list(tensor.shape) != list(shapes[name]):
-            raise StoreError(f"{where}: drift {name} has shape {list(tensor.shape)}, the parameter's is {list(shapes[name])}")
-        if tensor.dtype != torch.float32:
-            raise StoreError(f"{where}: drift {name} is {tensor.dtype}, not float32")
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise StoreError(f"{where}: drift {name} has {bad} NaN or infinite values")
+    check_entries(drift, shapes, label="drift", where=where)

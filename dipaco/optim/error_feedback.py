@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from dipaco.optim.inner_entries import check_entries, join_entries, split_entries
 from dipaco.store.compress import compress, decompress
 from dipaco.store.module_store import StoreError
 from dipaco.store.sparse import TopK
@@ -39,13 +40,12 @@ def encode_with_feedback(sent: dict[str, torch.Tensor], *, method: str, level: i
 
 def split_inner(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """An inner state's tensors → (its AdamW entries, its residual `{"module/param": tensor}`, empty when none)."""
-    adam = {k: v for k, v in tensors.items() if not k.startswith(RESIDUAL)}
-    return adam, {k.removeprefix(RESIDUAL): v for k, v in tensors.items() if k.startswith(RESIDUAL)}
+    return split_entries(tensors, RESIDUAL)
 
 
 def join_inner(adam: dict[str, torch.Tensor], residual: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inner state's tensors holding both (the inverse of `split_inner`)."""
-    return adam | {RESIDUAL + name: tensor.contiguous() for name, tensor in residual.items()}
+    return join_entries(adam, RESIDUAL, residual)
 
 
 def residual_bytes(residual: dict[str, torch.Tensor]) -> int:
@@ -62,12 +62,4 @@ def check_residual(residual: dict[str, torch.Tensor], shapes: dict[str, list[int
     if missing or unexpected:
         raise StoreError(f"{where}: error-feedback residual does not match the path's parameters "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    for name, tensor in residual.items():
-        if list(tensor.shape) != list(shapes[name]):
-            raise StoreError(f"{where}: error-feedback residual {name} has shape {list(tensor.shape)}, "
-                             f"the parameter's is {list(shapes[name])}")
-        if tensor.dtype != torch.float32:
-            raise StoreError(f"{where}: error-feedback residual {name} is {tensor.dtype}, not float32")
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise StoreError(f"{where}: error-feedback residual {name} has {bad} NaN or infinite values")
+    check_entries(residual, shapes, label="error-feedback residual", where=where)
