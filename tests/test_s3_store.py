@@ -19,7 +19,7 @@ import pytest
 import torch
 from cli_helpers import ENV, TINY, copy_run, dipaco_in_process
 from s3_server import BUCKET
-from test_crash_safety import deposed_writes_are_refused, race_for_the_lease
+from test_coordinator_lease import deposed_writes_are_refused, race_for_the_lease
 
 from dipaco.config import load_config, save_config
 from dipaco.pipeline.context import PathFactory
