@@ -85,6 +85,13 @@ class Router:
         """Fit featurizer and k-means on `prefixes`; stats hold both stages and the path sizes (`fit_router`)."""
         return fit_router(prefixes, levels=levels, config=config)
 
+    @classmethod
+    def fit_on_features(cls, featurizer: Any, features: np.ndarray, *, levels: list[int], config: RoutingConfig,
+                        featurizer_stats: dict[str, Any] | None = None) -> tuple[Router, dict[str, Any]]:
+        """Fit the k-means (and penalties) on `features` an already fitted `featurizer` computed: a caller
+        that featurizes every document anyway fits on its training rows without computing them twice."""
+        return fit_on_features(featurizer, features, levels=levels, config=config, featurizer_stats=featurizer_stats)
+
     def features(self, prefixes: list[str]) -> np.ndarray:
         """Prefixes -> features (N, dim) float32."""
         return self.featurizer.transform(prefixes)
@@ -180,17 +187,35 @@ class Router:
             )
         return router
 
+
 def fit_router(prefixes: list[str], *, levels: list[int], config: RoutingConfig) -> tuple[Router, dict[str, Any]]:
     """Fit the featurizer and the k-means on `prefixes`, then (`routing.balance`) the path penalties."""
-    levels = check_levels(levels)
-    n_paths = math.prod(levels)
-    if len(prefixes) < n_paths:
-        raise ValueError(
-            f"levels {levels} give {n_paths} paths, but only {len(prefixes)} prefixes to fit on"
-        )
+    _check_enough(len(prefixes), levels)
     t0 = time.perf_counter()
     featurizer, feat_stats = make_featurizer(prefixes, config)
-    x = featurizer.transform(prefixes)  # (N, dim)
+    router, stats = fit_on_features(featurizer, featurizer.transform(prefixes), levels=levels, config=config,
+                                    featurizer_stats=feat_stats)
+    stats["seconds"] = time.perf_counter() - t0
+    return router, stats
+
+
+def _check_enough(n: int, levels: list[int]) -> None:
+    n_paths = math.prod(check_levels(levels))
+    if n < n_paths:
+        raise ValueError(f"levels {levels} give {n_paths} paths, but only {n} prefixes to fit on")
+
+
+def fit_on_features(featurizer: Any, x: np.ndarray, *, levels: list[int], config: RoutingConfig,
+                    featurizer_stats: dict[str, Any] | None = None) -> tuple[Router, dict[str, Any]]:
+    """The k-means on the (N, dim) features `x` of a fitted `featurizer`, then (`routing.balance`) the
+    path penalties; stats as `fit_router`'s (`featurizer_stats` as its featurizer entry)."""
+    levels = check_levels(levels)
+    _check_enough(len(x), levels)
+    n_paths = math.prod(levels)
+    t0 = time.perf_counter()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != featurizer.dim:
+        raise ValueError(f"features must have shape (N, {featurizer.dim}), got {x.shape}")
     centroids, km_stats = _cluster(x, levels, config)
     router = Router(
         levels=levels, method=config.method, featurizer=featurizer, centroids=centroids, config=config
@@ -203,7 +228,7 @@ def fit_router(prefixes: list[str], *, levels: list[int], config: RoutingConfig)
         balance_stats["unbalanced_sizes"] = unbalanced.tolist()
     sizes = np.bincount(router.assign(x), minlength=n_paths)
     stats = {
-        "featurizer": feat_stats,
+        "featurizer": featurizer_stats,
         "kmeans": km_stats,
         "balance": balance_stats,
         "sizes": sizes.tolist(),

@@ -5,6 +5,7 @@ python -m pytest tests/test_routing_router.py -q
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from routing import Assignments, Router, RoutingConfig, assign_splits
 from routing.corpus import TEST, TRAIN
 from routing.embed import TfidfSvdFeaturizer
+from routing.featurizers import make_featurizer
 
 TOPICS = [
     "cat dog horse cow sheep goat pig mouse rabbit hamster".split(),
@@ -202,3 +204,30 @@ def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
     assert assignments.router_fingerprint == router.fingerprint() and len(assignments) == 120
     assert int(assignments.sizes(TRAIN).sum()) + int(assignments.sizes(TEST).sum()) == 120
     assert "total" in capsys.readouterr().out
+
+
+def test_fit_on_features_is_fit_without_featurizing_again(docs, product_router):
+    product_router, _ = product_router
+    featurizer, stats = make_featurizer(docs, CONFIG)
+    router, fit_stats = Router.fit_on_features(featurizer, featurizer.transform(docs), levels=[2, 3], config=CONFIG,
+                                               featurizer_stats=stats)
+    assert router.fingerprint() == product_router.fingerprint()
+    assert fit_stats["featurizer"] == stats and sum(fit_stats["sizes"]) == len(docs)
+    with pytest.raises(ValueError, match=r"features must have shape \(N, 8\), got \(240, 3\)"):
+        Router.fit_on_features(featurizer, np.zeros((240, 3)), levels=[2, 3], config=CONFIG)
+    with pytest.raises(ValueError, match="only 4 prefixes to fit on"):
+        Router.fit_on_features(featurizer, featurizer.transform(docs[:4]), levels=[2, 3], config=CONFIG)
+
+
+def test_route_featurizes_each_prefix_once(tmp_path, monkeypatch):
+    from dipaco.config import load_config
+    from dipaco.run_dir import RunDir
+    from dipaco.stages.route import route
+
+    rows = []
+    transform = TfidfSvdFeaturizer.transform
+    monkeypatch.setattr(TfidfSvdFeaturizer, "transform", lambda self, texts: rows.append(len(texts)) or transform(self, texts))
+    run = RunDir(tmp_path / "run")
+    route(load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"), run)
+    documents = len(Assignments.load(run.routing).path)
+    assert sum(rows) == documents

@@ -44,17 +44,17 @@ def run_splits(corpus: CorpusConfig, n: int) -> np.ndarray:
                          router_fraction=corpus.router_fraction)
 
 
-def stream_features(router: Router, prefixes: list[str], out, *, batch_size: int = 8192) -> np.ndarray:
-    """Featurize in batches into a memory-mapped float32 .npy at `out` (atomically); returns the
-    (read-only) map."""
+def stream_features(featurizer, prefixes: list[str], out, *, batch_size: int = 8192) -> np.ndarray:
+    """Featurize in batches with a fitted featurizer (a router's `.featurizer`) into a memory-mapped
+    float32 .npy at `out` (atomically); returns the (read-only) map."""
     from tqdm.auto import tqdm
 
     with replacing(out) as tmp:
         features = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
-                                             shape=(len(prefixes), router.featurizer.dim))
-        for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({router.featurizer.name})",
+                                             shape=(len(prefixes), featurizer.dim))
+        for start in tqdm(range(0, len(prefixes), batch_size), desc=f"featurize ({featurizer.name})",
                           unit="batch", disable=None):
-            features[start : start + batch_size] = router.features(prefixes[start : start + batch_size])
+            features[start : start + batch_size] = featurizer.transform(prefixes[start : start + batch_size])
         features.flush()
         del features
     return np.load(out, mmap_mode="r")

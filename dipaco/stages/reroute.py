@@ -88,7 +88,7 @@ def reroute(config: Config, run: RunDir) -> dict:
     features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
     if features is None or features.shape != (len(texts), router.featurizer.dim):
         prefixes = prefix_texts(tokenizer, texts, n_tokens=skip)
-        features = stream_features(router, prefixes, features_file)
+        features = stream_features(router.featurizer, prefixes, features_file)
     docs = [t[:seq_len] for t in encode_batch(tokenizer, [texts[int(i)] for i in router_docs])]
     keep = np.array([len(d) > skip for d in docs], dtype=bool)
     router_docs, docs = router_docs[keep], [d for d, k in zip(docs, keep) if k]

@@ -7,9 +7,10 @@ training documents (or copies the configured one), cuts each document's first `p
 tokens, fits the router on the training prefixes and assigns every document to a path.
 `dipaco shard` (`dipaco.stages.shard`) then packs each path's documents into shards.
 
-The router is fitted on the training prefixes (or a seeded sample of `routing.fit_sample` of them);
+The featurizer is fitted on the training prefixes (or a seeded sample of `routing.fit_sample` of them),
 the prefix features of all documents are written in batches to `routing/features.npy` (a
-memory-mapped array) and assigned in batches. With `routing.balance`, training documents are placed
+memory-mapped array), the k-means is fitted on the fitting documents' rows of it and every document is
+assigned in batches: each prefix is featurized once. With `routing.balance`, training documents are placed
 by the exact capacity assignment; with `routing.train_top_k` > 1 each training document also goes to
 its next-best paths (overlapping shards). A routing report (sizes, balance, churn, purity / NMI
 against the corpus's `source`) is written to `routing/report-route.{json,md,png}`.
@@ -33,6 +34,7 @@ from dipaco.run_dir import RunDir
 from dipaco.tables import format_table
 from routing.assignments import Assignments
 from routing.corpus import TRAIN
+from routing.featurizers import make_featurizer
 from routing.router import Router
 from routing.routing_report import format_report, routing_report, write_report
 from sharding.tokenizer import prefix_texts
@@ -64,9 +66,11 @@ def route(config: Config, run: RunDir) -> dict:
     if 0 < config.routing.fit_sample < len(fit_docs):  # a seeded sample; all documents are assigned below
         fit_docs = np.sort(np.random.default_rng(config.routing.seed).choice(fit_docs, config.routing.fit_sample,
                                                                               replace=False))
-    router, fit_stats = Router.fit([prefixes[i] for i in fit_docs], levels=list(topology.levels),
-                                   config=routing_config(config, run))
-    features = stream_features(router, prefixes, run.routing / "features.npy")
+    routing = routing_config(config, run)
+    featurizer, featurizer_stats = make_featurizer([prefixes[i] for i in fit_docs], routing)
+    features = stream_features(featurizer, prefixes, run.routing / "features.npy")  # every document's, once
+    router, fit_stats = Router.fit_on_features(featurizer, np.asarray(features[fit_docs]), levels=list(topology.levels),
+                                               config=routing, featurizer_stats=featurizer_stats)
     paths, topk = assign_all(router, features, split, top_k=config.routing.train_top_k)
     if topology.replicas > 1:  # DiLoCo replicas: each document to a random replica of its path
         if topk is not None and topk.shape[1] > 1:
