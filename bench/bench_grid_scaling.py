@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quality_runs import Runner, mode_perplexity, read_json, warm_start_steps_as_fraction  # noqa: E402
-from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
+from bench.recording import RESULTS, distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
@@ -86,9 +86,12 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="the recipe")
     parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                         help=f"override for every model (default {REDUCED})")
-    parser.add_argument("--grids", nargs="+", default=["2x2", "4x4", "8x8"], help="DiPaCo grids")
+    parser.add_argument("--grids", nargs="*", default=["2x2", "4x4", "8x8"],
+                        help="DiPaCo grids (none: the dense models alone, with --warm-start)")
     parser.add_argument("--dense", nargs="+", type=int, default=[1, 4],
                         help="dense models of these multiples of a path's parameters")
+    parser.add_argument("--dense-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override for the dense models only, e.g. inner.lr=1.5e-3 (their own lr: their width is not a path's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="run.seed of every model")
     parser.add_argument("--all-modes-seeds", type=int, default=1,
                         help="the first this many seeds also route by likelihood and score the oracle path (both "
@@ -97,15 +100,19 @@ def main() -> None:
                         help="warm-start steps of every model (default: the first grid's under the recipe)")
     parser.add_argument("--islands", type=int, default=1, help="island processes per DiPaCo run (hardware.islands)")
     parser.add_argument("--name", default="grid-scaling", help="the results files' name")
+    parser.add_argument("--results-dir", default=str(RESULTS),
+                        help="where the results files go (default bench/results; experiments/results for a research run)")
     parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
     parser.add_argument("--keep", action="store_true", help="reuse the runs (and finished stages) of an earlier invocation")
     parser.add_argument("--collect-only", action="store_true", help="train nothing: the results of the runs in --runs")
     args = parser.parse_args()
+    if not args.grids and not args.warm_start:
+        parser.error("without --grids, give the dense models' --warm-start steps")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     started = time.perf_counter()
     common = [*(REDUCED if args.set is None else args.set), "hardware.precision=fp32",
               f"hardware.islands={args.islands}", "hardware.threads_per_island=1"]
-    first = load_config(args.config, [*common, f"topology.levels={grid_levels(args.grids[0])}"])
+    first = load_config(args.config, [*common, f"topology.levels={grid_levels((args.grids or ['1x1'])[0])}"])
     warm = args.warm_start or first.pretrain_steps
     width = first.model.hidden_size
     path_params = path_parameters(args.config, common, width=width)
@@ -120,7 +127,7 @@ def main() -> None:
             dense = model.startswith("dense")
             overrides = [*common, f"run.seed={seed}", f"warm_start.steps={warm}", override]
             if dense:
-                overrides.append("topology.levels=[1]")
+                overrides += ["topology.levels=[1]", *args.dense_set]
             name = f"seed{seed}-{model.replace(' ', '-')}"
             if args.collect_only:
                 run = runner.root / name
@@ -134,8 +141,8 @@ def main() -> None:
             log.info("%s seed %d: %s", model, seed, summary_line(run))
     results = collect(runs, warm=warm, widths=widths, path_params=path_params, common=common,
                       seconds=time.perf_counter() - started)
-    results["collected_only"] = args.collect_only
-    path = write_results(args.name, results, markdown(results), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
+    results.update(collected_only=args.collect_only, dense_overrides=args.dense_set)
+    path = write_results(args.name, results, markdown(results), results_dir=Path(args.results_dir), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
 
@@ -251,7 +258,8 @@ def markdown(results: dict) -> str:
         f"`configs/demo.yaml`'s recipe with {' '.join(results['common'])}: every model the same warm-start steps "
         f"({results['warm_start_steps']}, each dense model its own warm start of its own size) and the same steps "
         f"after it; the dense models are 1x1 grids of a wider path model (widths {results['dense_widths']} for the "
-        f"multiples of a path's {results['path_params']:,} parameters) on every training document. Perplexity on "
+        f"multiples of a path's {results['path_params']:,} parameters) on every training document"
+        f"{' with ' + ' '.join(results['dense_overrides']) if results.get('dense_overrides') else ''}. Perplexity on "
         f"{tokens:,} held-out tokens, the same for every model; likelihood routing and the oracle path at seeds "
         f"{every_mode} only (mean ± std where more than one seed). Outer steps the runs took: {', '.join(outer)}.\n\n"
         + markdown_table(headers, table)
