@@ -281,8 +281,8 @@ def test_no_figure_is_quoted_from_a_dirty_tree():
 
 def test_a_quote_of_a_dirty_results_file_is_reported():
     """The check bites: a page quoting a figure of a file recorded with local changes names it."""
-    name = ROOT / "bench" / "results" / "quality-private-emb-full-budget4"
+    name = ROOT / "bench" / "results" / "quality-private-emb-seed1"
     assert not quotable_file(name)
     page = ROOT / "docs" / "page.md"
-    text = "DiPaCo reaches 33.79 ([results](../bench/results/quality-private-emb-full-budget4.md)).\n"
-    assert quoted_from_dirty_trees({page: text}) == {"bench/results/quality-private-emb-full-budget4": ["docs/page.md:1"]}
+    text = "DiPaCo reaches 97.29 ([results](../bench/results/quality-private-emb-seed1.md)).\n"
+    assert quoted_from_dirty_trees({page: text}) == {"bench/results/quality-private-emb-seed1": ["docs/page.md:1"]}
