@@ -229,7 +229,7 @@ DIRTY_QUOTED = frozenset({
     "bench/results/huge-document",
     "bench/results/islands",
     "bench/results/quality-private-emb-full-6db885c",  # the demo's quality before its clean re-measurement: the recipe log's history
-    "bench/results/quality-private-emb-full-budget4",
+    "bench/results/quality-private-emb-full-budget4-6db885c",  # 4x the demo's budget before its clean re-measurement: the recipe log's history
     "bench/results/quality-private-emb-seed1",
     "bench/results/routing",
     "bench/results/routing-1m",
