@@ -104,6 +104,7 @@ def aggregate(records: dict[str, dict]) -> dict:
         "dipaco_vs_dense_equal_steps": comparison("dipaco-prefix", "dense-equal-steps"),
         "likelihood_vs_dense_equal_steps": comparison("dipaco-likelihood", "dense-equal-steps"),
         "routed_over_oracle": comparison("dipaco-prefix", "dipaco-oracle", ratio=True),
+        "likelihood_over_oracle": comparison("dipaco-likelihood", "dipaco-oracle", ratio=True),
     }
     sources = [{"name": name, "seed": seed, "commit": r.get("commit"), "clean": r.get("clean"),
                 "quotable": quotable(r)} for (name, r), seed in zip(records.items(), seeds)]
@@ -147,6 +148,7 @@ def markdown(results: dict) -> str:
         "likelihood_vs_dense_equal_steps": ("DiPaCo routed by the paths' likelihood against dense equal steps",
                                             None, ""),
         "routed_over_oracle": ("DiPaCo routed ÷ oracle", None, ""),
+        "likelihood_over_oracle": ("DiPaCo routed by the paths' likelihood ÷ oracle", None, ""),
     }
     lines = []
     for key, (label, meets, target) in targets.items():
