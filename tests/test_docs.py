@@ -65,7 +65,7 @@ def test_quoted_results_files_exist():
     named = {name for doc, text in DOCS.items() for name in quoted_results(doc, text)}
     assert named, "README, docs/ and experiments/ quote no results file"
     missing = [str(name.relative_to(ROOT)) for name in named
-               if not name.with_suffix(".json").exists() or not name.with_suffix(".md").exists()]
+               if not file_of(name, ".json").exists() or not file_of(name, ".md").exists()]
     assert not missing, f"pages quote results files whose .json or .md does not exist: {sorted(missing)}"
 
 
@@ -85,13 +85,18 @@ def test_every_results_file_says_where_its_figures_come_from():
 # file or names it (`bench/results/<name>.md`), or after such a sentence in the same paragraph, or in a table
 # row that names it; a table or code block whose row names none takes the files of the paragraph just
 # above it. Each figure there must be in one of those files.
-RESULTS_PATH = re.compile(r"\b((?:bench|experiments)/results/[\w-]+)\.(?:json|md|png)\b")
+RESULTS_PATH = re.compile(r"\b((?:bench|experiments)/results/[\w.-]+?)\.(?:json|md|png)\b")
 LINK_TARGET = re.compile(r"\]\(([^)#\s]+)")
 # A figure: a number with a decimal point or thousands separators (a plain integer is mostly a setting:
 # 4 paths, 32 tokens, 10 rounds), outside `code` and link targets; not part of a version (2.13.0).
 FIGURE = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+\.\d+)(?![\w.]*\d)")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[(`*_\"])")
 ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.")
+
+
+def file_of(name: Path, suffix: str) -> Path:
+    """A results file of `name` (a path without its suffix, which may hold dots: dense4x-lr1.5e-3)."""
+    return name.parent / (name.name + suffix)
 
 
 def quoted_results(doc: Path, text: str) -> set[Path]:
@@ -165,7 +170,7 @@ def figures(text: str) -> list[str]:
 @functools.cache
 def results_numbers(name: Path) -> tuple[str, tuple[float, ...]]:
     """A results file's markdown and JSON text, and every number in its JSON."""
-    text = "".join(path.read_text() for path in (name.with_suffix(".md"), name.with_suffix(".json")) if path.exists())
+    text = "".join(path.read_text() for path in (file_of(name, ".md"), file_of(name, ".json")) if path.exists())
     values: list[float] = []
 
     def walk(item) -> None:
@@ -178,8 +183,8 @@ def results_numbers(name: Path) -> tuple[str, tuple[float, ...]]:
         elif isinstance(item, (int, float)) and not isinstance(item, bool):
             values.append(float(item))
 
-    if name.with_suffix(".json").exists():
-        walk(json.loads(name.with_suffix(".json").read_text()))
+    if file_of(name, ".json").exists():
+        walk(json.loads(file_of(name, ".json").read_text()))
     return text, tuple(values)
 
 
@@ -268,7 +273,7 @@ def quoted_from_dirty_trees(docs: dict[Path, str]) -> dict[str, list[str]]:
 def quotable_file(name: Path) -> bool:
     from bench.recording import quotable
 
-    return quotable(json.loads(name.with_suffix(".json").read_text()))
+    return quotable(json.loads(file_of(name, ".json").read_text()))
 
 
 def test_no_figure_is_quoted_from_a_dirty_tree():
