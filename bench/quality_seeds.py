@@ -10,6 +10,8 @@ The comparisons (DiPaCo against DiLoCo under its best outer step, against dense 
 equal compute) are given on the means and on every seed, with how many seeds meet the issue's target.
 DiLoCo's best outer step is the DiLoCo row with the lower mean, the same row on every seed.
 The result is quotable only when every file it reads is (`bench.recording.quotable`).
+A results file of `experiments/capacity.py` (one `bench_quality` comparison per point of its sweep) is
+read at its point `--point ROUNDSxH` (default: its only point).
 Writes <name>.{json,md,png} next to the files it reads.
 """
 
@@ -30,6 +32,22 @@ from dipaco.config import load_config  # noqa: E402
 
 SEED_OVERRIDE = re.compile(r"^run\.seed=")
 DILOCO_KINDS = ("diloco", "diloco-dipaco-outer")
+
+
+def capacity_point(record: dict, point: str | None, *, name: str) -> dict:
+    """A point of an experiments/capacity.py results record, as the bench_quality record it was compared as."""
+    points = {p["point"]: p for p in record["points"]}
+    if point is None and len(points) == 1:
+        point = next(iter(points))
+    if point not in points:
+        raise SystemExit(f"{name}: give --point, one of {sorted(points)} (got {point!r})")
+    p = points[point]
+    return {"config": record["config"], "budget": 1.0, "rounds": p["rounds"], "scored_tokens": p["scored_tokens"],
+            "test_documents": None, "rows": p["rows"],
+            "dipaco_overrides": [*record["set"], *record["dipaco"], f"run.rounds={p['rounds']}",
+                                 f"inner.steps={p['inner_steps']}"],
+            "pretrain": {"steps": p["pretrain_steps"]}, "outer_steps": {},
+            **{k: record[k] for k in ("commit", "clean", "trained_at", "source") if k in record}}
 
 
 def seed_of(record: dict) -> int:
@@ -173,7 +191,8 @@ def markdown(results: dict) -> str:
     return (f"# DiPaCo against DiLoCo and dense models over seeds {', '.join(map(str, seeds))} "
             f"({results['rounds']} rounds, budget x{results['budget']:g})\n\n"
             f"The mean and standard deviation of {len(seeds)} runs of `bench/bench_quality.py` that differ only in "
-            f"`run.seed` (the same seeds for every model): {sources}. {results['test_documents']} held-out documents, "
+            f"`run.seed` (the same seeds for every model): {sources}. "
+            f"{str(results['test_documents']) + ' held-out documents, ' if results['test_documents'] else ''}"
             f"{results['scored_tokens']:,} tokens scored; DiPaCo: `{results['config']}` with "
             f"`{' '.join(results['dipaco_overrides'])}`; warm start {results['pretrain']['steps']} dense steps, counted "
             f"in every model's total. Outer steps as applied (seed {seeds[0]}): {applied or 'not recorded'}.\n\n"
@@ -207,6 +226,8 @@ def main() -> None:
     parser.add_argument("names", nargs="+", help="bench_quality results names (without .json), one per seed")
     parser.add_argument("--name", required=True, help="the results name to write")
     parser.add_argument("--results-dir", default=str(RESULTS), help="where the files are read and written")
+    parser.add_argument("--point", default=None, metavar="ROUNDSxH",
+                        help="the point of experiments/capacity.py results to read (default: their only one)")
     args = parser.parse_args()
     if len(args.names) < 2:
         parser.error("give at least two seeds' results")
@@ -216,7 +237,8 @@ def main() -> None:
         path = results_dir / f"{name}.json"
         if not path.exists():
             raise SystemExit(f"{path}: no such results file (run bench/bench_quality.py --name {name} first)")
-        records[name] = json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        records[name] = capacity_point(record, args.point, name=name) if "points" in record else record
     results = aggregate(records)
     path = write_results(args.name, results, markdown(results), results_dir=results_dir, trained_at=trained_at(records))
     plot(results, path.with_suffix(".png"))

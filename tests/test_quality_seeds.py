@@ -94,3 +94,22 @@ def test_one_dirty_seed_makes_the_aggregate_unquotable(tmp_path, monkeypatch):
     assert "(not quotable)" in out["source"]
     assert "[s1](s1.md) (seed 1, commit aaaaaaa, not quotable)" in (tmp_path / "out.md").read_text()
     assert (tmp_path / "out.png").stat().st_size > 0
+
+
+def test_a_capacity_sweep_point_is_read_as_its_comparison():
+    def capacity(record: dict) -> dict:
+        seed = next(o for o in record["dipaco_overrides"] if o.startswith("run.seed="))
+        return {"config": "configs/demo.yaml", "set": ["hardware.precision=fp32", seed], "dipaco": [],
+                "points": [{"point": "16x250", "rounds": 16, "inner_steps": 250, "pretrain_steps": 5333,
+                            "scored_tokens": 40_271, "rows": record["rows"]},
+                           {"point": "8x200", "rounds": 8, "inner_steps": 200, "pretrain_steps": 1000,
+                            "scored_tokens": 40_271, "rows": record["rows"]}],
+                "commit": "a" * 40, "clean": True}
+
+    with pytest.raises(SystemExit, match=r"s0: give --point, one of \['16x250', '8x200'\]"):
+        quality_seeds.capacity_point(capacity(SEEDS["s0"]), None, name="s0")
+    records = {n: quality_seeds.capacity_point(capacity(r), "16x250", name=n) for n, r in SEEDS.items()}
+    results = quality_seeds.aggregate(records)
+    assert results["seeds"] == [0, 1, 2] and results["rounds"] == 16
+    assert results["checks"]["dipaco_over_dense_equal_compute"]["on_means"] == pytest.approx(93.0 / 82.0)
+    assert "held-out documents" not in quality_seeds.markdown(results)  # a sweep does not record them
