@@ -190,7 +190,8 @@ def markdown(results: dict) -> str:
     applied = "; ".join(f"{model}: {steps}" for model, steps in results["outer_steps"].items())
     return (f"# DiPaCo against DiLoCo and dense models over seeds {', '.join(map(str, seeds))} "
             f"({results['rounds']} rounds, budget x{results['budget']:g})\n\n"
-            f"The mean and standard deviation of {len(seeds)} runs of `bench/bench_quality.py` that differ only in "
+            f"The mean and standard deviation of {len(seeds)} runs of one comparison (`bench/bench_quality.py`, or a point of "
+            f"`experiments/capacity.py`) that differ only in "
             f"`run.seed` (the same seeds for every model): {sources}. "
             f"{str(results['test_documents']) + ' held-out documents, ' if results['test_documents'] else ''}"
             f"{results['scored_tokens']:,} tokens scored; DiPaCo: `{results['config']}` with "
