@@ -97,7 +97,8 @@ def aggregate(records: dict[str, dict]) -> dict:
     for row in first["rows"]:
         values = [rows_of_seed[row["kind"]]["perplexity"] for rows_of_seed in by_seed]
         rows.append({k: row[k] for k in ("model", "kind", "paths", "params_per_path", "params_total",
-                                         "pretrain_steps", "steps_per_path", "total_tokens", "flops")}
+                                         "pretrain_steps", "steps_per_path", "total_tokens", "flops",
+                                         "tokens_per_path_param", "epochs") if k in row}  # the last two: capacity.py's
                     | {"perplexity": spread(values), "per_seed": dict(zip(map(str, seeds), values))})
     mean = {r["kind"]: r["perplexity"]["mean"] for r in rows}
     diloco = [r for r in rows if r["kind"] in DILOCO_KINDS]
@@ -119,6 +120,7 @@ def aggregate(records: dict[str, dict]) -> dict:
         "dipaco_vs_diloco": comparison("dipaco-prefix", "diloco"),
         "dipaco_vs_diloco_same_outer": comparison("dipaco-prefix", "diloco-dipaco-outer"),
         "dipaco_over_dense_equal_compute": comparison("dipaco-prefix", "dense-equal-compute", ratio=True),
+        "likelihood_over_dense_equal_compute": comparison("dipaco-likelihood", "dense-equal-compute", ratio=True),
         "dipaco_vs_dense_equal_steps": comparison("dipaco-prefix", "dense-equal-steps"),
         "likelihood_vs_dense_equal_steps": comparison("dipaco-likelihood", "dense-equal-steps"),
         "routed_over_oracle": comparison("dipaco-prefix", "dipaco-oracle", ratio=True),
@@ -153,6 +155,10 @@ def markdown(results: dict) -> str:
     table = [[r["model"], f"{r['params_per_path']:,}", f"{r['steps_per_path']}" + (f" x {r['paths']}" if r["paths"] > 1 else ""),
               f"{r['total_tokens']:,}", fmt(r["perplexity"]), f"{r['perplexity']['min']:.2f}–{r['perplexity']['max']:.2f}",
               *(f"{r['per_seed'][str(s)]:.2f}" for s in seeds)] for r in results["rows"]]
+    if all("tokens_per_path_param" in r for r in results["rows"]):  # a capacity point: how saturated each model is
+        headers.insert(4, "train tokens per path parameter (epochs)")
+        for row, r in zip(table, results["rows"]):
+            row.insert(4, f"{r['tokens_per_path_param']:.1f} ({r['epochs']:.2f})")
     c = results["checks"]
     at_4x = results["budget"] >= 4
     targets = {  # the issue's targets: (label, how a figure meets it or None, the target in words)
@@ -162,6 +168,7 @@ def markdown(results: dict) -> str:
         "dipaco_vs_diloco_same_outer": ("DiPaCo against DiLoCo with DiPaCo's outer step", None, ""),
         "dipaco_over_dense_equal_compute": ("DiPaCo ÷ dense equal compute", (lambda x: x <= 1.0) if at_4x else None,
                                             "≤ 1.0 at 4x the demo's budget"),
+        "likelihood_over_dense_equal_compute": ("DiPaCo routed by the paths' likelihood ÷ dense equal compute", None, ""),
         "dipaco_vs_dense_equal_steps": ("DiPaCo against dense equal steps", None, ""),
         "likelihood_vs_dense_equal_steps": ("DiPaCo routed by the paths' likelihood against dense equal steps",
                                             None, ""),
