@@ -111,8 +111,10 @@ bench-bytes:  ## every pseudo-gradient codec and fragments side by side at the r
 	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 int8 int4 "topk 1% 2b EF" "topk 1% 2b no EF" "topk 1% 4b EF" "topk 1% 4b no EF" "topk 3% 2b EF" "topk 3% 2b no EF" "topk 3% 4b EF" "topk 3% 4b no EF" "topk 10% 2b EF" "topk 10% 2b no EF" "topk 10% 4b EF" "topk 10% 4b no EF" $(ARGS)
 	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 "float32, 3 fragments" "float32, 4 fragments" "int8, 3 fragments" "int8, 4 fragments" "topk 10% 4b EF, 3 fragments" "topk 10% 2b EF, 3 fragments" --chosen "float32, 3 fragments" "float32, 4 fragments" "topk 10% 2b EF, 3 fragments" --name compression-fragments $(ARGS)
 
-bench-grids:  ## 2x2, 4x4 and 8x8 grids at one path size against dense models of 1x and 4x a path, 3 seeds (~1.5 h on 2 cores; bench/results/grid-scaling*)
+bench-grids:  ## 2x2, 4x4 and 8x8 grids at one path size against dense models of 1x and 4x a path, then the 4x and 16x dense models at their own lr; 3 seeds (~2 h on 2 cores; bench/results/grid-scaling*)
 	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py $(ARGS)
+	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py --grids --warm-start 400 --dense 4 --dense-set inner.lr=1.5e-3 --name grid-scaling-dense4x-lr1.5e-3 $(ARGS)
+	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py --grids --warm-start 400 --dense 16 --dense-set inner.lr=1e-3 --name grid-scaling-dense16x-lr1e-3 $(ARGS)
 
 bench-scale:  ## the systems benchmarks: store-only islands over s3, a 50 MB document, 256 paths, a million documents routed (~45-60 min on 2 cores)
 	$(OFFLINE) $(PYTHON) bench/bench_store_only.py

@@ -4,6 +4,8 @@ a path's parameters, each the mean of several seeds (the same seeds for every mo
     python bench/bench_grid_scaling.py                              # 3 seeds, ~1.5 h on 2 cores
     python bench/bench_grid_scaling.py --seeds 0 --grids 2x2 4x4 --dense 1 4 16 --name grid-scaling-quick
     python bench/bench_grid_scaling.py --keep --collect-only        # the results from the runs already made
+    python bench/bench_grid_scaling.py --grids --warm-start 400 --dense 16 --dense-set inner.lr=1e-3 \
+        --name grid-scaling-dense16x-lr1e-3                          # a dense model alone, at its own lr
 
 Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, default width 64 and sequences of
 128 tokens, so that 64 paths' shards still hold more tokens than a path trains on), fp32, sync rounds:
