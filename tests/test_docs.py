@@ -233,9 +233,9 @@ DIRTY_QUOTED = frozenset({
     "bench/results/grid256",
     "bench/results/huge-document",
     "bench/results/islands",
-    "bench/results/quality-private-emb-full-6db885c",  # the demo's quality before its clean re-measurement: the recipe log's history
-    "bench/results/quality-private-emb-full-budget4-6db885c",  # 4x the demo's budget before its clean re-measurement: the recipe log's history
-    "bench/results/quality-private-emb-seed1",
+    "experiments/results/quality-private-emb-full-6db885c",  # the demo's quality before its clean re-measurement: the recipe log's history
+    "experiments/results/quality-private-emb-full-budget4-6db885c",  # 4x the demo's budget before its clean re-measurement: the recipe log's history
+    "experiments/results/quality-private-emb-seed1",
     "bench/results/routing",
     "bench/results/routing-1m",
     "experiments/results/capacity-decay-avg",
@@ -286,8 +286,8 @@ def test_no_figure_is_quoted_from_a_dirty_tree():
 
 def test_a_quote_of_a_dirty_results_file_is_reported():
     """The check bites: a page quoting a figure of a file recorded with local changes names it."""
-    name = ROOT / "bench" / "results" / "quality-private-emb-seed1"
+    name = ROOT / "experiments" / "results" / "quality-private-emb-seed1"
     assert not quotable_file(name)
     page = ROOT / "docs" / "page.md"
-    text = "DiPaCo reaches 97.29 ([results](../bench/results/quality-private-emb-seed1.md)).\n"
-    assert quoted_from_dirty_trees({page: text}) == {"bench/results/quality-private-emb-seed1": ["docs/page.md:1"]}
+    text = "DiPaCo reaches 97.29 ([results](../experiments/results/quality-private-emb-seed1.md)).\n"
+    assert quoted_from_dirty_trees({page: text}) == {"experiments/results/quality-private-emb-seed1": ["docs/page.md:1"]}
