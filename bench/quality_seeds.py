@@ -67,9 +67,10 @@ def resolved(record: dict) -> dict:
     return d
 
 
-def check_sources(records: dict[str, dict]) -> None:
-    """Refuse files that are not one comparison at several seeds, naming the file and what differs."""
+def check_sources(records: dict[str, dict]) -> list[int]:
+    """Refuse files that are not one comparison at several seeds, naming the file and what differs; their seeds."""
     (first_name, first), *rest = records.items()
+    expected = resolved(first)
     for name, record in rest:
         for field in ("config", "budget", "scored_tokens"):
             if record[field] != first[field]:
@@ -77,20 +78,20 @@ def check_sources(records: dict[str, dict]) -> None:
         if [r["model"] for r in record["rows"]] != [r["model"] for r in first["rows"]]:
             raise SystemExit(f"{name}: models {[r['model'] for r in record['rows']]} but {first_name} has "
                              f"{[r['model'] for r in first['rows']]}")
-        a, b = resolved(first), resolved(record)
-        differ = [f"{s}.{k}" for s in a for k in a[s] if a[s][k] != b.get(s, {}).get(k)]
+        got = resolved(record)
+        differ = [f"{s}.{k}" for s in expected for k in expected[s] if expected[s][k] != got.get(s, {}).get(k)]
         if differ:
             raise SystemExit(f"{name}: {', '.join(differ)} differ from {first_name}'s; only run.seed may differ "
                              f"between the seeds of one comparison")
     seeds = [seed_of(r) for r in records.values()]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"the files {list(records)} trained with seeds {seeds}: each seed once")
+    return seeds
 
 
 def aggregate(records: dict[str, dict]) -> dict:
     """Rows with every seed's perplexity and their spread; the comparisons on the means and per seed."""
-    check_sources(records)
-    seeds = [seed_of(r) for r in records.values()]
+    seeds = check_sources(records)
     by_seed = [{row["kind"]: row for row in r["rows"]} for r in records.values()]
     first = next(iter(records.values()))
     rows = []
