@@ -3,7 +3,8 @@
 Every file has exactly one writer, and holds one record of `dipaco.store.records`:
 
     tasks.json                                    coordinator: the `Board` (every `Task` and `PathState`)
-    rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
+    rounds/round-000004.t2.json                   coordinator: the `RoundManifest` of round 4's outer step, staged
+                                                  under its lease token (`ModuleStore.version_name`)
     heartbeats/<island>.json                      island <island>: its `Heartbeat`
     results/round-000004/path-0002[.l1][.a1].json the island running attempt 1 of (path 2, round 4): `ResultMeta`
     results/round-000004/path-0002[.l1][.a1].<ext> its pseudo-gradient (.safetensors, .int8/.int4/.topk.safetensors)
@@ -76,8 +77,9 @@ def _heartbeat_file(island: str) -> str:
     return f"heartbeats/{check_island_name(island)}.json"
 
 
-def _manifest_file(round: int) -> str:
-    return f"rounds/{round_dir(round)}.json"
+def _manifest_file(store: ModuleStore, round: int, *, staged: bool = False) -> str:
+    """Round `round`'s manifest: the committed one (`ModuleStore.version_name`), or this store object's staging."""
+    return f"rounds/{store.staged_name(round) if staged else store.version_name(round)}.json"
 
 
 def _inner_folder(path: int) -> str:
@@ -351,12 +353,13 @@ def remove_results(store: ModuleStore, round: int) -> None:
 
 # --- round manifests -------------------------------------------------------------------------------
 def write_manifest(store: ModuleStore, manifest: RoundManifest) -> None:
-    store.write_json(_manifest_file(manifest.round), manifest.to_json())
+    """Stage the manifest of the round the coordinator is closing (read once committed)."""
+    store.write_json(_manifest_file(store, manifest.round, staged=True), manifest.to_json())
 
 
 def read_manifest(store: ModuleStore, round: int) -> RoundManifest | None:
     """Round `round`'s manifest; None when the round was committed without one (or not at all)."""
-    relative = _manifest_file(round)
+    relative = _manifest_file(store, round)
     if not store.exists(relative):
         return None
     return RoundManifest.from_json(store.read_json(relative), file=store.location(relative))

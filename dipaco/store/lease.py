@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dipaco.store.errors import LeaseLost
 from dipaco.store.module_store import ModuleStore, StoreError
 
 LEASE_FILE = "lease.json"
@@ -43,10 +44,6 @@ log = logging.getLogger(__name__)
 
 class LeaseHeld(RuntimeError):
     """Another coordinator holds the store's lease."""
-
-
-class LeaseLost(RuntimeError):
-    """This coordinator's lease was taken over: it must not write to the store again."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ In Python:
                               settings=CoordinatorSettings.from_config(cfg), sizes=factory.path_sizes)
     while not coordinator.tick(): time.sleep(0.1)
 
+It holds the store's lease and fences the store with its token (`ModuleStore.fence`): it stages versions under
+the token's names and commits with a conditional write, so a coordinator deposed by a newer one cannot commit.
 `tick` is one pass: renew the lease, read the heartbeats (`heartbeats`), pick up results (`intake`),
 open tasks for paths without one, hand lost tasks out again (`task_board`), close the round when the
 policy says so (`closing`, then `pruning`), assign open tasks to idle islands, and write the board.
@@ -88,6 +90,7 @@ class Coordinator:
                                                 paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
                                                 rounds=settings.run_rounds)
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
+        store.fence(self.lease.token)  # before reading the committed state: an older token can no longer commit
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
         self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,
                                                    inner_steps=settings.inner_steps)
