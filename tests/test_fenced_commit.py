@@ -24,6 +24,7 @@ from tiny_runs import Clock, TinyRun, drive, make_run
 from dipaco.islands.coordinator import closing
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.pipeline.context import PathFactory
+from dipaco.store.errors import StoreError
 from dipaco.store.lease import Lease, LeaseLost, read_holder
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.version_names import parse_version
@@ -188,3 +189,47 @@ def test_a_coordinator_deposed_between_its_module_writes_stops_at_the_next_one(t
     assert store.version_name(1) == "round-000001.t2"
     for name in run.topology.modules:
         store.read_module(1, name)
+
+
+def test_a_store_written_before_fenced_commits_still_reads_and_goes_on_under_token_names(tmp_path):
+    """A store_version 1 store (unsuffixed names, no version_tokens) reads as before; a coordinator that fences
+    it stages round 2 under its token and its commit records from which round on the names carry a token."""
+    old = ModuleStore(str(tmp_path))
+    for round, value in ((0, 0.0), (1, 1.0)):
+        old.write_module(round, "m", {"w": torch.full((2,), value)})
+        old.write_outer_state(round, "m", {"w": torch.full((2,), -value)})
+    old.write_json("state.json", {"store_version": 1, "round": 1})  # as dipaco wrote it before fenced commits
+    store = ModuleStore(str(tmp_path))
+    assert store.read_module(1, "m")["w"].tolist() == [1.0, 1.0] and store.version_name(1) == "round-000001"
+    store.fence(5)
+    store.write_module(2, "m", {"w": torch.full((2,), 2.0)})
+    store.commit(round=2)
+    reader = ModuleStore(str(tmp_path))
+    assert reader.state()["version_tokens"] == [[0, 0], [2, 5]] and reader.state()["store_version"] == 2
+    assert [reader.version_name(r) for r in (0, 1, 2)] == ["round-000000", "round-000001", "round-000002.t5"]
+    assert [reader.read_module(r, "m")["w"][0].item() for r in (0, 1, 2)] == [0.0, 1.0, 2.0]
+    assert reader.read_outer_state(1, "m")["w"][0].item() == -1.0
+    assert reader.versions("modules") == [0, 1, 2]
+
+
+def test_a_state_whose_version_tokens_are_not_pairs_is_refused_by_name(tmp_path):
+    store = ModuleStore(str(tmp_path))
+    store.write_json("state.json", {"store_version": 2, "round": 1, "version_tokens": [[0, 0], [1, "x"]]})
+    with pytest.raises(StoreError, match=r"state.json: version_tokens \[\[0, 0\], \[1, 'x'\]\] is not a list of"):
+        ModuleStore(str(tmp_path)).read_module(1, "m")
+
+
+def test_a_lease_taken_after_lease_json_was_deleted_is_above_the_token_that_fenced_the_store(tmp_path):
+    store = ModuleStore(str(tmp_path))
+    store.write_module(0, "m", {"w": torch.zeros(2)})
+    store.commit(round=0)
+    for _ in range(2):  # two coordinators, the second deposing the first
+        ModuleStore(str(tmp_path)).fence(Lease.acquire(ModuleStore(str(tmp_path)), timeout=60, force=True).token)
+    store.remove("lease.json")  # by hand
+    fresh = ModuleStore(str(tmp_path))
+    lease = Lease.acquire(fresh, timeout=60)
+    assert lease.token == 3
+    fresh.fence(lease.token)
+    fresh.write_module(1, "m", {"w": torch.ones(2)})
+    fresh.commit(round=1)
+    assert ModuleStore(str(tmp_path)).read_module(1, "m")["w"].tolist() == [1.0, 1.0]

@@ -95,8 +95,16 @@ class ModuleStore(StoreFiles):
     def state(self) -> dict[str, Any] | None:
         """The committed state, or None for an empty store."""
         if not self.exists(STATE):
+            self._names = VersionNames(committed=-1)
             return None
-        state = self.read_json(STATE)
+        return self._parse_state(self.read_bytes(STATE))
+
+    def _parse_state(self, data: bytes) -> dict[str, Any]:
+        """state.json's bytes, checked (a run state of a store version this dipaco reads); remembers its names."""
+        try:
+            state = json.loads(data)
+        except ValueError as err:
+            raise StoreError(f"store file {self._path(STATE)} is not valid JSON: {err}") from None
         if not isinstance(state, dict) or not isinstance(state.get("round"), int):
             raise StoreError(f"store file {self._path(STATE)} is not a run state (a JSON object with the "
                              f"committed round), it holds {json.dumps(state)[:80]}; restore it, or use another store")
@@ -108,6 +116,11 @@ class ModuleStore(StoreFiles):
         self._names = VersionNames.from_state(state, file=self._path(STATE))
         return state
 
+    def fenced_token(self) -> int:
+        """The lease token state.json is fenced by (0: none, or an empty store)."""
+        state = self.state()
+        return int(state.get("lease_token", 0)) if state else 0
+
     def fence(self, token: int) -> None:
         """Stage versions under lease `token` from now on, and write `token` into state.json over the version
         read, so that a commit of an earlier token's (a deposed coordinator's) is refused from now on. Call it
@@ -118,7 +131,7 @@ class ModuleStore(StoreFiles):
             if found is None:  # an empty store: the first commit creates state.json (only if still absent)
                 self._state_version = None
                 return
-            state = json.loads(found[0])
+            state = self._parse_state(found[0])
             if int(state.get("lease_token", 0)) > token:
                 raise LeaseLost(f"store {self.url} is fenced by lease token {state['lease_token']}, newer than this "
                                 f"coordinator's {token}; it stops without writing")
@@ -136,9 +149,9 @@ class ModuleStore(StoreFiles):
         """Mark `round` complete; written after every file of that round. A new version first gets its
         checksums.json: the sha256 of each of its module files (hashed as written, else read back). Once fenced
         (`fence`), state.json is replaced only if it is still the version this object wrote: else `LeaseLost`."""
-        state = self.state()
+        self.state()  # the committed versions' names, as they are now
         names = self._names
-        if state is None or round > names.committed:
+        if round > names.committed:
             self.checksums.commit(round, self._folder("modules", round, self.token))
             names = names.after_commit(round, self.token)
         body = {"store_version": STORE_VERSION, "round": round, **meta, "lease_token": self.token,
