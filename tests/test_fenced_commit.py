@@ -8,7 +8,8 @@ each planned step applied once (async). The real `Coordinator`s and `IslandWorke
 fake clock, each coordinator with its own store object (as its own process would have) and a lease on a
 fake wall clock; on a directory store and on moto's S3 server.
 
-    python -m pytest tests/test_fenced_commit.py      # ~20 s (the async S3 run: make test-slow)
+    python -m pytest tests/test_fenced_commit.py             # the directory store, a few seconds a run
+    python -m pytest -m slow tests/test_fenced_commit.py     # the same runs on moto's S3 server
 """
 
 import hashlib
@@ -150,6 +151,7 @@ def test_a_stalled_async_coordinators_commit_is_refused_and_every_version_is_its
     assert_every_version_is_the_outer_step_of_its_record(run)
 
 
+@pytest.mark.slow  # a tiny run and a half on moto's server (make test refuses a deposed commit on S3: test_s3_store.py)
 def test_a_stalled_coordinators_commit_is_refused_on_s3(tiny_routed, unstalled, s3_env, tmp_path, monkeypatch):
     run, _ = stalled_run(tiny_routed, tmp_path / "run", monkeypatch,
                          [*SYNC, f"store.url=s3://{BUCKET}/fence-sync-{time.time_ns()}"], two_islands)

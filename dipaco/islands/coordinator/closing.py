@@ -1,7 +1,7 @@
 """Closing a round: when the policy says it is due, apply the outer step it planned and commit.
 
-Version t's modules and its manifest `rounds/round-t.json` are written first, the board is settled in
-memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
+Version t's modules and its manifest are staged first (under the lease token's names, `ModuleStore.fence`),
+the board is settled in memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
 applied are cancelled, those one version from that are cut), then round, board and stats are committed in one write (`state.json`): a crash
 before it leaves round t to be done again from the same inputs, a crash after it nothing but retention.
 The lease's fencing token is checked before the outer step, between its module writes (a renewal when a

@@ -35,8 +35,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 digests: dict[str, dict[str, str] | None] | None = None,
                 check_lease: Callable[[], None] | None = None) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; stages module (and
-    momentum) version `round` (under the store's lease token: `ModuleStore.fence`) and returns the manifest (not written) of what it applied and dropped and
-    of the step every module took (`outer`: `config`'s settings).
+    momentum) version `round` (under the store's lease token: `ModuleStore.fence`) and returns the manifest
+    (not written) of what it applied and dropped and of the step every module took (`outer`: `config`'s settings).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
     only `pending` (sync). `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
     results' metadata by task key where the caller has read it already (the coordinator, when it validated
