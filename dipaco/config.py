@@ -137,7 +137,7 @@ class OuterConfig(Section):
     lr: Positive = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)
     momentum: Unit = 0.9  # outer momentum (0.9)
     nesterov: bool = True  # Nesterov momentum
-    weighting: Literal["shard", "tokens", "uniform"] = "shard"  # each path's pseudo-gradient weighted by the tokens of its training shard (the paper's shard size, x the share of the task trained), by the tokens the task trained, or uniformly
+    weighting: Literal["shard", "tokens", "uniform"] = "shard"  # one weight per path and round: the tokens of its training shard (the paper's shard size), the tokens per inner step it trained (data-parallel ranks included), or uniform; a result cut short weighs as much (its pseudo-gradient holds only its steps)
     normalize: Literal["module", "all"] = "module"  # divide the weights by their sum over the module's reporting paths (the paper's weighted average) or over all paths
     rescale_by_paths: bool = False  # multiply a shared module's average by sqrt(paths through it) (the paper's DiPaCo step)
     decay: Literal["average", "keep"] = "average"  # the rounds whose inner steps reach the inner lr's decay (inner.schedule wsd): average = plain averaging (lr 1, momentum 0, no rescale, the momentum dropped) | keep = this outer step

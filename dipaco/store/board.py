@@ -44,7 +44,7 @@ from dipaco.store.compress import (
     read_index,
 )
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
-from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
+from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task, task_key
 from dipaco.store.sparse import TopK
 
 TASKS = "tasks.json"
@@ -174,6 +174,18 @@ def result_ref_base(ref: str) -> int:
     if round is None:
         raise StoreError(f"{ref!r} is not a result reference")
     return round - 1
+
+
+_REF = re.compile(r"results/round-(\d+)/path-(\d+)(?:\.l(\d+))?(?:\.a\d+)?")
+
+
+def result_ref_key(ref: str) -> str:
+    """The key of the task whose result `ref` is (`dipaco.store.records.task_key`)."""
+    match = _REF.fullmatch(ref)
+    if match is None:
+        raise StoreError(f"{ref!r} is not a result reference")
+    round, path, link = match.groups()
+    return task_key(int(path), int(round) - 1, int(link or 0))
 
 
 def read_result_ref(store: ModuleStore, ref: str) -> tuple[dict[str, torch.Tensor], ResultMeta]:

@@ -296,14 +296,17 @@ class ManifestEntry(Record):
     bytes: int
     train_loss: float
     val_loss_start: float
-    factor: float | None  # staleness weight; None for a dropped result
+    factor: float | None  # its shared modules' staleness weight; None for a dropped result
     link: int = 0  # the task's link (`Task.link`)
     steps: int | None = None  # inner steps it trained; None in manifests written before it was recorded
     island: str = ""  # the island that trained it
     float32_bytes: int = 0  # its pseudo-gradient in float32 (the path's parameters x 4): what float32 DiLoCo sends
     module_bytes: dict[str, int] | None = None  # bytes of each module's part of its file (applied results)
+    private_staleness: int = 0  # its own path's results applied since its base that its start did not hold
+    private_factor: float | None = None  # its path-private modules' staleness weight (None: dropped, or none such)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes", "private_staleness",
+                                        "private_factor")
 
     @property
     def data_parallel_bytes(self) -> int:

@@ -65,7 +65,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
                               staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
                               train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor,
-                              link=task.link, steps=meta.steps, island=meta.island)
+                              link=task.link, steps=meta.steps, island=meta.island,
+                              private_staleness=verdict.private_staleness, private_factor=verdict.private_factor)
         if verdict.factor is None:
             dropped.append(entry)
             continue
