@@ -76,10 +76,10 @@ class ModuleStore(StoreFiles):
 
     # --- run state -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """The committed state, or None for an empty store."""
-        if not self.exists("state.json"):
+        """The committed state, or None for an empty store (read again only when state.json changed: `read_fresh`)."""
+        state = self.read_fresh_json("state.json")
+        if state is None:
             return None
-        state = self.read_json("state.json")
         if not isinstance(state, dict) or not isinstance(state.get("round"), int):
             raise StoreError(f"store file {self._path('state.json')} is not a run state (a JSON object with the "
                              f"committed round), it holds {json.dumps(state)[:80]}; restore it, or use another store")

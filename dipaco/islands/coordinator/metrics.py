@@ -5,8 +5,8 @@
 `RunMetrics.round` after each round, `RunMetrics.final` after the last version is scored (`run.tensorboard:
 false` turns it off). Everything comes from what the round wrote (its `RoundStats`, manifest and the
 applied results' metadata) and the outer step's norms; the step of a scalar is its module version. The
-tags (train / val loss per path, outer gradient and update norms per module, bytes, the round's stats,
-goodput) are listed in docs/islands.md#watching-a-run.
+tags (train / val loss per path, outer gradient and update norms per module, bytes, the store traffic
+measured so far, the round's stats, goodput) are listed in docs/islands.md#watching-a-run.
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ class RunMetrics:
         self.writer = SummaryWriter(log_dir=str(logdir))
 
     def round(self, store: ModuleStore, stats: RoundStats, *, norms: dict[str, tuple[float, float]],
-              goodput: float | None = None, metas: dict[str, ResultMeta] | None = None) -> None:
+              goodput: float | None = None, metas: dict[str, ResultMeta] | None = None,
+              traffic: dict | None = None) -> None:
         """Round `stats.round`'s scalars (its manifest is read from `store`; a result's metadata is taken
-        from `metas`, by task key, where the coordinator read it already, else read from `store`)."""
+        from `metas`, by task key, where the coordinator read it already, else read from `store`); `traffic`:
+        the store traffic measured so far (`dipaco.store.ledger.Ledger.summary`), cumulative."""
         if self.writer is None:
             return
         t, add = stats.round, self.writer.add_scalar
@@ -80,7 +82,18 @@ class RunMetrics:
             add("outer/momentum", stats.outer.momentum, t)
         if goodput is not None and math.isfinite(goodput):
             add("goodput", goodput, t)
+        if traffic:
+            self._traffic(traffic, t)
         self.writer.flush()
+
+    def _traffic(self, traffic: dict, t: int) -> None:
+        """The measured store traffic so far: bytes and requests each way, and bytes by kind."""
+        add = self.writer.add_scalar
+        for direction in ("up", "down"):
+            add(f"traffic/{direction}_bytes", traffic[f"{direction}_bytes"], t)
+            add(f"traffic/{direction}_requests", traffic[f"{direction}_requests"], t)
+            for kind, cell in traffic["by_kind"][direction].items():
+                add(f"traffic/{direction}/{kind}", cell["bytes"], t)
 
     def final(self, store: ModuleStore, *, version: int) -> None:
         """The validation losses of the run's last version (scored after the last round)."""
