@@ -140,6 +140,9 @@ def test_the_coordinator_collects_every_session_across_a_restart(tiny_routed, tm
         assert traffic["by_owner"][name]["down_requests"] == counts.requests("down")
     everything = ByteCounts.total([both, *island_counts.values()])
     assert traffic["up_bytes"] == everything.bytes("up") and traffic["down_bytes"] == everything.bytes("down")
+    islands_total = ByteCounts.total(island_counts.values())
+    assert traffic["by_role"]["island"] == islands_total.to_json()
+    assert traffic["by_role"]["coordinator"] == both.to_json()
     kinds = traffic["by_kind"]
     assert sum(cell["bytes"] for cell in kinds["up"].values()) == traffic["up_bytes"]
     assert sum(cell["requests"] for cell in kinds["down"].values()) == traffic["down_requests"]

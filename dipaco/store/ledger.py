@@ -127,8 +127,9 @@ class Ledger:
         return ByteCounts.total(r.counts for r in self.reports)
 
     def summary(self) -> dict[str, Any]:
-        """The totals (`ByteCounts.summary`), each owner's (role, sessions, bytes and requests each way), and the
-        files ignored: what train.json's and eval.json's `traffic` and `dipaco status` hold."""
+        """The totals (`ByteCounts.summary`), by role (islands, coordinator: `ByteCounts.to_json`), each owner's
+        (role, sessions, bytes and requests each way), and the files ignored: what train.json's and eval.json's
+        `traffic` and `dipaco status` hold."""
         owners: dict[str, dict[str, Any]] = {}
         for r in sorted(self.reports, key=lambda r: (r.owner, r.time)):
             entry = owners.setdefault(r.owner, {"role": r.role, "sessions": 0, "up_bytes": 0, "down_bytes": 0,
@@ -137,7 +138,8 @@ class Ledger:
             for d in ("up", "down"):
                 entry[f"{d}_bytes"] += r.counts.bytes(d)
                 entry[f"{d}_requests"] += r.counts.requests(d)
-        return {**self.total().summary(), "by_owner": owners, "ignored": self.ignored}
+        by_role = {role: ByteCounts.total(r.counts for r in self.reports if r.role == role).to_json() for role in ROLES}
+        return {**self.total().summary(), "by_role": by_role, "by_owner": owners, "ignored": self.ignored}
 
 
 def read_summary(store: StoreFiles) -> dict[str, Any]:

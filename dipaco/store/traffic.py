@@ -152,3 +152,11 @@ class Traffic:
         """A snapshot of the counts so far."""
         with self._lock:
             return ByteCounts(dict(self._cells))
+
+
+def ring_allreduce_bytes(nbytes: float, workers: int) -> float:
+    """What each of `workers` data-parallel workers sends, and as much receives, to all-reduce `nbytes` in a
+    ring (reduce-scatter then all-gather): 2 (N − 1) / N × nbytes; 0 for one worker, which talks to nobody."""
+    if workers < 1:
+        raise ValueError(f"a ring all-reduce needs at least one worker, got {workers}")
+    return 2 * (workers - 1) / workers * nbytes

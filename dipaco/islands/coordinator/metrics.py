@@ -19,6 +19,7 @@ from dipaco.eval.early_stopping import read_history
 from dipaco.store.board import read_manifest, read_result_meta
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, RoundStats
+from dipaco.store.traffic import ring_allreduce_bytes
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,11 @@ class RunMetrics:
 
     def round(self, store: ModuleStore, stats: RoundStats, *, norms: dict[str, tuple[float, float]],
               goodput: float | None = None, metas: dict[str, ResultMeta] | None = None,
-              traffic: dict | None = None) -> None:
+              traffic: dict | None = None, workers: int = 1) -> None:
         """Round `stats.round`'s scalars (its manifest is read from `store`; a result's metadata is taken
         from `metas`, by task key, where the coordinator read it already, else read from `store`); `traffic`:
-        the store traffic measured so far (`dipaco.store.ledger.Ledger.summary`), cumulative."""
+        the store traffic measured so far (`dipaco.store.ledger.Ledger.summary`), cumulative; `workers`: the run's
+        islands, data parallel's workers (each all-reduces a float32 gradient per inner step in a ring)."""
         if self.writer is None:
             return
         t, add = stats.round, self.writer.add_scalar
@@ -70,7 +72,7 @@ class RunMetrics:
             add(f"outer/update_norm/{name}", update, t)
         add("bytes/up_pseudo_gradients", stats.bytes_up, t)
         add("bytes/float32_diloco", stats.bytes_float32, t)
-        add("bytes/data_parallel", stats.bytes_data_parallel, t)
+        add("bytes/data_parallel", ring_allreduce_bytes(stats.bytes_data_parallel, workers), t)
         add("bytes/up_inner", moved["bytes_up_inner"], t)
         add("bytes/down_modules", moved["bytes_down_modules"], t)
         add("bytes/down_inner", moved["bytes_down_inner"], t)
