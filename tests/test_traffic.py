@@ -5,10 +5,11 @@ reports ignored by name; an unchanged board read for no bytes."""
 
 import builtins
 import dataclasses
-import json
 import logging
 import os
+import time
 
+import fsspec
 import pytest
 from tiny_runs import Clock, drive, make_run
 
@@ -21,6 +22,7 @@ from dipaco.store.lease import LEASE_FILE
 from dipaco.store.ledger import Ledger, publish_counts, report_file
 from dipaco.store.module_store import BEST_FILE, ModuleStore
 from dipaco.store.publish import PUBLISHED, object_name
+from dipaco.store.records import Board
 from dipaco.store.traffic import KINDS, ByteCounts, kind_of
 
 ASYNC = ["rounds.mode=async", "rounds.quorum=0.5", "rounds.grace_seconds=0", "rounds.max_staleness=2"]
@@ -205,24 +207,32 @@ def test_every_store_name_has_its_kind():
     assert {name: kind_of(name) for name in expected} == expected
 
 
-def test_an_unchanged_board_costs_no_bytes(tmp_path):
-    coordinator_store, island_store = ModuleStore(str(tmp_path / "s")), ModuleStore(str(tmp_path / "s"))
-    assert read_board(island_store) is None
-    from dipaco.store.records import Board
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_an_unchanged_board_costs_no_bytes(tmp_path, request, where):
+    """An island polling tasks.json reads it again only when it changed: one stamp request (a stat, an S3 HEAD)
+    and no bytes otherwise; the sizes come from fsspec itself, not from the store's counts."""
+    if where == "s3":
+        from s3_server import BUCKET
 
+        request.getfixturevalue("s3_env")
+        url = f"s3://{BUCKET}/fresh-{time.time_ns()}"
+    else:
+        url = str(tmp_path / "s")
+    coordinator_store, island_store = ModuleStore(url), ModuleStore(url)
+    assert read_board(island_store) is None
     write_board(coordinator_store, Board(round=0, tasks={}, paths={}))
-    size = os.stat(tmp_path / "s" / "tasks.json").st_size
+    size = fsspec.core.url_to_fs(url)[0].size(coordinator_store.location("tasks.json"))
     before = island_store.traffic.counts()
-    assert read_board(island_store) is not None
+    assert read_board(island_store).round == 0
     first = island_store.traffic.counts() - before
     assert (first.bytes("down", "board"), first.requests("down", "board")) == (size, 2)  # a stamp, then the file
     for _ in range(3):
         again = island_store.traffic.counts()
-        assert read_board(island_store) is not None
+        assert read_board(island_store).round == 0
         unchanged = island_store.traffic.counts() - again
         assert (unchanged.bytes(), unchanged.requests()) == (0, 1)  # one stamp request, no bytes
     write_board(coordinator_store, Board(round=1, tasks={}, paths={}))
     again = island_store.traffic.counts()
     assert read_board(island_store).round == 1  # a changed board is read again
-    assert (island_store.traffic.counts() - again).bytes("down", "board") == os.stat(tmp_path / "s" / "tasks.json").st_size
-    json.loads((tmp_path / "s" / "tasks.json").read_text())
+    size = fsspec.core.url_to_fs(url)[0].size(coordinator_store.location("tasks.json"))
+    assert (island_store.traffic.counts() - again).bytes("down", "board") == size

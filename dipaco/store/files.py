@@ -132,10 +132,15 @@ class StoreFiles:
         unchanged file costs one metadata request (a stat / HEAD) and no bytes. For the files a process
         polls (tasks.json, state.json)."""
         path = self._path(relative)
-        try:
-            info = self.fs.info(path)
-        except FileNotFoundError:
-            info = None
+        fs = self.fs.wrapped if isinstance(self.fs, RetryingFileSystem) else self.fs
+
+        def info_or_none(path: str) -> dict | None:
+            try:
+                return fs.info(path)
+            except FileNotFoundError:  # here, inside the retries: they take a missing key for a missing bucket
+                return None            # when the bucket's name holds "bucket"
+
+        info = retrying(info_or_none, url=self.url, what="info")(path) if fs is not self.fs else info_or_none(path)
         self.traffic.add("down", relative, 0)
         if info is None:
             self._fresh.pop(relative, None)
