@@ -88,7 +88,10 @@ def _inner_folder(path: int) -> str:
 
 # --- the board -------------------------------------------------------------------------------------
 def read_board(store: ModuleStore) -> Board | None:
-    return Board.from_json(store.read_json(TASKS), file=store.location(TASKS)) if store.exists(TASKS) else None
+    """tasks.json's board (None before the first), read only when it changed since this client read it
+    (`read_fresh`: an unchanged board costs one metadata request)."""
+    obj = store.read_fresh_json(TASKS)
+    return None if obj is None else Board.from_json(obj, file=store.location(TASKS))
 
 
 def write_board(store: ModuleStore, board: Board) -> None:

@@ -93,11 +93,12 @@ class ModuleStore(StoreFiles):
 
     # --- run state ---------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """The committed state, or None for an empty store."""
-        if not self.exists(STATE):
+        """The committed state, or None for an empty store (read again only when state.json changed: `read_fresh`)."""
+        data = self.read_fresh(STATE)
+        if data is None:
             self._names = VersionNames(committed=-1)
             return None
-        return self._parse_state(self.read_bytes(STATE))
+        return self._parse_state(data)
 
     def _parse_state(self, data: bytes) -> dict[str, Any]:
         """state.json's bytes, checked (a run state of a store version this dipaco reads); remembers its names."""

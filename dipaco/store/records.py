@@ -371,7 +371,7 @@ class RoundStats(Record):
     # (outer.decay: average, dipaco.optim.outer.round_outer_step)
     outer_step: str = "configured"
     bytes_float32: int = 0  # the applied results in float32: what float32 DiLoCo would have sent
-    bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results: what data parallel sends
+    bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results, one copy (data parallel's worker sends and receives `traffic.ring_allreduce_bytes` of it)
     outer: OuterStep | None = None  # its settings, from the manifest (as applied); None in rows written before
     bytes_up_final: int = 0  # of bytes_up, the results of paths' last tasks (with outer.fragments they sync every module)
 
