@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from dipaco.atomic import write_text
+from dipaco.codec.registry import NAMES as CODECS
 from dipaco.config_keys import build_config, read_raw
 from routing.fields import Count, NonNegative, Positive, PositiveInt, Range, Section, Seed
 from routing.routing_config import CorpusConfig, RerouteConfig, RoutingConfig
@@ -163,7 +164,7 @@ class CompressionConfig(Section):
     """How pseudo-gradients travel from an island to the store."""
 
     section = "compression"
-    codec: Literal["none", "int8", "int4", "topk"] = "none"  # none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
+    codec: Literal[CODECS] = "none"  # one of `dipaco.codec.registry`'s names: none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
     zstd_level: Annotated[int, Range(min=1, max=22)] = 1  # zstd level of compressed pseudo-gradients
     density: Annotated[float, Range(above=0, max=1)] = 0.03  # topk: fraction of each chunk's entries sent (SparseLoCo: 0.01-0.03)
     bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)

@@ -1,0 +1,28 @@
+"""Error feedback: what a path's upload did not carry is added to its next pseudo-gradient (`compression.error_feedback`).
+
+    sent = with_residual(delta, residual)                  # Δ_t + e_t
+    data, stats, residual = encode_with_feedback(sent, codec=Codec.of("topk", ...))
+    # residual = e_{t+1} = (Δ_t + e_t) − decode(encode(Δ_t + e_t)), exactly what the coordinator will not apply
+
+(EF21 / SparseLoCo.) Over rounds nothing is lost: Σ_t decode(encode(Δ_t + e_t)) + e_T = Σ_t Δ_t. This
+module is the math only; the residual belongs to the *path*, like its inner AdamW moments, and is stored
+and checked with them (`dipaco.optim.error_feedback`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dipaco.codec.codec import Codec
+
+
+def with_residual(delta: dict[str, torch.Tensor], residual: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Δ + e, name by name (`residual` empty: Δ itself)."""
+    return {name: tensor + residual[name] if name in residual else tensor for name, tensor in delta.items()}
+
+
+def encode_with_feedback(sent: dict[str, torch.Tensor], *, codec: Codec) -> tuple[bytes, dict, dict[str, torch.Tensor]]:
+    """Encode `sent` (Δ + e) → (the bytes, their stats, the new residual `sent` − what the bytes decode to)."""
+    data, stats = codec.encode(sent)
+    decoded = codec.decode(data)
+    return data, stats, {name: tensor - decoded[name] for name, tensor in sent.items()}
