@@ -170,11 +170,26 @@ class CompressionConfig(Section):
     bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
     error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual travels with the path's inner state)
+    ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
+    ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
     @property
     def feeds_back(self) -> bool:
         """Whether islands carry an error-feedback residual: `codec: topk` with `error_feedback`."""
         return self.codec == "topk" and self.error_feedback
+
+    @property
+    def replaces_momentum(self) -> bool:
+        """Whether the error-feedback accumulator takes the outer momentum's place: `ef_decay` < 1 without
+        `ef_with_momentum` (SparseLoCo)."""
+        return self.ef_decay < 1 and not self.ef_with_momentum
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ef_decay < 1 and not self.feeds_back:
+            raise ValueError(f"compression.ef_decay {self.ef_decay} decays the error-feedback accumulator, but codec "
+                             f"{self.codec!r} with error_feedback {self.error_feedback} carries none: set "
+                             "compression.codec: topk and compression.error_feedback: true, or ef_decay: 1")
 
 
 @dataclass(kw_only=True)
@@ -355,6 +370,14 @@ class Config:
         if self.routing.prefix_tokens >= self.sharding.seq_len:
             raise ValueError(f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "
                              f"sequences of sharding.seq_len {self.sharding.seq_len}")
+
+    @property
+    def outer_step(self) -> OuterConfig:
+        """The outer step the coordinator runs: `outer`, without momentum (`momentum` 0, no Nesterov) when the
+        error-feedback accumulator takes its place (`compression.replaces_momentum`, SparseLoCo)."""
+        if self.compression.replaces_momentum:
+            return dataclasses.replace(self.outer, momentum=0.0, nesterov=False)
+        return self.outer
 
     @property
     def pretrain_steps(self) -> int:

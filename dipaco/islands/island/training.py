@@ -252,7 +252,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                        step_offset=task.step_offset, steps=task.steps)
         pseudo_gradient, drift = split_sent(pseudo_gradient_of(start, params, setup.topology, path=path), set(synced))
         if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
-            pseudo_gradient = with_residual(pseudo_gradient, residual)
+            pseudo_gradient = with_residual(pseudo_gradient, residual, decay=setup.compression.ef_decay)
             codec = Codec("topk", level=setup.compression.zstd_level, topk=topk_of(setup))
             data, stats, carried = encode_with_feedback(pseudo_gradient, codec=codec)
             encoded = (data, stats)
