@@ -16,6 +16,7 @@ own packages because those stages run without `dipaco`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -112,9 +113,10 @@ class WarmStartConfig(Section):
 
 @dataclass(kw_only=True)
 class InnerConfig(Section):
-    """The inner optimiser every island runs: AdamW on a warmup-stable-decay (or cosine) schedule."""
+    """The inner optimiser every island runs: AdamW (or Muon on the blocks' matrices) on a warmup-stable-decay (or cosine) schedule."""
 
     section = "inner"
+    optimizer: Literal["adamw", "muon"] = "adamw"  # adamw | muon: torch.optim.Muon on the 2-D weights of the transformer blocks (its update scaled to AdamW's RMS, so lr and weight_decay carry over) and AdamW on the rest: embeddings, norms, the head (MuLoCo); needs a torch with torch.optim.Muon
     steps: PositiveInt = 10  # inner steps per round (H, the paper's tau)
     batch_size: PositiveInt = 8  # sequences per inner step
     lr: Positive = 3e-3  # peak learning rate
@@ -128,6 +130,14 @@ class InnerConfig(Section):
     grad_clip: NonNegative = 1.0  # max global gradient norm; 0 = no clipping
     fused: bool = False  # torch's fused AdamW kernel (rounds differently from the default one)
     val_batches: Count = 4  # validation batches each island scores at the start of a task
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.optimizer == "muon":
+            torch = importlib.import_module("torch")  # only here: the config itself runs without torch
+            if not hasattr(torch.optim, "Muon"):
+                raise ValueError(f"inner.optimizer 'muon' needs torch.optim.Muon, which torch {torch.__version__} "
+                                 "does not have (torch 2.9 and later): upgrade torch or set inner.optimizer: adamw")
 
 
 @dataclass(kw_only=True)
