@@ -66,6 +66,8 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     "float32, Muon": ["compression.codec=none", "inner.optimizer=muon"],
     "topk 3% 2b EF, Muon": [*topk(0.03, 2, True), "inner.optimizer=muon"],
     "topk 3% 2b EF decay 0.95, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "inner.optimizer=muon"],
+    "topk 3% 2b EF decay 0.95, outer lr 1, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0",
+                                                   "inner.optimizer=muon"],
 }
 
 
