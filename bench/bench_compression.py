@@ -61,6 +61,16 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     "int8, 3 fragments": ["compression.codec=int8", "outer.fragments=3"],
     "topk 10% 4b EF, 3 fragments": [*topk(0.1, 4, True), "outer.fragments=3"],
     "topk 10% 2b EF, 3 fragments": [*topk(0.1, 2, True), "outer.fragments=3"],
+    # SparseLoCo: the error-feedback accumulator decays (beta) and takes the outer momentum's place
+    **{f"topk {round(d * 100)}% 2b EF decay {beta:g}": [*topk(d, 2, True), f"compression.ef_decay={beta}"]
+       for d in (0.01, 0.03) for beta in (0.9, 0.95)},
+    "topk 3% 2b EF decay 0.95, outer lr 1": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0"],
+    # Muon inside (MuLoCo): compare with "float32, Muon", the same inner optimizer
+    "float32, Muon": ["compression.codec=none", "inner.optimizer=muon"],
+    "topk 3% 2b EF, Muon": [*topk(0.03, 2, True), "inner.optimizer=muon"],
+    "topk 3% 2b EF decay 0.95, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "inner.optimizer=muon"],
+    "topk 3% 2b EF decay 0.95, outer lr 1, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0",
+                                                   "inner.optimizer=muon"],
 }
 
 

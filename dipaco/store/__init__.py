@@ -6,7 +6,8 @@ by direction and kind), `ledger` (each process's published counts and their tota
 record, whether the run is finished, goodput), `records` (the typed, versioned protocol records: task,
 heartbeat, result metadata, round manifest, round stats), `board` (the files holding them: tasks,
 heartbeats, results, inner states), `retention` (every deletion), `lease` (the coordinator's lease),
-`compress` (int8 / int4 / top-k + zstd pseudo-gradients; `sparse`: the top-k codec), `publish` (the run's config, tokenizer and shards as
+`publish` (the run's config, tokenizer and shards as
 content-addressed objects), `cache` (a machine's verified cache of them), `errors` (`StoreError`, retries
-of transient failures). Imports `dipaco.config` only.
+of transient failures). Pseudo-gradients are encoded by `dipaco.codec`. Imports `dipaco.config` and
+`dipaco.codec` only.
 """

@@ -34,7 +34,7 @@ import re
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dipaco.store.compress import (
+from dipaco.codec.compress import (
     Index,
     compress,
     declared_tensors,
@@ -43,13 +43,13 @@ from dipaco.store.compress import (
     header_size,
     read_index,
 )
+from dipaco.codec.registry import REGISTRY
+from dipaco.codec.sparse import TopK
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
 from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task, task_key
-from dipaco.store.sparse import TopK
 
 TASKS = "tasks.json"
-EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors",
-              "topk": ".topk.safetensors"}
+EXTENSIONS = {name: info.suffix for name, info in REGISTRY.items()}  # a pseudo-gradient's file suffix by codec
 
 
 def _suffix(attempt: int, link: int = 0) -> str:

@@ -249,7 +249,7 @@ class ResultMeta(Record):
     The fields from `island` to `link` are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
     `dipaco.store.board.write_result`)."""
 
-    SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)
+    SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.codec.compress)
 
     path: int
     round: int

@@ -65,7 +65,7 @@ class CoordinatorSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> CoordinatorSettings:
-        return cls(outer=config.outer, rounds=config.rounds, resilience=config.resilience,
+        return cls(outer=config.outer_step, rounds=config.rounds, resilience=config.resilience,
                    run_rounds=config.run.rounds, inner_steps=config.inner.steps,
                    keep_versions=config.store.keep_versions,
                    decay_from=path_decay_from(config.inner, rounds=config.run.rounds,

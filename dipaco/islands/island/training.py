@@ -19,7 +19,7 @@ its round comes holds all the training since its last sync.
 With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also reads the
 path's residual e from its inner state (or its inner checkpoint), checked by `check_residual`, and ends by
 encoding Δ + e: the residual of that encoding joins the new inner state, so it moves with the path
-(`dipaco.optim.error_feedback`), and `push_result` uploads the bytes it encoded; a module not sent keeps
+(`dipaco.codec.feedback`), and `push_result` uploads the bytes it encoded; a module not sent keeps
 its residual.
 """
 
@@ -37,6 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dipaco.codec.codec import Codec
+from dipaco.codec.feedback import encode_with_feedback, with_residual
+from dipaco.codec.sparse import TopK
 from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, ResilienceConfig, RunConfig
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
@@ -49,14 +52,7 @@ from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.drift import check_drift, join_drift, split_drift, split_sent
-from dipaco.optim.error_feedback import (
-    check_residual,
-    encode_with_feedback,
-    join_inner,
-    residual_bytes,
-    split_inner,
-    with_residual,
-)
+from dipaco.optim.error_feedback import check_residual, join_inner, residual_bytes, split_inner
 from dipaco.optim.inner import (
     load_optimizer_state,
     make_optimizer,
@@ -77,7 +73,6 @@ from dipaco.store.board import (
 )
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
-from dipaco.store.sparse import TopK
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
@@ -257,9 +252,9 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                                        step_offset=task.step_offset, steps=task.steps)
         pseudo_gradient, drift = split_sent(pseudo_gradient_of(start, params, setup.topology, path=path), set(synced))
         if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
-            pseudo_gradient = with_residual(pseudo_gradient, residual)
-            data, stats, carried = encode_with_feedback(pseudo_gradient, method="topk", level=setup.compression.zstd_level,
-                                                        topk=topk_of(setup))
+            pseudo_gradient = with_residual(pseudo_gradient, residual, decay=setup.compression.ef_decay)
+            codec = Codec("topk", level=setup.compression.zstd_level, topk=topk_of(setup))
+            data, stats, carried = encode_with_feedback(pseudo_gradient, codec=codec)
             encoded = (data, stats)
             carried |= {name: residual[name] if name in residual else torch.zeros_like(t) for name, t in drift.items()}
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
