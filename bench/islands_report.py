@@ -2,7 +2,8 @@
 
     python bench/bench_islands.py --markdown-only     # re-renders bench/results/islands.md with these
 
-The checks, each met, missed or not measured (a row it needs is missing), on the measured rows:
+The checks, each met, missed or not measured (a row it needs is missing), on the measured rows (goodput by
+work, docs/islands.md#goodput):
 1. at each failure rate where data-parallel goodput is <= 35%, async goodput >= 80% (the paper: 88 vs 27);
 2. at the failure rate where sync goodput is nearest 60%, async >= sync + 10 points;
 3. at each failure rate, async perplexity within 2% of the failure-free async row's (same seed);
