@@ -43,8 +43,9 @@ as long as the failure-free job takes, rounds x T, as a job without an end). A s
 count their nominal work, not their seconds. It equals train.json's (`dipaco.store.goodput`, which knows
 the pace). **Goodput by time** beside it, as measured before: islands: the inner-loop seconds of the
 applied results (compute and padding) / (islands x the run's seconds); data parallel: the seconds of its
-surviving steps / its wall-clock. **Applied tokens per second**: the applied tokens / the same seconds. **The simulator's prediction** (bench/islands_prediction.py) beside each
-row; the per-task overhead is fitted to the failure-free sync row (marked fitted).
+surviving steps / its wall-clock. **Applied tokens per second**: the applied tokens / the same seconds.
+**The simulator's prediction** (bench/islands_prediction.py) beside each row; the per-task overhead is
+fitted to the failure-free sync row (marked fitted).
 
 Runs live in runs/bench-islands/NAME/<row>; the results file is written after every row, so a run cut
 short keeps what it measured (`--keep` resumes). `bench/islands_report.py` renders the table and the checks.
@@ -409,6 +410,7 @@ def main(setting: Setting, *, only: set[str], keep: bool) -> None:
     def record() -> None:
         out["rows"] = list(rows.values())
         out["total_seconds"] = out["seconds_before"] + time.perf_counter() - started
+        recompute(out)  # rows kept from a results file measured before goodput by work too
         add_predictions(out)
         out["checks"] = evaluate_checks(out)
         write_results(setting.name, out, markdown(out))
