@@ -96,6 +96,8 @@ class StoreFiles:
             data = self.fs.cat_file(self._path(relative))
         except FileNotFoundError:
             raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        except IsADirectoryError:  # a folder where a file should be (one an island made)
+            raise StoreError(f"store file {self._path(relative)} is a folder, not a file") from None
         self.bytes_read += len(data)
         return data
 
@@ -105,6 +107,8 @@ class StoreFiles:
             data = self.fs.cat_file(self._path(relative), start=start, end=end)
         except FileNotFoundError:
             raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        except IsADirectoryError:
+            raise StoreError(f"store file {self._path(relative)} is a folder, not a file") from None
         if len(data) != end - start:
             raise StoreError(f"store file {self._path(relative)} ends before byte {end} (read {len(data)} "
                              f"bytes from {start})")
@@ -118,8 +122,8 @@ class StoreFiles:
         data = self.read_bytes(relative)
         try:
             return json.loads(data)
-        except json.JSONDecodeError as err:
-            raise StoreError(f"store file {self._path(relative)} is not valid JSON: {err}") from None
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8 (UnicodeDecodeError), nested too deep
+            raise StoreError(f"store file {self._path(relative)} is not valid JSON: {str(err)[:200]}") from None
 
     def listdir(self, relative: str) -> list[str]:
         """The names in a store folder, sorted ([] when it does not exist). One listing call (on object
