@@ -47,9 +47,12 @@ def pytest_collection_modifyitems(config, items):
     """Where torch sees no CUDA device, the tests marked `cuda` are deselected (counted in the summary and
     named by `pytest_terminal_summary`) rather than reported as skipped: after `make install` no test skips,
     so a skip means a missing dependency (.ci/run fails on one). `-m` naming cuda (`pytest -m cuda`) keeps
-    them, and there they skip with the reason."""
+    them, and there they skip with the reason. Each test gets its worker group (`worker_group`)."""
     import torch
 
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(worker_group(item)))
     if "cuda" in (config.option.markexpr or "") or torch.cuda.is_available():
         return
     cuda = [item for item in items if item.get_closest_marker("cuda")]
@@ -57,6 +60,28 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=cuda)
         items[:] = [item for item in items if not item.get_closest_marker("cuda")]
         config.stash[NO_CUDA] = len(cuda)
+
+
+# `make test` runs on parallel workers (pytest-xdist, `-n auto --dist loadgroup`); each worker is a process with
+# its own session fixtures. The tests that read the trained run (the costliest fixture) share one worker, so it
+# is built once; the others go by file, so a module fixture (a trained result, a Ray cluster) is built once too.
+TRAINED_RUN = ("tiny_trained", "tiny_mixture")
+
+
+def worker_group(item) -> str:
+    return "tiny_trained" if any(name in item.fixturenames for name in TRAINED_RUN) else item.path.name
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the count goes to the controller's summary
+        session.config.workeroutput["cuda_deselected"] = session.config.stash.get(NO_CUDA, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """An xdist worker finished: the controller keeps the count of cuda tests it deselected (each worker
+    collects every test, so the counts are the same)."""
+    node.config.stash[NO_CUDA] = node.workeroutput.get("cuda_deselected", 0) if hasattr(node, "workeroutput") else 0
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
