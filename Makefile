@@ -87,7 +87,7 @@ simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goo
 	$(DIPACO) simulate --config $(CONFIG) --run $(RUN) $(ARGS)
 
 test:  ## the test suite without the tests marked slow, on one worker per CPU (pytest-xdist; offline, one torch thread: tests/conftest.py)
-	$(PYTHON) -m pytest -q -n auto --dist loadgroup --durations=10
+	$(PYTHON) -m pytest -q -n auto --dist loadfile --durations=10
 
 test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island, a Ray run through an island kill
 	$(PYTHON) -m pytest -q -m slow --durations=10

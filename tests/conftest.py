@@ -20,6 +20,8 @@ oversubscribed threads make a training step many times slower, so every process 
 """
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 from cli_helpers import ROOT, TINY, copy_run, dipaco_in_process
@@ -47,12 +49,9 @@ def pytest_collection_modifyitems(config, items):
     """Where torch sees no CUDA device, the tests marked `cuda` are deselected (counted in the summary and
     named by `pytest_terminal_summary`) rather than reported as skipped: after `make install` no test skips,
     so a skip means a missing dependency (.ci/run fails on one). `-m` naming cuda (`pytest -m cuda`) keeps
-    them, and there they skip with the reason. Each test gets its worker group (`worker_group`)."""
+    them, and there they skip with the reason."""
     import torch
 
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(worker_group(item)))
     if "cuda" in (config.option.markexpr or "") or torch.cuda.is_available():
         return
     cuda = [item for item in items if item.get_closest_marker("cuda")]
@@ -62,14 +61,23 @@ def pytest_collection_modifyitems(config, items):
         config.stash[NO_CUDA] = len(cuda)
 
 
-# `make test` runs on parallel workers (pytest-xdist, `-n auto --dist loadgroup`); each worker is a process with
-# its own session fixtures. The tests that read the trained run (the costliest fixture) share one worker, so it
-# is built once; the others go by file, so a module fixture (a trained result, a Ray cluster) is built once too.
-TRAINED_RUN = ("tiny_trained", "tiny_mixture")
+# `make test` runs on parallel workers (pytest-xdist, `-n auto --dist loadfile`): each worker is a process with
+# its own session fixtures, and takes whole files (a module fixture, such as a trained result or a Ray cluster, is
+# built once). The costliest session fixture, the trained run, is built once for all of them (`built_once`).
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` done once per test session, also across xdist workers: the first worker that needs it
+    builds it under a lock in the folder the workers share, the others wait for it and read it."""
+    from filelock import FileLock
 
-
-def worker_group(item) -> str:
-    return "tiny_trained" if any(name in item.fixturenames for name in TRAINED_RUN) else item.path.name
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # pytest-N/, above popen-gwK/
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            build(folder)
+            done.touch()
+    return folder
 
 
 def pytest_sessionfinish(session):
@@ -133,18 +141,19 @@ def tiny_straight(tiny_routed, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_trained(tiny_routed, tmp_path_factory) -> RunDir:
-    """`tiny_routed` through the rest of `dipaco run` with `TRAINED_OVERRIDES` (read only)."""
-    run = copy_run(tiny_routed, tmp_path_factory.mktemp("tiny-trained") / "run")
-    code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, *TRAINED_OVERRIDES)
-    assert code == 0, f"dipaco run failed:\n{log[-3000:]}"
-    return run
+    """`tiny_routed` through the rest of `dipaco run` with `TRAINED_OVERRIDES` (read only; built once for all
+    the xdist workers)."""
+    def train(folder: Path) -> None:
+        run = copy_run(tiny_routed, folder / "run")
+        code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, *TRAINED_OVERRIDES)
+        assert code == 0, f"dipaco run failed:\n{log[-3000:]}"
+
+    return RunDir(built_once(tmp_path_factory, "tiny-trained", train) / "run")
 
 
 @pytest.fixture(scope="session")
 def tiny_mixture(tiny_trained, tmp_path_factory):
     """`tiny_trained` as one mixture directory with its dense baselines, moved after the export (read only)."""
-    import shutil
-
     from dipaco.cli import main
 
     out = tmp_path_factory.mktemp("export") / "mixture"
