@@ -136,8 +136,8 @@ def _read_heartbeat(store: ModuleStore, relative: str, *, island: str) -> Heartb
     """The heartbeat in `relative`, which must be island `island`'s own; a StoreError naming the file otherwise."""
     beat = Heartbeat.from_json(store.read_json(relative), file=store.location(relative))
     if beat.island != island or not ISLAND_NAME.fullmatch(island):
-        raise StoreError(f"{store.location(relative)}: the heartbeat of island {beat.island!r}"[:300]
-                         + " in another island's file (an island writes only heartbeats/<its name>.json)")
+        raise StoreError(f"{store.location(relative)}: the heartbeat of island {beat.island[:80]!r} in another "
+                         f"island's file (an island writes only heartbeats/<its name>.json)")
     return beat
 
 
@@ -375,7 +375,7 @@ class ResultReader:
         except StoreError as err:
             if self.digests is None:
                 raise
-            raise self._changed(part, f"{err}") from None
+            raise self._changed(part, str(err)) from None
 
     def _verify(self, part: str, data: bytes) -> None:
         if self.digests is not None and self.digests.get(part) != _sha256(data):
