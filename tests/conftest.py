@@ -3,7 +3,8 @@
     make test          # everything but the tests marked slow
     make test-slow     # the slow ones: kill / pause and resume, a re-routing phase, torchrun islands (one and two nodes)
 
-Session fixtures (built once, on first use; tests that write into a run work on a `copy_run` of it):
+Session fixtures (built once per worker process, on first use; `tiny_trained` once for all `make test`'s
+pytest-xdist workers; tests that write into a run work on a `copy_run` of it):
 - `tiny_routed`: configs/tiny.yaml routed and sharded through the Python API (tokenizer, routing,
   shards); test_coordinator and test_end_to_end start their own training from it;
 - `tiny_straight`: a copy of it trained for two rounds by the real coordinator and islands in this
