@@ -14,6 +14,7 @@ at the end of a run, an estimate while it runs. Bytes: the applied pseudo-gradie
 sent, against what float32 DiLoCo (the same results in float32) and data parallel (a ring all-reduce of a
 float32 gradient per inner step of the same training among the run's islands) would have sent, by island and by module. Traffic: every byte and
 request each process measured at the store, by direction, kind and process (`dipaco.store.ledger`).
+A heartbeat file that is not an island's valid heartbeat is shown as malformed and left out.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
             moved.add(entry)
         dropped += len(manifest.dropped)
 
-    islands = []
-    for name, beat in sorted(read_heartbeats(store).items()):
+    islands, malformed = [], {}  # malformed: heartbeat files that are not an island's valid heartbeat (shown, ignored)
+    for name, beat in sorted(read_heartbeats(store, malformed=malformed).items()):
         assigned = [t.key for t in tasks.values() if t.status in ("assigned", "cut") and t.island == name]
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
@@ -149,6 +150,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                                                         "outer_step": describe_step(last_stats.outer, last_stats.outer_step)},
         "outer_steps": _outer_steps(summary, src.run),
         "islands": islands,
+        "malformed_heartbeats": [{"file": file, "reason": reason} for file, reason in sorted(malformed.items())],
         "queue": counts,
         "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
                   for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
@@ -290,6 +292,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],
                                     [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
                                       "yes" if i["alive"] else "no", i["failures"]] for i in status["islands"]]))
+    for bad in status["malformed_heartbeats"]:
+        lines.append(f"malformed heartbeat, ignored: {bad['reason']}")
     queue = status["queue"]
     lines.append(f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
                  f"(waiting for their round), {queue['lost']} lost, {queue['cancelled']} cancelled "
