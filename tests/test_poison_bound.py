@@ -148,4 +148,4 @@ def test_the_bounds_reference_survives_a_coordinator_restart(tiny, tmp_path, mon
     drive(second, islands, clock)
     refused = refusals(second)
     assert list(refused) == [(task_key(1, 1), 0)]
-    assert "of 4 honest updates of embeddings" in refused  # every path's round 1, its own too[(task_key(1, 1), 0)]
+    assert "of 4 honest updates of embeddings" in refused[(task_key(1, 1), 0)]  # every path's round 1, its own too
