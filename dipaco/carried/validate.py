@@ -68,48 +68,50 @@ def check_inner_state(tensors: dict[str, torch.Tensor], meta: dict, *, file: str
     (`{"step": {param: int}}`) that is not the AdamW moments, residual and drift of the parameters
     `expected_shapes` (`{"module/param": shape}`) after at most `max_step` steps with `betas`, or whose
     residual or drift is over `max_ratio` × max(`delta_norms`) (None, empty, or `max_ratio` 0: not checked)."""
-    params = {name.partition("/")[2]: (name, list(shape)) for name, shape in expected_shapes.items()}
-    moments, carried = _sort_entries(tensors, params, expected_shapes, file=file)
+    params = {name.partition("/")[2]: list(shape) for name, shape in expected_shapes.items()}  # param -> shape
+    moments, carried, shapes = _sort_entries(tensors, params, expected_shapes, file=file)
     for name, tensor in tensors.items():
-        shape = params[name.removesuffix(_suffix(name))][1] if name in moments else list(expected_shapes[carried[name][1]])
-        _check_tensor(name, tensor, shape, file=file)
+        _check_tensor(name, tensor, shapes[name], file=file)
     steps = meta.get("step", {}) if isinstance(meta, dict) else None
     if not isinstance(steps, dict):
         raise InnerStateInvalid(f"{file}: its metadata has no AdamW step counts ({str(meta)[:80]})")
-    for param in {moments[name] for name in moments}:
+    for param in sorted(set(moments.values())):
         _check_moments(param, tensors[f"{param}.exp_avg"], tensors[f"{param}.exp_avg_sq"], steps.get(param),
                        file=file, max_step=max_step, betas=betas)
-    unused = sorted(set(steps) - {moments[name] for name in moments})
+    unused = sorted(set(steps) - set(moments.values()))
     if unused:
         raise InnerStateInvalid(f"{file}: step counts for {unused[:3]}, which have no moments")
     if delta_norms and max_ratio:
         for prefix in CARRIED:
-            _check_carried_norm({k: t for k, t in tensors.items() if carried.get(k, ("",))[0] == prefix},
-                                prefix.rstrip("/"), file=file, bound=max_ratio * max(delta_norms), max_ratio=max_ratio)
+            _check_carried_norm([t for k, t in tensors.items() if carried.get(k) == prefix], prefix.rstrip("/"),
+                                file=file, bound=max_ratio * max(delta_norms), max_ratio=max_ratio)
 
 
-def _suffix(name: str) -> str:
-    return next(s for s in reversed(MOMENTS) if name.endswith(s))
+def _suffix(name: str) -> str | None:
+    """The moment suffix `name` ends with (the longer first), None for another name."""
+    return next((s for s in reversed(MOMENTS) if name.endswith(s)), None)
 
 
-def _sort_entries(tensors: dict[str, torch.Tensor], params: dict[str, tuple[str, list[int]]],
-                  expected_shapes: dict[str, list[int]], *, file: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """(moment entry → its parameter, carried entry → (its prefix, "module/param")); unknown names refused."""
+def _sort_entries(tensors: dict[str, torch.Tensor], params: dict[str, list[int]], expected_shapes: dict[str, list[int]],
+                  *, file: str) -> tuple[dict[str, str], dict[str, str], dict[str, list[int]]]:
+    """(moment entry → its parameter, carried entry → its prefix, entry → the shape it must have); a name
+    that is none of the path's refused, and a moment without its pair."""
     moments: dict[str, str] = {}
-    carried: dict[str, tuple[str, str]] = {}
+    carried: dict[str, str] = {}
+    shapes: dict[str, list[int]] = {}
     for name in tensors:
-        prefix = next((p for p in CARRIED if name.startswith(p)), None)
+        prefix, suffix = next((p for p in CARRIED if name.startswith(p)), None), _suffix(name)
         if prefix is not None and name.removeprefix(prefix) in expected_shapes:
-            carried[name] = (prefix, name.removeprefix(prefix))
-        elif prefix is None and any(name.endswith(s) for s in MOMENTS) and name.removesuffix(_suffix(name)) in params:
-            moments[name] = name.removesuffix(_suffix(name))
+            carried[name], shapes[name] = prefix, list(expected_shapes[name.removeprefix(prefix)])
+        elif prefix is None and suffix is not None and name.removesuffix(suffix) in params:
+            moments[name], shapes[name] = name.removesuffix(suffix), params[name.removesuffix(suffix)]
         else:
             raise InnerStateInvalid(f"{file}: {name} is not a moment, residual or drift of the path's parameters")
     for name, param in moments.items():
         other = param + (".exp_avg_sq" if name.endswith(".exp_avg") else ".exp_avg")
         if other not in tensors:
             raise InnerStateInvalid(f"{file}: {name} has no {other} beside it")
-    return moments, carried
+    return moments, carried, shapes
 
 
 def _check_tensor(name: str, tensor: torch.Tensor, shape: list[int], *, file: str) -> None:
@@ -141,8 +143,9 @@ def _check_moments(param: str, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, 
                                 f"{c:.4g} x √{v:.3g}: not moments AdamW can leave")
 
 
-def _check_carried_norm(entries: dict[str, torch.Tensor], label: str, *, file: str, bound: float, max_ratio: float) -> None:
-    norm = math.sqrt(sum(float(t.double().square().sum()) for t in entries.values()))
+def _check_carried_norm(entries: list[torch.Tensor], label: str, *, file: str, bound: float, max_ratio: float) -> None:
+    """The residual's (or the drift's) tensors, taken together, have a norm of at most `bound`."""
+    norm = math.sqrt(sum(float(t.double().square().sum()) for t in entries))
     if norm > bound:
         raise InnerStateInvalid(f"{file}: its {label} has norm {norm:.4g}, above {bound:.4g} ({max_ratio:g} x the "
                                 f"largest of the path's accepted pseudo-gradient norms)")
