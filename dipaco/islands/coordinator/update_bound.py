@@ -7,8 +7,9 @@
     bound.accept(task, attempt)                          # its scales join the reference (after every other check)
 
 A module's *update scale* in a result is ‖Δ_m‖ / (‖θ_m‖ · Λ): how far it moved, relative to the module's norm
-at the task's base, per unit of inner learning rate (Λ = Σ lr over the steps it trained / inner.lr, so results
-from the warmup, the decay, a cut task compare alike: AdamW moves each weight by about lr per step). Honest
+at the task's base, per step at the peak lr (Λ = the steps it trained, each counted by its lr's share of the peak
+during the warmup: AdamW moves each weight by about lr per step, so results of the warmup and after it, and
+cut tasks, compare alike; the decay is not counted, see `InnerRun.lr_units`). Honest
 results of one *role* (the same shared module, or the module at the same place of another path: every
 path's private embedding, `level0.module*` of every choice) have similar scales; a result is refused, by
 module, norm and bound, when a module moves more than `resilience.max_update_scale` × the median scale of
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 from dipaco.config import Config, InnerConfig
 from dipaco.model.topology import Topology
-from dipaco.optim.inner import lr_at, phase_steps
+from dipaco.optim.inner import phase_steps
 from dipaco.store.board import inner_ref
 from dipaco.store.records import PathState, Task
 
@@ -69,9 +70,13 @@ class InnerRun:
         return self.config.beta1, self.config.beta2
 
     def lr_units(self, *, step_offset: int, steps: int) -> float:
-        """Λ: Σ lr over a task's `steps` from path step `step_offset`, in units of the peak inner.lr."""
-        first, total = phase_steps(self.config, steps=self.total_steps, after=self.warm_start_steps)
-        return sum(lr_at(first + step_offset + i, config=self.config, total_steps=total) for i in range(steps)) / self.config.lr
+        """Λ: a task's `steps` from path step `step_offset`, each counted by its lr's share of the peak inner.lr
+        during the warmup (`lr_at`'s ramp) and as 1 after it. Not the decay's share: a decaying lr makes
+        results smaller, which the bound allows, while what a result carries from earlier steps (an
+        error-feedback residual, a fragment's drift) does not shrink with it."""
+        first, _ = phase_steps(self.config, steps=self.total_steps, after=self.warm_start_steps)
+        warmup = self.config.warmup_steps
+        return sum(min(1.0, (first + step_offset + i + 1) / warmup) if warmup else 1.0 for i in range(steps))
 
 
 def module_role(module: str) -> str:
