@@ -81,10 +81,25 @@ def check_inner_state(tensors: dict[str, torch.Tensor], meta: dict, *, file: str
     unused = sorted(set(steps) - set(moments.values()))
     if unused:
         raise InnerStateInvalid(f"{file}: step counts for {unused[:3]}, which have no moments")
-    if delta_norms and max_ratio:
+    if delta_norms and max(delta_norms) > 0 and max_ratio:  # 0: no module sent yet (a fragment's first tasks)
         for prefix in CARRIED:
             _check_carried_norm([t for k, t in tensors.items() if carried.get(k) == prefix], prefix.rstrip("/"),
                                 file=file, bound=max_ratio * max(delta_norms), max_ratio=max_ratio)
+
+
+def carried_norms(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """{module: ‖its residual‖ + ‖its drift‖} of an inner state's tensors (modules with neither left out):
+    how far a path's next result may move a module beyond its own training (`update_bound`)."""
+    squares: dict[tuple[str, str], float] = {}
+    for name, tensor in tensors.items():
+        prefix = next((p for p in CARRIED if name.startswith(p)), None)
+        if prefix is not None:
+            key = (prefix, name.removeprefix(prefix).partition("/")[0])
+            squares[key] = squares.get(key, 0.0) + float(tensor.double().square().sum())
+    norms: dict[str, float] = {}
+    for (_, module), square in squares.items():
+        norms[module] = norms.get(module, 0.0) + math.sqrt(square)
+    return norms
 
 
 def _suffix(name: str) -> str | None:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from dipaco.carried.validate import check_inner_state
+from dipaco.carried.validate import carried_norms, check_inner_state
 from dipaco.config import ResilienceConfig
 from dipaco.islands.coordinator.update_bound import HELD, InnerRun, UpdateBound
 from dipaco.model.topology import Topology
@@ -72,6 +72,7 @@ class ResultChecks:
         self._accepted: dict[tuple[str, int], ResultMeta] = {}  # (task key, attempt) -> its metadata, until taken
         self._digests: dict[tuple[str, int], dict[str, str]] = {}  # (task key, attempt) -> the bytes' sha256
         self._module_norms: dict[tuple[int, str], float] = {}  # (version, module) -> its parameters' norm
+        self._carried: dict[str, dict[str, float]] = {}  # inner state ref -> {module: its residual's + drift's norm}
 
     def check(self, task: Task, attempt: int, *, modules: list[str] | None = None, hold: bool = True) -> str | None:
         """None when attempt `attempt` of `task` may be applied, else the reason it may not (checked once).
@@ -166,7 +167,8 @@ class ResultChecks:
         norm = self._check_tensors(tensors, expected, where=stored.location)
         moved = self._check_bounded(tensors, task.base, where=stored.location)
         self._check_inner(task, attempt, steps=meta.steps, norm=norm)
-        return norm, meta, stored.digests, moved
+        carried = self._carried_from(task.inner_from)
+        return norm, meta, stored.digests, {m: (*norms, carried.get(m, 0.0)) for m, norms in moved.items()}
 
     def _check_inner(self, task: Task, attempt: int, *, steps: int, norm: float) -> None:
         """The inner state the attempt left is one its AdamW and codec could leave (`check_inner_state`)."""
@@ -181,6 +183,20 @@ class ResultChecks:
         check_inner_state(tensors, meta, file=self.store.location(ref), expected_shapes=shapes,
                           max_step=self.inner.optimizer_steps + task.step_offset + steps, betas=self.inner.betas,
                           delta_norms=[*accepted, norm], max_ratio=self.resilience.max_carried_ratio)
+        self._carried[ref] = carried_norms(tensors)
+
+    def _carried_from(self, ref: str | None) -> dict[str, float]:
+        """{module: ‖residual‖ + ‖drift‖} of the inner state a task started from (noted when its result was
+        checked, else read once: after a restart, the warm start's); {} when none, unread or unreadable (the
+        island then starts fresh) or inner states are not checked."""
+        if ref is None or self.inner is None:
+            return {}
+        if ref not in self._carried:
+            try:
+                self._carried[ref] = carried_norms(read_inner(self.store, ref)[0])
+            except StoreError:
+                self._carried[ref] = {}
+        return self._carried[ref]
 
     def _check_bounded(self, tensors: dict[str, torch.Tensor], base: int, *, where: str) -> dict[str, tuple[float, float]]:
         """No module of the result moves more than `resilience.max_update_ratio` × its norm at `base` (the

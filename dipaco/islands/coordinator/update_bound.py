@@ -7,13 +7,16 @@
     bound.accept(task, attempt)                          # its scales join the reference (after every other check)
 
 A module's *update scale* in a result is ‖Δ_m‖ / (‖θ_m‖ · Λ): how far it moved, relative to the module's norm
-at the task's base, per step at the peak lr (Λ = the steps it trained, each counted by its lr's share of the peak
-during the warmup: AdamW moves each weight by about lr per step, so results of the warmup and after it, and
-cut tasks, compare alike; the decay is not counted, see `InnerRun.lr_units`). Honest
+at the task's base, per unit of inner learning rate (Λ = Σ lr over the steps it trained / inner.lr, so results
+from the warmup, the decay, a straggler's older steps, a cut task compare alike: AdamW moves each weight by
+about lr per step). A result also carries what its path's inner state held at its start for that module, its
+error-feedback residual and its fragment's drift (c_m = ‖e_m‖ + ‖d_m‖, training of earlier tasks, which does
+not shrink with this task's lr): ‖Δ_m‖ ≤ ‖this task's training‖ + c_m, so c_m is added to the bound, and only
+modules with c_m = 0 give scales to the reference (a path keeps its last such scale of each module). Honest
 results of one *role* (the same shared module, or the module at the same place of another path: every
 path's private embedding, `level0.module*` of every choice) have similar scales; a result is refused, by
 module, norm and bound, when a module moves more than `resilience.max_update_scale` × the median scale of
-its role's honest results × its norm × Λ.
+its role's honest results × its norm × Λ, plus c_m.
 
 The honest results are every path's last accepted result (`PathState.update_scales`, in the board the
 coordinator commits, so the reference survives its restart), without the one judged. A result with a
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 
 from dipaco.config import Config, InnerConfig
 from dipaco.model.topology import Topology
-from dipaco.optim.inner import phase_steps
+from dipaco.optim.inner import lr_at, phase_steps
 from dipaco.store.board import inner_ref
 from dipaco.store.records import PathState, Task
 
@@ -70,13 +73,9 @@ class InnerRun:
         return self.config.beta1, self.config.beta2
 
     def lr_units(self, *, step_offset: int, steps: int) -> float:
-        """Λ: a task's `steps` from path step `step_offset`, each counted by its lr's share of the peak inner.lr
-        during the warmup (`lr_at`'s ramp) and as 1 after it. Not the decay's share: a decaying lr makes
-        results smaller, which the bound allows, while what a result carries from earlier steps (an
-        error-feedback residual, a fragment's drift) does not shrink with it."""
-        first, _ = phase_steps(self.config, steps=self.total_steps, after=self.warm_start_steps)
-        warmup = self.config.warmup_steps
-        return sum(min(1.0, (first + step_offset + i + 1) / warmup) if warmup else 1.0 for i in range(steps))
+        """Λ: Σ lr over a task's `steps` from path step `step_offset`, in units of the peak inner.lr."""
+        first, total = phase_steps(self.config, steps=self.total_steps, after=self.warm_start_steps)
+        return sum(lr_at(first + step_offset + i, config=self.config, total_steps=total) for i in range(steps)) / self.config.lr
 
 
 def module_role(module: str) -> str:
@@ -104,19 +103,20 @@ class UpdateBound:
             if state.update_scales:
                 self.last[path] = (state.inner, dict(state.update_scales))
 
-    def judge(self, task: Task, attempt: int, *, moved: dict[str, tuple[float, float]], steps: int,
+    def judge(self, task: Task, attempt: int, *, moved: dict[str, tuple[float, float, float]], steps: int,
               hold: bool = True) -> str | None:
         """None (within the bound), HELD (`hold` and no reference yet), or why it is refused. `moved`: module ->
-        (‖Δ_m‖, ‖θ_m‖ at the task's base)."""
+        (‖Δ_m‖, ‖θ_m‖ at the task's base, c_m: its residual's and drift's norm at the task's start)."""
         units = self.inner.lr_units(step_offset=task.step_offset, steps=steps) if self.inner else float(steps)
-        scales = {m: step / (size * units) for m, (step, size) in moved.items() if size > 0 and units > 0}
+        scales = {m: step / (size * units) for m, (step, size, carried) in moved.items()
+                  if size > 0 and units > 0 and carried == 0}
         key = (task.key, attempt)
         self.judged[key] = scales
         if not self.scale:
             return None
         reference = self._reference(task, attempt)
         since = self.held.get(key, (task.path, scales, self.clock()))[2]
-        waiting = [module_role(m) for m in scales if module_role(m) not in reference
+        waiting = [module_role(m) for m in moved if module_role(m) not in reference
                    and self._peers[module_role(m)] - {task.path}]
         if waiting and hold and self.clock() - since < self.hold_seconds:
             self.held[key] = (task.path, scales, since)
@@ -125,26 +125,26 @@ class UpdateBound:
         if waiting:
             log.warning("%s attempt %d: no honest result of %s to bound it by after %.0fs (resilience.hold_seconds); "
                         "only resilience.max_update_ratio bounds it", task.key, attempt, sorted(set(waiting)), self.clock() - since)
-        for module, scale in scales.items():
+        for module, (step, size, carried) in moved.items():
             values = reference.get(module_role(module))
-            if not values:
+            if not values or size <= 0:
                 continue
             median = statistics.median(values)
-            step, size = moved[module]
-            bound = self.scale * median * size * units
+            bound = self.scale * median * size * units + carried
             if step <= bound:
                 self.closest = max(self.closest, (step / bound, f"{task.key} {module}"))
             else:
                 return (f"its pseudo-gradient of {module} has norm {step:.4g}, above the bound {bound:.4g}: "
                         f"{self.scale:g} (resilience.max_update_scale) x the median {median:.3g} of {len(values)} honest "
                         f"updates of {module_role(module)} per unit of lr and module norm x its norm {size:.4g} at "
-                        f"version {task.base} x its {units:.3g} lr units ({scale / median:.1f}x the median)")
+                        f"version {task.base} x its {units:.3g} lr units" + (f" + {carried:.4g} its path carried" if carried else
+                        f" ({step / (size * units * median):.1f}x the median)"))
         return None
 
     def accept(self, task: Task, attempt: int) -> dict[str, float]:
         """The accepted result's scales become its path's reference; returns them (for `PathState.update_scales`)."""
         self.held.pop((task.key, attempt), None)
-        scales = self.judged.pop((task.key, attempt), {})
+        scales = self.last.get(task.path, (None, {}))[1] | self.judged.pop((task.key, attempt), {})
         self.last[task.path] = (inner_ref(path=task.path, round=task.round, attempt=attempt, link=task.link), scales)
         return scales
 
