@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dipaco.carried.validate import InnerStateInvalid, check_inner_state, moment_bound
+from dipaco.carried.validate import InnerStateInvalid, carried_norms, check_inner_state, moment_bound
 from dipaco.islands.island.inner_source import starting_inner
 from dipaco.optim.inner import optimizer_state
 from dipaco.store.board import write_inner
@@ -148,3 +148,15 @@ def test_the_island_starts_fresh_from_a_bad_inner_state_and_says_why(tmp_path, d
     assert "resumes from fresh moments" in caplog.text
     cached = (REF, tensors, meta)  # what this island wrote itself is used as it is
     assert starting_inner(store, task(REF), cached=cached, shapes=SHAPES, max_step=6, betas=BETAS)[1] is True
+
+
+def test_carried_norms_add_each_modules_residual_and_drift_norms():
+    """What a result may carry beyond its task's training, per module: ‖residual_m‖ + ‖drift_m‖ (numpy)."""
+    rng = np.random.default_rng(1)
+    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+              [("residual/a/w", (3, 2)), ("residual/a/b", (2,)), ("drift/a/w", (3, 2)), ("drift/b/w", (4,))]}
+    tensors = {name: torch.from_numpy(a) for name, a in arrays.items()} | {"w.exp_avg": torch.ones(3, 2)}
+    residual_a = np.sqrt(sum(np.square(arrays[k].astype(np.float64)).sum() for k in ("residual/a/w", "residual/a/b")))
+    expected = {"a": residual_a + np.linalg.norm(arrays["drift/a/w"].astype(np.float64)),
+                "b": np.linalg.norm(arrays["drift/b/w"].astype(np.float64))}
+    assert carried_norms(tensors) == pytest.approx(expected, rel=1e-12)
