@@ -92,7 +92,7 @@ class UpdateBound:
         self.held: dict[tuple[str, int], tuple[int, dict[str, float], float]] = {}  # (key, attempt) -> (path, scales, since)
         self.judged: dict[tuple[str, int], dict[str, float]] = {}  # (key, attempt) -> scales, until accepted or forgotten
         self.closest = (0.0, "")  # the largest ‖Δ_m‖ / bound of a module within its bound, and "key module" (the margin)
-        self._peers = {}  # role -> paths with a module of that role
+        self._peers: dict[str, set[int]] = {}  # role -> paths with a module of that role
         for path in range(topology.n_paths):
             for module in topology.modules_of_path(path):
                 self._peers.setdefault(module_role(module), set()).add(path)
@@ -134,11 +134,11 @@ class UpdateBound:
             if step <= bound:
                 self.closest = max(self.closest, (step / bound, f"{task.key} {module}"))
             else:
-                return (f"its pseudo-gradient of {module} has norm {step:.4g}, above the bound {bound:.4g}: "
-                        f"{self.scale:g} (resilience.max_update_scale) x the median {median:.3g} of {len(values)} honest "
-                        f"updates of {module_role(module)} per unit of lr and module norm x its norm {size:.4g} at "
-                        f"version {task.base} x its {units:.3g} lr units" + (f" + {carried:.4g} its path carried" if carried else
-                        f" ({step / (size * units * median):.1f}x the median)"))
+                why = (f"{self.scale:g} (resilience.max_update_scale) x the median {median:.3g} of {len(values)} honest "
+                       f"updates of {module_role(module)} per unit of lr and module norm x its norm {size:.4g} at version "
+                       f"{task.base} x its {units:.3g} lr units")
+                return (f"its pseudo-gradient of {module} has norm {step:.4g}, above the bound {bound:.4g}: {why}"
+                        + (f" + {carried:.4g} its path carried" if carried else f" ({step / (size * units * median):.1f}x the median)"))
         return None
 
     def accept(self, task: Task, attempt: int) -> dict[str, float]:
