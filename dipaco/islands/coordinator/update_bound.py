@@ -12,7 +12,9 @@ from the warmup, the decay, a straggler's older steps, a cut task compare alike:
 about lr per step). A result also carries what its path's inner state held at its start for that module, its
 error-feedback residual and its fragment's drift (c_m = ‖e_m‖ + ‖d_m‖, training of earlier tasks, which does
 not shrink with this task's lr): ‖Δ_m‖ ≤ ‖this task's training‖ + c_m, so c_m is added to the bound, and only
-modules with c_m = 0 give scales to the reference (a path keeps its last such scale of each module). Honest
+modules with c_m = 0 give scales to the reference (a path keeps its last such scale of each module), and only
+they wait for one: a module that carries a drift in every result (`outer.fragments`, a fragment not synced in
+the first round) has no reference, and only `resilience.max_update_ratio` bounds it. Honest
 results of one *role* (the same shared module, or the module at the same place of another path: every
 path's private embedding, `level0.module*` of every choice) have similar scales; a result is refused, by
 module, norm and bound, when a module moves more than `resilience.max_update_scale` × the median scale of
@@ -116,7 +118,7 @@ class UpdateBound:
             return None
         reference = self._reference(task, attempt)
         since = self.held.get(key, (task.path, scales, self.clock()))[2]
-        waiting = [module_role(m) for m in moved if module_role(m) not in reference
+        waiting = [module_role(m) for m in scales if module_role(m) not in reference  # carry-free: can set one
                    and self._peers[module_role(m)] - {task.path}]
         if waiting and hold and self.clock() - since < self.hold_seconds:
             self.held[key] = (task.path, scales, since)
