@@ -110,8 +110,8 @@ class UpdateBound:
         """None (within the bound), HELD (`hold` and no reference yet), or why it is refused. `moved`: module ->
         (‖Δ_m‖, ‖θ_m‖ at the task's base, c_m: its residual's and drift's norm at the task's start)."""
         units = self.inner.lr_units(step_offset=task.step_offset, steps=steps) if self.inner else float(steps)
-        scales = {m: step / (size * units) for m, (step, size, carried) in moved.items()
-                  if size > 0 and units > 0 and carried == 0}
+        scales = {m: float(f"{step / (size * units):.9g}") for m, (step, size, carried) in moved.items()  # 9 digits: the
+                  if size > 0 and units > 0 and carried == 0}  # same in a restarted coordinator (a sum's last bit may not be)
         key = (task.key, attempt)
         self.judged[key] = scales
         if not self.scale:
