@@ -35,6 +35,7 @@ from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.metrics import RunMetrics
 from dipaco.islands.coordinator.pruning import finish_run
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.update_bound import InnerRun
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.optim.outer_history import describe_outer_steps, describe_rows, describe_step, outer_spans
 from dipaco.pipeline.context import PathFactory
@@ -93,7 +94,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
     checks = ResultChecks(store, topology, resilience=config.resilience, inner_steps=config.inner.steps,
-                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len)
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
     service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
                           sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)

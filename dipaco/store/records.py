@@ -206,6 +206,9 @@ class PathState(Record):
 
     steps_done: int
     inner: str | None  # a store reference (dipaco.store.board.inner_ref), None before the first task
+    update_scales: dict[str, float] | None = None  # its last accepted result's update scale per module (the poison bound's reference)
+
+    ADDED: ClassVar[tuple[str, ...]] = ("update_scales",)
 
 
 @dataclass(frozen=True)
@@ -272,8 +275,9 @@ class ResultMeta(Record):
     file: str = ""  # the pseudo-gradient file, next to this one
     link: int = 0  # the task's link (`Task.link`)
     bytes_residual: int = 0  # of the inner state uploaded, the error-feedback residual's bytes (codec topk)
+    inner_refused: str = ""  # why the inner state its task named was refused, so it started from fresh moments ("" = it was not)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_refused")
 
     @property
     def steps(self) -> int:

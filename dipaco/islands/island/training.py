@@ -46,6 +46,7 @@ from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands.island import ddp as ddp_mod
 from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
+from dipaco.islands.island.inner_source import starting_inner
 from dipaco.islands.island.model_slot import ModelSlot
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
@@ -65,7 +66,6 @@ from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Grid
 from dipaco.store.board import (
     inner_ref,
-    read_inner,
     read_result_ref,
     write_encoded_result,
     write_inner,
@@ -165,6 +165,8 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     residual: dict[str, torch.Tensor] = {}  # the path's error-feedback residual at the task's start
     drift: dict[str, torch.Tensor] = {}  # the path's drift at the task's start (a checkpoint's parameters hold it)
     where = ""  # where it was read from
+    saved, refused = None, ""  # the inner state it starts from (None: fresh), why the stored one was refused
+    shapes = residual_shapes(params, setup.topology, path=path)
     with timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, inner, fused=inner.fused)
         inner_local = False
@@ -175,17 +177,17 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
             load_optimizer_state(optimizer, params, resume.adam, resume.adam_meta)
             residual, where = resume.residual, f"inner checkpoint {checkpoint}"
         elif task.inner_from:
-            if cached_inner is not None and cached_inner[0] == task.inner_from:
-                saved, inner_local = cached_inner[1:], True
-            else:
-                saved = read_inner(store, task.inner_from)
+            saved, inner_local, refused = starting_inner(store, task, cached=cached_inner, shapes=shapes,
+                                                         max_step=setup.warm_start_steps + task.step_offset,
+                                                         betas=(inner.beta1, inner.beta2))
+        if saved is not None:
             rest, drift = split_drift(saved[0])
             adam, residual = split_inner(rest)
             load_optimizer_state(optimizer, params, adam, saved[1])
             where = store.location(task.inner_from)
-            check_drift(drift, residual_shapes(params, setup.topology, path=path), where=where)
+            check_drift(drift, shapes, where=where)
         if feeds_back:
-            check_residual(residual, residual_shapes(params, setup.topology, path=path), where=where)
+            check_residual(residual, shapes, where=where)
         else:
             residual = {}
     done = resume.steps if resume is not None else 0
@@ -261,7 +263,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
                       bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
                       inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1,
-                      bytes_residual=residual_bytes(carried))
+                      bytes_residual=residual_bytes(carried), inner_refused=refused)
     with timed(timings, "save_inner", device):
         adam, adam_meta = optimizer_state(optimizer, names)
     return TrainedTask(pseudo_gradient=pseudo_gradient, inner=(join_drift(join_inner(adam, carried), drift), adam_meta),

@@ -1,0 +1,162 @@
+"""A path's inner state is checked wherever it crosses the store (issue 36, item 4): `check_inner_state`
+against AdamW's own recursion, each tamper of the issue refused naming the file and the tensor, and the
+island that still finds one bad starts the path from fresh moments instead of exiting."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from dipaco.carried.validate import InnerStateInvalid, carried_norms, check_inner_state, moment_bound
+from dipaco.islands.island.inner_source import starting_inner
+from dipaco.optim.inner import optimizer_state
+from dipaco.store.board import write_inner
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.records import Task
+
+BETAS = (0.9, 0.95)
+SHAPES = {"mod/weight": [4, 3], "mod/bias": [4]}
+FILE = "islands/path-0000/inner-round-000001.safetensors"
+REF = "islands/path-0000/inner-round-000001.safetensors"
+
+
+def honest_state(steps: int = 6, *, betas=BETAS, seed: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
+    """The moments torch's AdamW leaves after `steps` steps on a Linear(3, 4) with random gradients."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=betas)
+    for _ in range(steps):
+        model(torch.randn(8, 3)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return optimizer_state(optimizer, {p: n for n, p in model.named_parameters()})
+
+
+def check(tensors, meta, **kwargs):
+    options = dict(file=FILE, expected_shapes=SHAPES, max_step=6, betas=BETAS) | kwargs
+    check_inner_state(tensors, meta, **options)
+
+
+def test_the_moment_bound_is_adamws_worst_case():
+    """c_t against numpy's recursion: no gradient sequence exceeds it, and the Cauchy-Schwarz extremal one
+    (|g_{t-j}| ∝ (β1/β2)^j) reaches it, for several betas and steps, r = β1²/β2 below and above 1."""
+    rng = np.random.default_rng(0)
+    for beta1, beta2 in [(0.9, 0.95), (0.9, 0.999), (0.95, 0.9), (0.5, 0.5)]:
+        for t in (1, 3, 10, 40):
+            m = v = 0.0
+            for g in (beta1 / beta2) ** np.arange(t)[::-1]:  # oldest first: g_1 ... g_t
+                m, v = beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
+            assert m / math.sqrt(v) == pytest.approx(moment_bound(beta1, beta2, t), rel=1e-9)
+            g = rng.standard_normal((1000, t))
+            m, v = np.zeros(1000), np.zeros(1000)
+            for j in range(t):
+                m, v = beta1 * m + (1 - beta1) * g[:, j], beta2 * v + (1 - beta2) * g[:, j] ** 2
+            assert (np.abs(m) <= moment_bound(beta1, beta2, t) * np.sqrt(v) + 1e-15).all()
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.95), (0.9, 0.999)])
+def test_honest_adamw_states_pass(betas):
+    for steps in (1, 6):
+        tensors, meta = honest_state(steps, betas=betas)
+        check(tensors, meta, betas=betas)
+    check({}, {"step": {}})  # fresh: nothing carried
+
+
+def scaled_moments(tensors, meta):
+    return {k: v * 1000 for k, v in tensors.items()}, meta
+
+
+def negative_second_moment(tensors, meta):
+    return tensors | {"bias.exp_avg_sq": -tensors["bias.exp_avg_sq"] - 1e-6}, meta
+
+
+def nan(tensors, meta):
+    weight = tensors["weight.exp_avg"].clone()
+    weight[1, 2] = math.nan
+    return tensors | {"weight.exp_avg": weight}, meta
+
+
+def wrong_shape(tensors, meta):
+    return tensors | {"weight.exp_avg": torch.zeros(3, 4), "weight.exp_avg_sq": torch.ones(3, 4)}, meta
+
+
+def unknown_name(tensors, meta):
+    return tensors | {"lm_head.weight.exp_avg": torch.zeros(2)}, meta
+
+
+def step_beyond_the_path(tensors, meta):
+    return tensors, {"step": {name: 7 for name in meta["step"]}}
+
+
+def huge_residual(tensors, meta):
+    return tensors | {"residual/mod/weight": torch.full((4, 3), 10.0)}, meta
+
+
+TAMPERS = {
+    "moments x1000": (scaled_moments, "exp_avg has"),
+    "exp_avg_sq < 0": (negative_second_moment, "bias.exp_avg_sq has 4 negative values"),
+    "a NaN": (nan, "weight.exp_avg has 1 NaN"),
+    "a wrong shape": (wrong_shape, "weight.exp_avg has shape [3, 4], its parameter's is [4, 3]"),
+    "an unknown tensor": (unknown_name, "lm_head.weight.exp_avg is not a moment"),
+    "a step count the path has not trained": (step_beyond_the_path, "step count 7, the path has trained 6"),
+    "a residual beyond the path's progress": (huge_residual, "its residual has norm 34.64, above 10"),
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_each_tamper_is_refused_naming_the_file_and_the_tensor(tamper):
+    change, message = TAMPERS[tamper]
+    tensors, meta = change(*honest_state())
+    with pytest.raises(InnerStateInvalid, match=re.escape(message)) as refused:
+        check(tensors, meta, delta_norms=[0.05, 0.1], max_ratio=100)
+    assert str(refused.value).startswith(FILE + ": ")
+
+
+def test_a_residual_within_the_paths_progress_passes_and_is_unbounded_without_norms():
+    tensors, meta = honest_state()
+    tensors |= {"residual/mod/weight": torch.full((4, 3), 0.1), "drift/mod/bias": torch.full((4,), 0.1)}
+    check(tensors, meta, delta_norms=[0.01, 0.02], max_ratio=100)  # 0.35 and 0.2 ≤ 100 x 0.02
+    check(tensors | {"residual/mod/weight": torch.full((4, 3), 1e3)}, meta)  # the island: no norms, no bound
+
+
+def task(inner_from: str | None) -> Task:
+    return Task.open(path=0, base=1, step_offset=6, inner_from=inner_from)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "moments x1000", "missing"])
+def test_the_island_starts_fresh_from_a_bad_inner_state_and_says_why(tmp_path, damage, caplog):
+    """A truncated, tampered or missing state in the store: the island's `starting_inner` refuses it naming
+    the file (no exception), so the task trains from fresh moments; a good one is used as it is."""
+    store = ModuleStore(tmp_path.as_uri())
+    tensors, meta = honest_state()
+    write_inner(store, REF, tensors, meta)
+    (saved, local, refused) = starting_inner(store, task(REF), cached=None, shapes=SHAPES, max_step=6, betas=BETAS)
+    assert not refused and not local and saved[1] == meta
+    assert all(torch.equal(saved[0][k], tensors[k]) for k in tensors)
+    file = tmp_path / REF
+    if damage == "truncated":
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    elif damage == "missing":
+        file.unlink()
+    else:
+        write_inner(store, REF, *scaled_moments(tensors, meta))
+    saved, local, refused = starting_inner(store, task(REF), cached=None, shapes=SHAPES, max_step=6, betas=BETAS)
+    assert saved is None and not local
+    assert str(file) in refused or REF in refused
+    assert "resumes from fresh moments" in caplog.text
+    cached = (REF, tensors, meta)  # what this island wrote itself is used as it is
+    assert starting_inner(store, task(REF), cached=cached, shapes=SHAPES, max_step=6, betas=BETAS)[1] is True
+
+
+def test_carried_norms_add_each_modules_residual_and_drift_norms():
+    """What a result may carry beyond its task's training, per module: ‖residual_m‖ + ‖drift_m‖ (numpy)."""
+    rng = np.random.default_rng(1)
+    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+              [("residual/a/w", (3, 2)), ("residual/a/b", (2,)), ("drift/a/w", (3, 2)), ("drift/b/w", (4,))]}
+    tensors = {name: torch.from_numpy(a) for name, a in arrays.items()} | {"w.exp_avg": torch.ones(3, 2)}
+    residual_a = np.sqrt(sum(np.square(arrays[k].astype(np.float64)).sum() for k in ("residual/a/w", "residual/a/b")))
+    expected = {"a": residual_a + np.linalg.norm(arrays["drift/a/w"].astype(np.float64)),
+                "b": np.linalg.norm(arrays["drift/b/w"].astype(np.float64))}
+    assert carried_norms(tensors) == pytest.approx(expected, rel=1e-12)
