@@ -160,3 +160,35 @@ def test_carried_norms_add_each_modules_residual_and_drift_norms():
     expected = {"a": residual_a + np.linalg.norm(arrays["drift/a/w"].astype(np.float64)),
                 "b": np.linalg.norm(arrays["drift/b/w"].astype(np.float64))}
     assert carried_norms(tensors) == pytest.approx(expected, rel=1e-12)
+
+
+def muon_state(steps: int = 4) -> tuple[dict[str, torch.Tensor], dict, dict[str, list[int]]]:
+    """The state `inner.optimizer: muon` leaves: torch's Muon on a block's 2-D weight (its momentum buffer,
+    no step count), AdamW on the rest, as `dipaco.optim.inner.optimizer_state` saves them."""
+    from dipaco.optim.muon import MuonAdamW
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList([torch.nn.Linear(3, 4)])})
+    names = {p: f"model.layers.0.{n.rsplit('.', 1)[-1]}" for n, p in model.named_parameters()}
+    weight, bias = model["layers"][0].weight, model["layers"][0].bias
+    optimizer = MuonAdamW(muon=torch.optim.Muon([weight], lr=1e-2), adamw=torch.optim.AdamW([bias], lr=1e-2, betas=BETAS))
+    for _ in range(steps):
+        model["layers"][0](torch.randn(8, 3)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tensors, meta = optimizer_state(optimizer, names)
+    return tensors, meta, {f"mod/{name}": list(p.shape) for p, name in names.items()}
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon ships with torch >= 2.9")
+def test_a_muon_state_passes_and_its_momentum_is_checked_for_shape_and_finiteness():
+    tensors, meta, shapes = muon_state()
+    assert "model.layers.0.weight.momentum_buffer" in tensors and "model.layers.0.weight" not in meta["step"]
+    check(tensors, meta, expected_shapes=shapes, max_step=4)
+    buffer = tensors["model.layers.0.weight.momentum_buffer"].clone()
+    buffer[0, 0] = math.nan
+    with pytest.raises(InnerStateInvalid, match=re.escape("model.layers.0.weight.momentum_buffer has 1 NaN")):
+        check(tensors | {"model.layers.0.weight.momentum_buffer": buffer}, meta, expected_shapes=shapes, max_step=4)
+    with pytest.raises(InnerStateInvalid, match=re.escape("momentum_buffer has shape [3, 4]")):
+        check(tensors | {"model.layers.0.weight.momentum_buffer": torch.zeros(3, 4)}, meta, expected_shapes=shapes,
+              max_step=4)

@@ -10,6 +10,9 @@ holds, per parameter `p` of module `m` ("m/p" in `expected_shapes`):
 
 - `p.exp_avg`, `p.exp_avg_sq`: AdamW's moments, both or neither (neither: that parameter starts fresh), with
   the step count `meta["step"][p]`, 1 ≤ step ≤ `max_step` (the path's inner steps so far);
+- `p.momentum_buffer`: Muon's momentum instead (`inner.optimizer: muon`, the blocks' 2-D weights,
+  `dipaco.optim.muon`), with no step count; its bound is finiteness and shape (Muon orthogonalises the
+  update, so no ratio to another moment bounds it);
 - `residual/m/p`: the error-feedback residual; `drift/m/p`: the drift of a module its tasks did not send.
 
 Each is float32, finite and of its parameter's shape; no other name is allowed. Then:
@@ -46,6 +49,7 @@ import torch
 from dipaco.store.module_store import StoreError
 
 MOMENTS = (".exp_avg", ".exp_avg_sq")  # suffixes of AdamW's entries (dipaco.optim.inner.optimizer_state)
+MUON = ".momentum_buffer"  # the suffix of Muon's entry (dipaco.optim.muon)
 CARRIED = ("residual/", "drift/")  # prefixes of the residual's and the drift's entries
 RELATIVE_SLACK, ABSOLUTE_SLACK = 1e-3, 1e-18  # float32 rounding in |m| ≤ c √v
 
@@ -118,6 +122,8 @@ def _sort_entries(tensors: dict[str, torch.Tensor], params: dict[str, list[int]]
         prefix, suffix = next((p for p in CARRIED if name.startswith(p)), None), _suffix(name)
         if prefix is not None and name.removeprefix(prefix) in expected_shapes:
             carried[name], shapes[name] = prefix, list(expected_shapes[name.removeprefix(prefix)])
+        elif prefix is None and name.endswith(MUON) and name.removesuffix(MUON) in params:
+            shapes[name] = params[name.removesuffix(MUON)]  # Muon's momentum: shape and finiteness only
         elif prefix is None and suffix is not None and name.removesuffix(suffix) in params:
             moments[name], shapes[name] = name.removesuffix(suffix), params[name.removesuffix(suffix)]
         else:
