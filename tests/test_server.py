@@ -265,3 +265,61 @@ def test_dipaco_serve_help_names_its_options(capsys):
         main(["serve", "--help"])
     text = capsys.readouterr().out
     assert all(option in text for option in ("--port", "--max-loaded", "--route", "/v1/completions"))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["router", "likelihood"])
+def test_lm_evals_local_completions_against_dipaco_serve_scores_as_the_dipaco_model_type(exported, route):
+    import subprocess
+    import sys
+    import time
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from dipaco.inference.harness import MixtureLM
+
+    port = free_port()
+    served = subprocess.Popen([sys.executable, "-m", "dipaco", "serve", str(exported), "--port", str(port),
+                               "--route", route, "--device", "cpu"])
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                    if json.loads(answer.read())["loaded_paths"] == [0, 1, 2, 3]:  # all kept loaded
+                        break
+            except OSError:
+                assert served.poll() is None and time.monotonic() < deadline, "dipaco serve did not come up"
+                time.sleep(0.5)
+        direct = MixtureLM(path=str(exported), route=route, batch_size=4)
+        mixture = direct.mixture
+        pairs = [("In the beginning God created the heaven", " and the earth."),
+                 ("def fibonacci(n):\n    if n < 2:", " return n"),
+                 ("The :class:`RotatingFileHandler` class, located in", " the logging module"),
+                 ("And God said, Let there be light", ": and there was light."),
+                 ("=head2 Constant subroutines", " are inlined"),
+                 ("  17 The clouds poured out water: the skies", " sent out a sound")]
+        for context, continuation in pairs:
+            head, tail = direct.encode_pair(context, continuation)
+            assert len(head) >= mixture.prefix_tokens and len(head) + len(tail) < mixture.max_length  # no cut
+        requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+        remote = LocalCompletionsAPI(base_url=f"http://127.0.0.1:{port}/v1/completions", model="mixture",
+                                     tokenizer=mixture.tokenizer.name_or_path, tokenizer_backend="huggingface",
+                                     max_length=mixture.max_length, num_concurrent=1, max_retries=1)
+        served_scores, direct_scores = remote.loglikelihood(requests), direct.loglikelihood(requests)
+        for (served_ll, served_greedy), (direct_ll, direct_greedy) in zip(served_scores, direct_scores, strict=True):
+            assert served_ll == pytest.approx(direct_ll, rel=1e-5, abs=1e-5) and served_greedy == direct_greedy
+        paths = direct.route([direct.encode_pair(*pair)[0] for pair in pairs])
+        assert len(set(paths.tolist())) > 1, "every context went to one path: routing per request would go unchecked"
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
