@@ -22,6 +22,7 @@ import dipaco
 from dipaco.cli import main
 from dipaco.eval.scoring import token_losses_and_greedy
 from dipaco.inference import path_memory
+from dipaco.inference.completion_request import parse_completion_request
 from dipaco.inference.server import BackgroundServer, build_app
 
 
@@ -243,6 +244,11 @@ def test_two_concurrent_requests_both_succeed(server, exported):
 def test_all_paths_stay_loaded_when_they_fit_else_as_many_as_fit_with_a_warning(exported, monkeypatch, caplog):
     mixture = dipaco.load(exported, route="likelihood")
     assert path_memory.keep_loaded(mixture) is None and mixture.paths.loaded == [0, 1, 2, 3]
+    engine = build_app(mixture).state.engine
+    for prompt in ["In the beginning God created", "def fibonacci(n):", "=head2 Constant", "And God said"]:
+        asked = parse_completion_request(json.dumps({"prompt": prompt, "max_tokens": 2}).encode())
+        engine.complete(asked, engine.prepare(asked))
+    assert mixture.paths.loads == 4, "likelihood routing read every path for each request: each loaded once"
     one = path_memory.model_bytes(mixture.model(0))
     small = dipaco.load(exported, route="likelihood")
     monkeypatch.setattr(path_memory, "available_bytes", lambda device: int(one * 2.5 / path_memory.HEADROOM))
