@@ -58,9 +58,9 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     parser.add_argument("--route", default=None, choices=["router", "likelihood"],
                         help="route by the k-means router or by the paths' likelihood (default: the export's)")
-    parser.add_argument("--max-loaded", type=int, default=2, metavar="N",
-                        help="path models kept in memory, least recently used dropped (likelihood routing reads "
-                             "every path per request: give it the number of paths)")
+    parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
+                        help="path models kept in memory, least recently used dropped (default: all paths when "
+                             "they fit in memory, else as many as fit, with a warning)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
         "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
         "status": "the live board of a run: rounds, islands and their tasks, queue, goodput, bytes, per-path losses",
-        "serve": "an exported mixture behind an HTTP completions endpoint (OpenAI-style /v1/completions), "
-                 "each request routed by its prompt to one path",
+        "serve": "an exported mixture behind OpenAI's completions API (/v1/completions: logprobs, echo, "
+                 "streaming; lm_eval's local-completions), each request routed by its prompt to one path",
     }
     parsers = {}
     for name, help_text in commands.items():

@@ -1,179 +1,145 @@
-"""An HTTP completions endpoint for an exported mixture, in OpenAI's `/v1/completions` shape: each request
-is routed by its prompt to one path, which continues it.
+"""`dipaco serve`'s HTTP side: an exported mixture behind OpenAI's completions API, on FastAPI and uvicorn
+(h11: HTTP/1.1 keep-alive, request framing and bad `Content-Length` handled by a maintained stack).
 
-    dipaco serve out/demo --port 8000 --max-loaded 2        # or: make serve EXPORT=out/demo
-    curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \
+    dipaco serve out/demo --port 8000                        # or: make serve EXPORT=out/demo
+    curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
          -d '{"prompt": "In the beginning", "max_tokens": 20, "temperature": 0}'
+    lm_eval --model local-completions --model_args base_url=http://localhost:8000/v1/completions,model=demo,...
 
-POST /v1/completions takes `prompt` (a string, or a list of strings: one choice each), `max_tokens`
-(default 16), `temperature` (default 1; 0 is greedy), `seed` (default 0), `stop` (a string or a list)
-and `model` (echoed); `stream` and `n` other than 1 are refused. The answer has OpenAI's fields (`id`,
-`object`, `created`, `model`, `choices` with `text` and `finish_reason`, `usage`) and each choice's
-`dipaco_path`. A bad request is a 400 with `{"error": {"message", "type", "param"}}` naming the field;
-GET /v1/models lists the one model, GET /health answers ok.
+- POST /v1/completions: the fields of `completion_request` (anything else refused by name), answered by
+  `completions.Completions` (each prompt routed to one path; `logprobs`, `echo`, `stop`, `top_p`,
+  `stream` as server-sent events ending `data: [DONE]`). A body over `max_body_bytes` is a 413.
+- GET /v1/models (and /v1/models/{id}): the one model, with `created` (the export's time); GET /health.
+- POST /v1/chat/completions: a 404 saying that this is a base model without a chat template.
+- Every error is OpenAI's JSON shape `{"error": {"message", "type", "param", "code"}}`; a `model` other
+  than the served name is a 404 (`model_not_found`).
 
-The standard library's `ThreadingHTTPServer` takes connections in parallel; generations run one at a
-time (the paths and the sampling seed are shared), each exactly `Mixture.complete`. Paths are loaded when
-first routed to and at most `max_loaded` stay in memory (least recently used dropped). Likelihood routing
-reads every path for each request: give it `--max-loaded` the number of paths.
+Requests are taken in parallel and wait for one lock around the mixture (`Completions`).
+`BackgroundServer` runs the app on a thread (tests, notebooks).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 import time
-import uuid
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dipaco.inference.completion_request import RequestError, parse_completion_request
+from dipaco.inference.completions import Completions
 from dipaco.inference.mixture import Mixture
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
-UNSUPPORTED = {"stream": (False, None), "n": (1, None), "best_of": (1, None), "echo": (False, None),
-               "logprobs": (None, 0)}  # fields whose other values this server does not do
 
 
-class RequestError(ValueError):
-    """A request the server refuses: HTTP `status`, the field at fault (`param`) and why."""
+def build_app(mixture: Mixture, *, name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving `mixture` under the model name `name` (default: the export's directory name)."""
+    engine = Completions(mixture, name=name or mixture.directory.name)
+    app = FastAPI(title="dipaco serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    _error_handlers(app)
 
-    def __init__(self, message: str, *, param: str | None = None, status: HTTPStatus = HTTPStatus.BAD_REQUEST):
-        super().__init__(message)
-        self.param, self.status = param, status
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        parsed = parse_completion_request(await read_body(request, max_body_bytes))
+        engine.check_model(parsed.model)
+        prompts = await run_in_threadpool(engine.prepare, parsed)
+        if parsed.stream:
+            return StreamingResponse(engine.stream(parsed, prompts), media_type="text/event-stream")
+        return JSONResponse(await run_in_threadpool(engine.complete, parsed, prompts))
 
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        raise RequestError(f"{engine.name} is a base language model without a chat template: dipaco serve has no "
+                           "/v1/chat/completions; send the text to POST /v1/completions",
+                           status=HTTPStatus.NOT_FOUND, code="unsupported_endpoint")
 
-def parse_completion_request(body: bytes) -> dict[str, Any]:
-    """The checked fields of a /v1/completions body: prompts, max_tokens, temperature, seed, stop, model."""
-    try:
-        data = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RequestError(f"the body is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise RequestError("the body must be a JSON object with at least a 'prompt'")
-    for field, allowed in UNSUPPORTED.items():
-        if field in data and data[field] not in allowed:
-            raise RequestError(f"'{field}' = {data[field]!r} is not supported by dipaco serve", param=field)
-    prompt = data.get("prompt")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise RequestError("'prompt' must be a non-empty string or a non-empty list of them", param="prompt")
-    request = {"prompts": prompts, "model": data.get("model"),
-               "max_tokens": _number(data, "max_tokens", int, 16, minimum=1),
-               "temperature": _number(data, "temperature", float, 1.0, minimum=0.0),
-               "seed": _number(data, "seed", int, 0, minimum=0),
-               "stop": _stop(data.get("stop"))}
-    return request
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return engine.models()
 
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Any:
+        engine.check_model(model)
+        return engine.models()["data"][0]
 
-def _number(data: dict[str, Any], field: str, kind: type, default: float, *, minimum: float) -> Any:
-    """`data[field]` as `kind` (int or float), finite and >= `minimum`; `default` when absent or null."""
-    value = data.get(field)
-    if value is None:
-        return kind(default)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or (kind is int and not float(value).is_integer()):
-        raise RequestError(f"'{field}' must be {'an integer' if kind is int else 'a finite number'}, got {value!r}",
-                           param=field)
-    if value < minimum:
-        raise RequestError(f"'{field}' must be >= {minimum}, got {value!r}", param=field)
-    return kind(value)
+    @app.get("/health")
+    async def health() -> Any:
+        return {"status": "ok", "loaded_paths": mixture.paths.loaded}
+
+    return app
 
 
-def _stop(stop: Any) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError("'stop' must be a non-empty string or a list of them", param="stop")
-    return stops
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) past `limit` bytes before reading more (what is left unread is
+    discarded by the server, so the connection stays usable)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"the body has {declared} bytes; at most {limit}", param=None,
+                           status=HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(f"the body has more than {limit} bytes", status=HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    return bytes(body)
 
 
-class CompletionServer(ThreadingHTTPServer):
-    """A `ThreadingHTTPServer` that answers /v1/completions with `mixture` (generations one at a time)."""
+def _error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's JSON error shape."""
 
-    daemon_threads = True
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, err: RequestError) -> JSONResponse:
+        return JSONResponse(err.payload(), status_code=err.status)
 
-    def __init__(self, mixture: Mixture, address: tuple[str, int] = ("127.0.0.1", 8000), *, name: str | None = None):
-        super().__init__(address, CompletionHandler)
-        self.mixture = mixture
-        self.model_name = name or mixture.directory.name
-        self.generation = threading.Lock()
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = (f"no such endpoint: {request.method} {request.url.path} (this server has POST /v1/completions, "
+                   "GET /v1/models, GET /health)") if err.status_code == 404 else str(err.detail)
+        error = RequestError(message, status=HTTPStatus(err.status_code))
+        return JSONResponse(error.payload(), status_code=err.status_code, headers=getattr(err, "headers", None))
 
-    def complete(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The /v1/completions answer to a parsed request."""
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        for index, prompt in enumerate(request["prompts"]):
-            try:
-                with self.generation:
-                    completion = self.mixture.complete(prompt, max_new_tokens=request["max_tokens"],
-                                                       temperature=request["temperature"], seed=request["seed"])
-            except ValueError as err:  # an empty prompt after tokenization, one longer than a path reads
-                raise RequestError(str(err), param="prompt") from err
-            text, finish = _cut(completion.continuation, request["stop"])
-            eos = self.mixture.tokenizer.eos_token_id
-            if finish != "stop":
-                finish = "stop" if len(completion.tokens) and completion.tokens[-1] == eos else "length"
-            choices.append({"index": index, "text": text, "finish_reason": finish, "logprobs": None,
-                            "dipaco_path": completion.path})
-            prompt_tokens += completion.prompt_tokens
-            completion_tokens += len(completion.tokens)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": request["model"] or self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception) -> JSONResponse:
+        log.error("dipaco serve: %s %s failed", request.method, request.url.path, exc_info=err)
+        error = RequestError(f"{type(err).__name__}: {err}", status=HTTPStatus.INTERNAL_SERVER_ERROR)
+        return JSONResponse(error.payload(), status_code=500)
 
 
-def _cut(text: str, stops: list[str]) -> tuple[str, str | None]:
-    """`text` up to its first stop string, and "stop" when one was found."""
-    positions = [text.index(s) for s in stops if s in text]
-    return (text[: min(positions)], "stop") if positions else (text, None)
+def serve(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> None:
+    """Serve `app` on `host:port` until interrupted (uvicorn)."""
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-class CompletionHandler(BaseHTTPRequestHandler):
-    server: CompletionServer
-    protocol_version = "HTTP/1.1"
+class BackgroundServer:
+    """`app` served by uvicorn on a thread: `with BackgroundServer(app) as server: server.server_address`
+    (port 0: a free one)."""
 
-    def do_POST(self) -> None:  # noqa: N802 - the standard library's name
-        try:
-            if self.path.rstrip("/") != "/v1/completions":
-                raise RequestError(f"no such endpoint: POST {self.path} (this server has POST /v1/completions)",
-                                   status=HTTPStatus.NOT_FOUND)
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                raise RequestError(f"the body has {length} bytes; at most {MAX_BODY_BYTES}",
-                                   status=HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-            self._answer(HTTPStatus.OK, self.server.complete(parse_completion_request(self.rfile.read(length))))
-        except RequestError as err:
-            self._answer(err.status, {"error": {"message": str(err), "type": "invalid_request_error",
-                                                "param": err.param}})
-        except Exception as err:  # noqa: BLE001 - the client gets a JSON error, the log the traceback
-            log.exception("dipaco serve: a request failed")
-            self._answer(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": f"{type(err).__name__}: {err}",
-                                                                      "type": "server_error", "param": None}})
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0):
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="dipaco-serve")
+        self.server_address: tuple[str, int] = (host, port)
 
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path.rstrip("/") == "/v1/models":
-            self._answer(HTTPStatus.OK, {"object": "list", "data": [
-                {"id": self.server.model_name, "object": "model", "owned_by": "dipaco",
-                 "dipaco_paths": self.server.mixture.path_ids, "dipaco_route": self.server.mixture.route}]})
-        elif self.path.rstrip("/") == "/health":
-            self._answer(HTTPStatus.OK, {"status": "ok", "loaded_paths": self.server.mixture.paths.loaded})
-        else:
-            self._answer(HTTPStatus.NOT_FOUND, {"error": {"message": f"no such endpoint: GET {self.path}",
-                                                          "type": "invalid_request_error", "param": None}})
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.server_address}")
+            time.sleep(0.02)
+        self.server_address = self.server.servers[0].sockets[0].getsockname()[:2]
+        return self
 
-    def _answer(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's signature
-        log.info("%s %s", self.address_string(), format % args)
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
