@@ -64,7 +64,7 @@ def prompts(factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def alone(tiny_mixture, prompts, tmp_path_factory) -> dict:
+def alone(tiny_mixture, prompts, tmp_path_factory) -> dict:  # 10-30 s: a fresh interpreter imports torch
     """What transformers alone makes of the export, in a process where dipaco cannot be imported."""
     script = f"SITE = {sysconfig.get_paths()['purelib']!r}\nEXPORT = {str(tiny_mixture)!r}\nPROMPTS = {prompts!r}\n"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -76,6 +76,7 @@ def alone(tiny_mixture, prompts, tmp_path_factory) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["router", "likelihood"])
 def test_transformers_alone_generates_what_dipaco_load_generates(alone, tiny_mixture, prompts, route):
     mixture = dipaco.load(tiny_mixture, route=route)
@@ -88,6 +89,7 @@ def test_transformers_alone_generates_what_dipaco_load_generates(alone, tiny_mix
         assert len({path for path, _ in expected}) > 1, "every prompt went to one path: routing is not tested"
 
 
+@pytest.mark.slow
 def test_the_tokenizer_round_trips_at_the_top_level(alone, tiny_mixture, factory, prompts):
     assert alone["max_length"] == factory.config.sharding.seq_len
     for (ids, text), prompt in zip(alone["roundtrip"], prompts, strict=True):
@@ -95,6 +97,35 @@ def test_the_tokenizer_round_trips_at_the_top_level(alone, tiny_mixture, factory
         assert text == factory.tokenizer.decode(ids)
     saved = json.loads((tiny_mixture / "tokenizer_config.json").read_text())
     assert not {"is_local", "local_files_only"} & set(saved)
+
+
+def test_the_modeling_files_import_only_torch_and_transformers(tiny_mixture):
+    import ast
+
+    allowed = {"__future__", "logging", "math", "re", "collections", "torch", "transformers"}
+    for name in ("modeling_dipaco.py", "configuration_dipaco.py"):
+        tree = ast.parse((tiny_mixture / name).read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.level == 0}
+        assert imported <= allowed, f"{name} imports {sorted(imported - allowed)}"
+
+
+def test_transformers_in_process_generates_what_dipaco_load_generates(tiny_mixture, prompts, factory):
+    """The quick form of the slow test above (here dipaco is importable, but the modeling file does not import it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_mixture, trust_remote_code=True)
+    assert tok.model_max_length == factory.config.sharding.seq_len
+    assert not {"is_local", "local_files_only"} & set(json.loads((tiny_mixture / "tokenizer_config.json").read_text()))
+    model = AutoModelForCausalLM.from_pretrained(tiny_mixture, trust_remote_code=True)
+    mixture = dipaco.load(tiny_mixture)
+    for prompt in prompts[:4]:
+        ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        new = model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:]
+        completion = mixture.complete(prompt, max_new_tokens=6)
+        assert (model.last_paths[0], new.tolist()) == (completion.path, completion.tokens.tolist())
 
 
 def test_the_model_card_parses_as_hub_metadata(tiny_mixture, tiny_trained):
@@ -135,3 +166,14 @@ def test_a_2x2_export_stores_each_module_once(factory, tmp_path):
     for folder, dirs, files in os.walk(out):
         assert all(os.stat(os.path.join(folder, d)).st_mode & 0o777 == 0o777 & ~umask for d in dirs)
         assert all(os.stat(os.path.join(folder, f)).st_mode & 0o777 == 0o666 & ~umask for f in files)
+
+
+def test_dipaco_generate_reads_an_exported_directory(tiny_mixture, prompts, capsys):
+    from cli_helpers import dipaco_in_process
+
+    code, log = dipaco_in_process("generate", prompts[0], "--run", tiny_mixture, "--max-new-tokens", "5")
+    assert code == 0, log
+    completion = dipaco.load(tiny_mixture).complete(prompts[0], max_new_tokens=5)
+    assert capsys.readouterr().out.splitlines()[-1] == completion.text
+    code, log = dipaco_in_process("generate", prompts[0], "--run", tiny_mixture, "--round", "1")
+    assert code == 1 and "is an exported mixture" in log
