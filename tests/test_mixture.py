@@ -154,6 +154,9 @@ def test_a_router_on_a_model_featurizer_travels_with_its_model(tiny_trained, exp
     mixture = dipaco.load(tmp_path / "mixture")
     assert mixture.manifest.featurizer == "featurizer"
     np.testing.assert_array_equal(mixture.route_texts(prefixes), router.route(prefixes))
+    hub = AutoModelForCausalLM.from_pretrained(tmp_path / "mixture", trust_remote_code=True)  # without dipaco's router
+    tokens = [torch.as_tensor(t.astype(np.int64)) for t in mixture.encode(prefixes)]
+    assert hub.route(tokens) == mixture.route_tokens(mixture.encode(prefixes)).tolist()
 
 
 def test_a_pickled_weight_file_is_never_loaded(exported, tmp_path):
