@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="the whole mixture (the default; kept for older scripts)")
     parsers["export"].add_argument("--route", default="router", choices=["router", "likelihood"],
                                    help="the mixture's default routing at load (either can be chosen at load)")
+    parsers["export"].add_argument("--per-path", action="store_true",
+                                   help="also each routed path as its own Hugging Face directory (OUT/path-0003/)")
     parsers["export"].add_argument("--baselines", action="store_true",
                                    help="also the run's dense baselines, as Hugging Face directories in OUT/baselines/")
     parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
@@ -213,6 +215,11 @@ def dispatch(args: argparse.Namespace) -> None:
     if args.command in NO_RUN_STAGES:  # no run directory to prepare: they only read
         stage(args)
         return
+    if args.command == "generate":
+        from dipaco.stages.generate import command_on_export
+
+        if command_on_export(args):  # --run names an exported mixture, not a run
+            return
     from dipaco.pipeline.invocation import config_and_run, prepare_run_dir
     from dipaco.pipeline.published import PUBLICATION_WAIT
 

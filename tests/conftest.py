@@ -12,7 +12,7 @@ pytest-xdist workers; tests that write into a run work on a `copy_run` of it):
 - `tiny_trained`: a copy of it through the rest of `dipaco run` (train with real island processes,
   baselines, eval, report; the command's entry point called in this process), with the settings
   test_end_to_end and test_routed_inference both need (`TRAINED_OVERRIDES`);
-- `tiny_mixture`: `tiny_trained` exported whole (`dipaco export --baselines`), then moved elsewhere and the
+- `tiny_mixture`: `tiny_trained` exported whole (`dipaco export --baselines --per-path`), then moved elsewhere and the
   original deleted, so what the mixture, harness and server tests load stands alone;
 - `s3_env`: moto's S3 server (tests/s3_server.py), for the S3 store tests and the kill tests on S3.
 
@@ -158,7 +158,7 @@ def tiny_mixture(tiny_trained, tmp_path_factory):
     from dipaco.cli import main
 
     out = tmp_path_factory.mktemp("export") / "mixture"
-    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines"]) == 0
+    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines", "--per-path"]) == 0
     moved = tmp_path_factory.mktemp("moved") / "mixture"
     shutil.copytree(out, moved)
     shutil.rmtree(out)

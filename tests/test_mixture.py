@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 import dipaco
 from dipaco.cli import main
 from dipaco.config import load_config
+from dipaco.inference.hub_repo import INDEX
 from dipaco.inference.manifest import MANIFEST
 from dipaco.pipeline.context import PathFactory
 from dipaco.stages.generate import generate
@@ -42,7 +43,7 @@ def prompts(factory) -> list[str]:
 
 def test_the_manifest_describes_the_directory(exported, factory):
     manifest = json.loads((exported / MANIFEST).read_text())
-    assert manifest["format"] == "dipaco-mixture" and manifest["format_version"] == 1
+    assert manifest["format"] == "dipaco-mixture" and manifest["format_version"] == 2
     assert manifest["levels"] == [2, 2] and manifest["prefix_tokens"] == factory.prefix_tokens
     assert manifest["route"] == "router" and manifest["featurizer"] is None  # tiny routes on TF-IDF
     last = factory.store.current_round()
@@ -153,16 +154,20 @@ def test_a_router_on_a_model_featurizer_travels_with_its_model(tiny_trained, exp
     mixture = dipaco.load(tmp_path / "mixture")
     assert mixture.manifest.featurizer == "featurizer"
     np.testing.assert_array_equal(mixture.route_texts(prefixes), router.route(prefixes))
+    hub = AutoModelForCausalLM.from_pretrained(tmp_path / "mixture", trust_remote_code=True)  # without dipaco's router
+    tokens = [torch.as_tensor(t.astype(np.int64)) for t in mixture.encode(prefixes)]
+    assert hub.route(tokens) == mixture.route_tokens(mixture.encode(prefixes)).tolist()
 
 
 def test_a_pickled_weight_file_is_never_loaded(exported, tmp_path):
+    """The paths are built from the shards at the top: a pickle there, or no shard index, is refused."""
     copy = tmp_path / "mixture"
     shutil.copytree(exported, copy, ignore=shutil.ignore_patterns("baselines"))
-    (copy / "path-0001" / "model.safetensors").unlink()
-    torch.save({"weights": torch.zeros(1)}, copy / "path-0001" / "pytorch_model.bin")
+    torch.save({"weights": torch.zeros(1)}, copy / "pytorch_model.bin")
     mixture = dipaco.load(copy)
-    with pytest.raises(ValueError, match=r"path-0001 holds \['pytorch_model.bin'\]: .* never a pickle"):
+    with pytest.raises(ValueError, match=r"mixture holds \['pytorch_model.bin'\]: .* never a pickle"):
         mixture.model(1)
-    (copy / "path-0001" / "pytorch_model.bin").unlink()
-    with pytest.raises(ValueError, match="path-0001 has no model.safetensors"):
+    (copy / "pytorch_model.bin").unlink()
+    (copy / INDEX).unlink()
+    with pytest.raises(ValueError, match=f"mixture has no {INDEX}"):
         mixture.model(1)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from cli_helpers import ENV
 
+import dipaco
 from dipaco.cli import main
 from dipaco.config import load_config
 from dipaco.eval.early_stopping import best_rounds, read_history
@@ -176,8 +177,11 @@ def test_export_all_and_generate_name_the_path(run, tmp_path, capsys):
     assert main(["export", str(tmp_path / "all"), "--run", str(run.root), "--all", "--best"]) == 0
     index = json.loads((tmp_path / "all" / "dipaco_mixture.json").read_text())
     assert len(index["paths"]) == 4 and (tmp_path / "all" / "router" / "router.json").exists()
-    for entry in index["paths"].values():
-        assert (tmp_path / "all" / entry["dir"] / "model.safetensors").exists()
+    weights = json.loads((tmp_path / "all" / "model.safetensors.index.json").read_text())["weight_map"]
+    for entry in index["paths"].values():  # each path's modules (at its best version) are in the shards
+        assert all(any(name.startswith(f"grid.{stored}.") for name in weights) for stored in entry["modules"].values())
+    mixture = dipaco.load(tmp_path / "all")
+    assert all(mixture.model(p) is not None for p in mixture.path_ids)
     capsys.readouterr()
     assert main(["generate", "--run", str(run.root), "In the beginning", "--max-new-tokens", "5"]) == 0
     out = capsys.readouterr().out

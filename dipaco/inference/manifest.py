@@ -3,14 +3,20 @@
     manifest = read_manifest(Path("out/demo"))      # ValueError naming the file and the field when wrong
     manifest.paths[3].dir, manifest.prefix_tokens, manifest.router, manifest.featurizer
 
-A mixture directory (written by `dipaco export DIR`, `dipaco.stages.export`):
+A mixture directory (written by `dipaco export DIR`, `dipaco.stages.export`; a Hugging Face repository,
+`dipaco.inference.hub_repo`):
 
-    dipaco_mixture.json   this manifest (format_version 1)
-    tokenizer/            the run's tokenizer (tokenizer.json: no pickle)
+    dipaco_mixture.json   this manifest (format_version 2)
+    config.json, configuration_dipaco.py, modeling_dipaco.py     the mixture for transformers (trust_remote_code)
+    model-0000i-of-0000n.safetensors + model.safetensors.index.json   every module once (`grid.<module>.<param>`)
+    tokenizer.json, tokenizer_config.json, ...   the run's tokenizer (`tokenizer`: "."; no pickle)
+    README.md             the model card
     router/               router.json + router.safetensors (`routing.router.Router`)
     featurizer/           the model the router featurizes prefixes with, when it uses one (`base-model`, `hf`)
-    path-0003/            one Hugging Face model directory per routed path (config.json, model.safetensors,
-                          the tokenizer, dipaco_path.json): `AutoModelForCausalLM.from_pretrained` loads it alone
+    path-0003/            with `--per-path` only: a Hugging Face model directory per routed path
+
+A path entry names its modules ({module: the name its tensors are stored under}) and, with
+`--per-path`, its directory (`dir`). Format 1 (a directory per path, the tokenizer in `tokenizer/`) is read too.
 
 Every name in the manifest is a directory relative to it, so the directory can be copied, moved or
 uploaded whole. Paths are numbered as the run numbers them (with DiLoCo replicas, the routed path's
@@ -26,7 +32,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "dipaco_mixture.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FORMAT = "dipaco-mixture"
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # never written into, nor read from, a mixture
 
@@ -38,11 +45,13 @@ def pickled_files(directory: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class PathEntry:
-    """One exported path: its directory, the module choice per level and the module version it holds."""
+    """One exported path: the module choice per level, the module version it holds, its modules ({module:
+    stored name} in the shards; None in format 1) and its own directory (None unless `--per-path`)."""
 
-    dir: str
+    dir: str | None
     choice: list[int]
     round: int
+    modules: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +100,8 @@ def read_manifest(directory: str | Path) -> Manifest:
     if field.get("format", str) != FORMAT:
         raise ValueError(f"{file}: field 'format' is {data['format']!r}, not {FORMAT!r}")
     version = field.get("format_version", int)
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{file}: field 'format_version' is {version}; this dipaco reads {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{file}: field 'format_version' is {version}; this dipaco reads {list(READABLE_VERSIONS)}")
     levels = field.get("levels", list)
     if not levels or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in levels):
         raise ValueError(f"{file}: field 'levels' must be a non-empty list of integers >= 1, got {levels!r}")
@@ -100,7 +109,7 @@ def read_manifest(directory: str | Path) -> Manifest:
         levels=levels, replicas=field.positive("replicas"), prefix_tokens=field.positive("prefix_tokens"),
         max_length=field.positive("max_length"), tokenizer=field.directory("tokenizer"),
         router=field.directory("router", optional=True), featurizer=field.directory("featurizer", optional=True),
-        route=field.get("route", str), paths=_paths(field))
+        route=field.get("route", str), paths=_paths(field, version), format_version=version)
     if manifest.route not in ("router", "likelihood"):
         raise ValueError(f"{file}: field 'route' must be 'router' or 'likelihood', got {manifest.route!r}")
     expected = {q * manifest.replicas for q in range(math.prod(levels))}
@@ -143,7 +152,7 @@ class _Fields:
             return None
         value = self.get(name, str, data, where)
         relative = PurePosixPath(value)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        if relative.is_absolute() or ".." in relative.parts or (not relative.parts and value != "."):
             raise ValueError(f"{self.file}: field {where + name!r} must name a directory inside the mixture, "
                              f"got {value!r}")
         if not (self.file.parent / relative).is_dir():
@@ -152,7 +161,7 @@ class _Fields:
         return value
 
 
-def _paths(field: _Fields) -> dict[int, PathEntry]:
+def _paths(field: _Fields, version: int) -> dict[int, PathEntry]:
     raw = field.get("paths", dict)
     if not raw:
         raise ValueError(f"{field.file}: field 'paths' is empty")
@@ -163,12 +172,23 @@ def _paths(field: _Fields) -> dict[int, PathEntry]:
             raise ValueError(f"{field.file}: field 'paths' has key {key!r}, not a path number")
         if not isinstance(entry, dict):
             raise ValueError(f"{field.file}: field {where[:-1]!r} must be an object, got {entry!r}")
-        directory = field.directory("dir", entry, where)
-        if not (field.file.parent / directory / "config.json").is_file():
+        directory = field.directory("dir", entry, where, optional=version >= 2)
+        if directory is not None and not (field.file.parent / directory / "config.json").is_file():
             raise ValueError(f"{field.file}: field {where + 'dir'!r} names {directory!r}, which has no config.json")
+        modules = _modules(field, entry, where) if version >= 2 else None
         choice = field.get("choice", list, entry, where)
         if len(choice) != len(field.data["levels"]) or not all(isinstance(c, int) for c in choice):
             raise ValueError(f"{field.file}: field {where + 'choice'!r} must hold one module per level "
                              f"({len(field.data['levels'])}), got {choice!r}")
-        paths[int(key)] = PathEntry(dir=directory, choice=choice, round=field.positive("round", entry, where, minimum=0))
+        paths[int(key)] = PathEntry(dir=directory, choice=choice, round=field.positive("round", entry, where, minimum=0),
+                                    modules=modules)
     return paths
+
+
+def _modules(field: _Fields, entry: dict[str, Any], where: str) -> dict[str, str]:
+    """A path's {module: stored name}: names only (they are looked up in the shards' index when loaded)."""
+    modules = field.get("modules", dict, entry, where)
+    if not modules or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in modules.items()):
+        raise ValueError(f"{field.file}: field {where + 'modules'!r} must map each module to the name it is "
+                         f"stored under, got {modules!r}")
+    return modules

@@ -26,6 +26,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from dipaco.config import TopologyConfig
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.inference.continuation import check_options, continue_tokens
+from dipaco.inference.hub_repo import INDEX, load_hub_tokenizer, load_path_model
 from dipaco.inference.manifest import MANIFEST, Manifest, pickled_files, read_manifest
 from dipaco.inference.path_cache import PathCache
 from dipaco.inference.prompt_routing import ROUTES, route_prompts
@@ -59,7 +60,9 @@ class Mixture:
         if self.route not in ROUTES:
             raise ValueError(f"route must be one of {list(ROUTES)}, got {self.route!r}")
         self.device = torch.device(device)
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.directory / self.manifest.tokenizer)
+        self.tokenizer: PreTrainedTokenizerBase = (
+            load_hub_tokenizer(self.directory) if self.manifest.tokenizer == "."
+            else load_tokenizer(self.directory / self.manifest.tokenizer))
         self.paths = PathCache(self._load_path, max_loaded=max_loaded)
         self.router = self._prefix_router() if self.route == "router" else None
 
@@ -121,7 +124,13 @@ class Mixture:
         return self.complete(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed).text
 
     def _load_path(self, path: int) -> LlamaForCausalLM:
-        directory = self.directory / self.manifest.paths[path].dir
+        entry = self.manifest.paths[path]
+        if entry.modules is not None:  # format 2: built from the shared modules in the shards
+            _check_safe(self.directory, INDEX)
+            model = load_path_model(self.directory, path=path, modules=entry.modules)
+            log.info("built path %d from modules %s", path, sorted(entry.modules.values()))
+            return model.to(self.device).eval()
+        directory = self.directory / entry.dir
         _check_safe(directory, "model.safetensors")
         model = LlamaForCausalLM.from_pretrained(directory, use_safetensors=True, local_files_only=True)
         log.info("loaded path %d from %s", path, directory)

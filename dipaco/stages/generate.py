@@ -11,18 +11,25 @@ does instead: every path reads the prompt's first `routing.prefix_tokens` tokens
 the one that gives them the lowest loss continues it.
 
     dipaco generate --run runs/demo --route likelihood "def fibonacci(n):"
+
+`--run` may also name a mixture `dipaco export` wrote: the prompt is routed and continued by
+`dipaco.load(DIR)` (the same two functions), with the paths the export holds.
+
+    dipaco generate --run out/demo "In the beginning"
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import torch
 
 from dipaco.config import Config
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.inference.continuation import check_options, continue_tokens
+from dipaco.inference.manifest import MANIFEST
 from dipaco.inference.prompt_routing import ROUTES, route_prompts
 from dipaco.pipeline.context import PathFactory, chosen_versions
 from dipaco.run_dir import RunDir
@@ -63,3 +70,25 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
                           temperature=args.temperature, seed=args.seed, route=args.route)
     print(f"[path {path} {factory.topology.path_label(path)}, round {rounds[path]}]")
     print(text)
+
+
+def command_on_export(args: argparse.Namespace) -> bool:
+    """`dipaco generate --run DIR` where DIR is an exported mixture: route and continue the prompt with
+    `dipaco.load(DIR)` and print it as `command` does; False (nothing done) when DIR is not one."""
+    directory = Path(args.run) if args.run else None
+    if directory is None or not (directory / MANIFEST).is_file():
+        return False
+    if args.round is not None or args.best or args.config or args.overrides:
+        raise ValueError(f"{directory} is an exported mixture (one version of each path, its own settings): "
+                         f"--round, --best, --config and key=value overrides do not apply")
+    check_options(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, route=args.route)
+    from dipaco.inference.mixture import load
+
+    mixture = load(directory, route=args.route)
+    completion = mixture.complete(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  seed=args.seed)
+    entry = mixture.manifest.paths[completion.path]
+    label = "(" + ",".join(map(str, entry.choice)) + ")"
+    print(f"[path {completion.path} {label}, round {entry.round}]")
+    print(completion.text)
+    return True
