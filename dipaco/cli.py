@@ -234,7 +234,7 @@ def dispatch(args: argparse.Namespace) -> None:
 
     module, function = COMMANDS[args.command]
     if args.command in NO_RUN_STAGES:  # no run directory to prepare: they only read
-        if args.command == "serve":  # (status reads files only: no torch)
+        if args.command == "serve":  # the one of them that computes
             set_threads_from_env()
         getattr(importlib.import_module(module), function)(args)
         return

@@ -60,7 +60,8 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
                          f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
     check(run, config, ("route", "shard", "train"))  # before anything is written (config.yaml included)
     summary = finished_summary(config, run, factory)
-    if summary is not None:  # nothing to train: nothing written either (not even the lease)
+    if summary is not None:  # nothing to train: nothing written but a changed config (not even the lease)
+        save_config(config, run.config)  # what later commands read (unchanged: not written)
         log.info("%s is finished: every path has had its run.rounds %d x inner.steps %d inner steps applied "
                  "(%d); nothing to train", run.root, config.run.rounds, config.inner.steps, summary["inner_steps_per_path"])
         return summary
