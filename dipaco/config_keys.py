@@ -146,11 +146,11 @@ def _split_override(item: str) -> tuple[str, str, Any]:
     key, sep, value = item.partition("=")
     parts = key.split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise ConfigError(f"the command line's {item!r} must look like section.key=value")
+        raise ConfigError(f"the command line's override {item!r} must look like section.key=value")
     try:
         return parts[0], parts[1], yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError as err:
-        raise ConfigError(f"the command line's {item!r}: the value is not valid YAML "
+        raise ConfigError(f"the command line's override {item!r}: the value is not valid YAML "
                           f"({str(err).splitlines()[0]})") from None
 
 
