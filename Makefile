@@ -1,8 +1,11 @@
-# dipaco — make targets people guess. Each pipeline stage is a thin call of the `dipaco` CLI and takes
-# CONFIG=configs/<name>.yaml and RUN=runs/<name>; extra `section.key=value` overrides go in ARGS.
+# dipaco — make targets people guess (`make help` lists them). Each pipeline stage is a thin call of the
+# `dipaco` CLI and takes CONFIG=configs/<name>.yaml and RUN=runs/<name>; extra `section.key=value`
+# overrides go in ARGS. Without CONFIG, a run that has a config.yaml uses its own (RUN=runs/demo by
+# default), a new one configs/demo.yaml.
 PYTHON ?= python3
-CONFIG ?= configs/demo.yaml
-RUN ?= runs/$(basename $(notdir $(CONFIG)))
+CONFIG ?=
+RUN ?= runs/$(if $(CONFIG),$(basename $(notdir $(CONFIG))),demo)
+CONFIG_ARG = $(if $(CONFIG),--config $(CONFIG),$(if $(wildcard $(RUN)/config.yaml),,--config configs/demo.yaml))
 PATH_ID ?= 0
 ARGS ?=
 TORCH_CPU ?= torch==2.13.0
@@ -11,9 +14,9 @@ OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 .PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
-help:
-	@echo "make install | demo | pretrain | route | shard | train | reroute | simulate | islands N=4 | coordinator | island PATH_ID=3 | status | baselines | eval | report | export | lm-eval | serve | test | test-slow | lint | bench | bench-quality | bench-islands | bench-bytes | bench-grids | bench-scale | experiments | experiment NAME=capacity | gpu-check | corpus | corpus-manpages"
-	@echo "stage targets take CONFIG=$(CONFIG) RUN=$(RUN) ARGS='section.key=value ...'"
+help:  ## this list: each target with its description
+	@echo "stage targets take CONFIG=configs/<name>.yaml (default: the run's own config.yaml) RUN=$(RUN) ARGS='section.key=value ...'"
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z][a-zA-Z0-9_-]*:[^=]*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install:  ## the pinned CPU torch when no torch is installed (a GPU torch is left alone), then dipaco + test extras
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
@@ -26,50 +29,50 @@ install:  ## the pinned CPU torch when no torch is installed (a GPU torch is lef
 demo:  ## the whole pipeline on the bundled corpus
 	$(OFFLINE) $(DIPACO) run --config configs/demo.yaml --run runs/demo $(ARGS)
 
-run:
-	$(DIPACO) run --config $(CONFIG) --run $(RUN) $(ARGS)
+run:  ## the whole pipeline on CONFIG into RUN: route, shard, train, baselines, eval, report (done stages skipped)
+	$(DIPACO) run $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
-route:
-	$(DIPACO) route --config $(CONFIG) --run $(RUN) $(ARGS)
+route:  ## train the tokenizer, fit the router, assign documents to paths
+	$(DIPACO) route $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
-shard:
-	$(DIPACO) shard --config $(CONFIG) --run $(RUN) $(ARGS)
+shard:  ## tokenize and pack each path's documents into checked shards
+	$(DIPACO) shard $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
-train:
-	$(DIPACO) train --config $(CONFIG) --run $(RUN) $(ARGS)
+train:  ## run (or resume) the outer rounds with local island processes
+	$(DIPACO) train $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 island:  ## a pull-based island pinned to path PATH_ID (run `make coordinator` too)
-	$(DIPACO) island --config $(CONFIG) --run $(RUN) --pull --path $(PATH_ID) $(ARGS)
+	$(DIPACO) island $(CONFIG_ARG) --run $(RUN) --pull --path $(PATH_ID) $(ARGS)
 
 N ?= 4
 islands:  ## the coordinator and N local island processes (= dipaco train hardware.islands=N)
-	$(DIPACO) train --config $(CONFIG) --run $(RUN) hardware.islands=$(N) $(ARGS)
+	$(DIPACO) train $(CONFIG_ARG) --run $(RUN) hardware.islands=$(N) $(ARGS)
 
 coordinator:  ## the round loop alone; islands are started elsewhere with `make island` / `dipaco island`
-	$(DIPACO) coordinator --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(DIPACO) coordinator $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 WATCH ?= 0
 status:  ## the live board of RUN: rounds, islands and their tasks, queue, goodput, bytes, per-path losses (WATCH=5 redraws)
 	$(DIPACO) status --run $(RUN) --watch $(WATCH)
 
-baselines:
-	$(DIPACO) baselines --config $(CONFIG) --run $(RUN) $(ARGS)
+baselines:  ## train the dense baselines (equal steps, equal compute)
+	$(DIPACO) baselines $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
-eval:
-	$(DIPACO) eval --config $(CONFIG) --run $(RUN) $(ARGS)
+eval:  ## routed evaluation of the held-out documents against the dense baselines
+	$(DIPACO) eval $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 report:  ## report.md with plots in the run directory
-	$(DIPACO) report --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(DIPACO) report $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 EXPORT ?= $(RUN)-mixture
-export:  ## the whole mixture (every path, the router, the tokenizer) as one directory, $(EXPORT) (dipaco.load, serve, lm-eval)
-	$(DIPACO) export $(EXPORT) --overwrite --config $(CONFIG) --run $(RUN) $(ARGS)
+export:  ## the whole mixture (every path, the router, the tokenizer) as one directory, EXPORT=RUN-mixture (dipaco.load, serve, lm-eval)
+	$(DIPACO) export $(EXPORT) --overwrite $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 TASKS ?= dipaco_demo
 ROUTE ?= router
 LIMIT ?=
 lm-eval:  ## the run's mixture and its dense baselines side by side in lm-evaluation-harness (TASKS=dipaco_demo ROUTE=router|likelihood LIMIT=n)
-	$(DIPACO) export $(EXPORT) --baselines --overwrite --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(DIPACO) export $(EXPORT) --baselines --overwrite $(CONFIG_ARG) --run $(RUN) $(ARGS)
 	$(OFFLINE) $(PYTHON) -m dipaco.inference.side_by_side $(EXPORT) --tasks $(TASKS) --route $(ROUTE) \
 		$(if $(LIMIT),--limit $(LIMIT)) --json $(EXPORT)-lm-eval.json
 
@@ -78,13 +81,13 @@ serve:  ## the exported mixture behind an HTTP completions endpoint on PORT (Ope
 	$(OFFLINE) $(DIPACO) serve $(EXPORT) --port $(PORT) --route $(ROUTE)
 
 pretrain:  ## the dense warm start (ARGS='warm_start.fraction=0.25'), before route
-	$(DIPACO) pretrain --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(DIPACO) pretrain $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction > 0), then train more rounds
-	$(DIPACO) reroute --config $(CONFIG) --run $(RUN) $(ARGS)
+	$(DIPACO) reroute $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
-simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goodput of data parallel, elastic, sync, async; JSON + PNG in $(RUN)/simulate
-	$(DIPACO) simulate --config $(CONFIG) --run $(RUN) $(ARGS)
+simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goodput of data parallel, elastic, sync, async; JSON + PNG in RUN/simulate
+	$(DIPACO) simulate $(CONFIG_ARG) --run $(RUN) $(ARGS)
 
 test:  ## the test suite without the tests marked slow, on one worker per CPU (pytest-xdist; offline, one torch thread: tests/conftest.py)
 	$(PYTHON) -m pytest -q -n auto --dist loadfile --durations=10
@@ -147,5 +150,5 @@ experiment:  ## one research script: NAME=recipe_search | capacity | outer_weigh
 	@test -n "$(NAME)" || { echo "make experiment NAME=<script in experiments/, without .py>; make experiments lists them"; exit 2; }
 	$(OFFLINE) $(PYTHON) experiments/$(NAME).py $(ARGS)
 
-clean:
+clean:  ## delete runs/ and the pytest and ruff caches
 	rm -rf runs/ .pytest_cache .ruff_cache

@@ -8,11 +8,13 @@
     dipaco status --run runs/tiny --watch 5                         # the live board of a running run
     dipaco export out/tiny --run runs/tiny && dipaco serve out/tiny # the mixture as one directory, served
 
-Every subcommand takes `--config FILE` (YAML in configs/) and `--run DIR` (where artifacts go), and
-any number of `section.key=value` overrides. `dipaco <subcommand> --help` explains each.
+Every subcommand takes `--config FILE` (YAML in configs/; default: the run's own config.yaml, else the
+built-in defaults) and `--run DIR` (where artifacts go), and any number of `section.key=value` overrides.
+`dipaco <subcommand> --help` explains each.
 
 This file only parses the command line and dispatches (`COMMANDS`: the stage function of each command,
-one file per command in `dipaco.stages`, imported on use).
+one file per command in `dipaco.stages`, imported on use). The config is checked whole before a stage
+is imported (torch, transformers) or a file is written; a bad config exits with status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import importlib
 import logging
 import sys
 
+from dipaco import __version__
+from dipaco.config_keys import ConfigError
 from dipaco.pipeline.fingerprints import STAGE_ORDER
 from dipaco.signals import exit_code, restore, stop_on_signals
 
@@ -29,7 +33,8 @@ log = logging.getLogger("dipaco")
 
 
 def _common(parser: argparse.ArgumentParser, *, store_only: bool = False) -> None:
-    parser.add_argument("--config", help="YAML config file (default: the built-in defaults)")
+    parser.add_argument("--config", help="YAML config file (default: the run's own config.yaml, the built-in "
+                                          "defaults for a new run); compared with the run's, each change named")
     if store_only:  # island, coordinator: a run published in a store is enough
         parser.add_argument("--store", default=None, metavar="URL",
                             help="run from the run published in this store alone (its config, tokenizer and shards; "
@@ -68,6 +73,7 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dipaco", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dipaco {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     commands = {
         "run": "the whole pipeline: route, shard, train, baselines, eval, report (done stages are skipped; made with other settings: refused, see --restart-from)",
@@ -176,24 +182,39 @@ COMMANDS = {
     "serve": ("dipaco.stages.serve", "command"),
 }
 TRAIN_ONE_BASELINE = "_train-baseline"  # internal (`dipaco.stages.baselines.INTERNAL_COMMAND`): one baseline's process
-RUN_CONFIG_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages (its config.yaml)
+RUN_STAGES = ("eval", "export", "generate", "report")  # read a run made by earlier stages
 READ_ONLY_STAGES = ("export", "generate")  # read the run, write elsewhere (or nowhere)
 STORE_ONLY_STAGES = ("island", "coordinator")  # may run from a store's URL alone (--store)
 NO_RUN_STAGES = ("status", "serve")  # take (args): a store or an exported mixture, no run directory
 LOCKING_STAGES = ("run", "pretrain", "route", "shard", "reroute")  # write the run's artifacts: one at a time per run
 
 
+class TqdmHandler(logging.StreamHandler):
+    """Log lines written with `tqdm.write` (to stderr), so that none prints over a progress bar: the bars are
+    cleared, the line written, the bars drawn again below it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's own rule: a handler never raises
+            self.handleError(record)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[TqdmHandler()],
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    from dipaco.islands.processes import exit_with_parent, set_threads_from_env
+    from dipaco.islands.processes import exit_with_parent
 
-    set_threads_from_env()
     exit_with_parent()
     installed = stop_on_signals()
     try:
         dispatch(args)
+    except ConfigError as err:  # the config itself: a usage error, as argparse's
+        log.error("%s", err)
+        return 2
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         log.error("%s", err)
         return 1
@@ -209,11 +230,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dispatch(args: argparse.Namespace) -> None:
-    """Run the stage function of `args.command` with the command's config and run directory."""
+    """Run the stage function of `args.command` with the command's config and run directory: the config
+    checked and the run directory prepared before the stage's module (torch, transformers) is imported."""
+    from dipaco.islands.processes import set_threads_from_env
+
     module, function = COMMANDS[args.command]
-    stage = getattr(importlib.import_module(module), function)
     if args.command in NO_RUN_STAGES:  # no run directory to prepare: they only read
-        stage(args)
+        if args.command == "serve":  # the one of them that computes
+            set_threads_from_env()
+        getattr(importlib.import_module(module), function)(args)
         return
     if args.command == "generate":
         from dipaco.stages.generate import command_on_export
@@ -221,13 +246,16 @@ def dispatch(args: argparse.Namespace) -> None:
         if command_on_export(args):  # --run names an exported mixture, not a run
             return
     from dipaco.pipeline.invocation import config_and_run, prepare_run_dir
-    from dipaco.pipeline.published import PUBLICATION_WAIT
 
-    config, run = config_and_run(args.command, config_file=args.config, run=args.run,
-                                 store=getattr(args, "store", None), overrides=args.overrides,
-                                 run_config=args.command in RUN_CONFIG_STAGES,
-                                 wait=PUBLICATION_WAIT if args.command == "island" else 0.0)  # islands may start first
-    prepare_run_dir(run, needs_run=args.command in RUN_CONFIG_STAGES, writes=args.command not in READ_ONLY_STAGES)
+    store = getattr(args, "store", None)
+    wait = 0.0
+    if store and args.command == "island":  # islands may start before their coordinator publishes the run
+        from dipaco.pipeline.published import PUBLICATION_WAIT as wait
+    config, run = config_and_run(args.command, config_file=args.config, run=args.run, store=store,
+                                 overrides=args.overrides, wait=wait)
+    prepare_run_dir(run, needs_run=args.command in RUN_STAGES, writes=args.command not in READ_ONLY_STAGES)
+    set_threads_from_env()  # (imports torch when the launcher set a thread count)
+    stage = getattr(importlib.import_module(module), function)
     if args.command not in LOCKING_STAGES:
         stage(config, run, args)
         return

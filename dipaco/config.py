@@ -20,6 +20,7 @@ import importlib
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from dipaco.atomic import write_text
@@ -417,7 +418,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
 
 
 def save_config(config: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML (atomically), so islands and later stages read the same values."""
+    """Write the resolved config as YAML (atomically), so islands and later stages read the same values; a
+    file that already holds them is left as it is (not even its mtime changes)."""
     import yaml
 
-    write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    if os.path.isfile(path) and Path(path).read_text() == text:
+        return
+    write_text(path, text)

@@ -117,7 +117,7 @@ def test_a_killed_train_resumes_without_losing_or_redoing_work(tiny_routed, tiny
 
 def test_cli_errors_name_the_problem(tmp_path):
     code, log = dipaco_in_process("train", "--config", TINY, "--run", tmp_path, "inner.stepz=3")
-    assert code == 1 and "inner.stepz" in log
+    assert code == 2 and "inner.stepz" in log  # a config error: a usage error (tests/test_cli_checks.py)
     code, log = dipaco_in_process("eval", "--config", TINY, "--run", tmp_path)
     assert code == 1 and "run `dipaco " in log
 

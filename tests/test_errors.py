@@ -57,9 +57,11 @@ def test_an_object_store_without_its_backend_names_the_package(protocol, package
 
 
 def test_a_memory_store_is_refused_for_processes_that_cannot_share_it(tmp_path):
-    for command in ("train", "coordinator", "island"):
+    """Refused with the config's checks (exit 2), before the run directory or the store is written."""
+    for command in ("run", "train", "coordinator", "island"):
         code, log = dipaco_in_process(command, "--config", TINY, "--run", tmp_path / "run", "store.url=memory://x")
-        assert code == 1 and "lives in one process's memory" in log, (command, log)
+        assert code == 2 and "lives in one process's memory" in log, (command, log)
+        assert "the command line (store.url=memory://x)" in log and not (tmp_path / "run").exists()
 
 
 def test_report_on_an_empty_run_is_an_error(tmp_path):

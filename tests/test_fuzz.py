@@ -106,9 +106,9 @@ def test_any_override_text_is_a_config_or_a_clear_error(tmp_path_factory, text):
 
 @settings(max_examples=100, deadline=None)
 @given(text=FILE_TEXT)
-@example(text="")  # the defaults
+@example(text="")  # an error naming the file: an empty config is not the defaults
 @example(text="inner:\n  steps: 7\nouter:\n  lr: 0.5\n")
-@example(text="# a comment only\n")
+@example(text="# a comment only\n")  # the same
 def test_any_config_file_text_is_a_config_or_a_clear_error(tmp_path_factory, text):
     folder = tmp_path_factory.mktemp("cfg")
     path = folder / "config.yaml"

@@ -52,15 +52,34 @@ DEFAULT_BATCH = 16
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+MODEL_OPTIONS = ("path", "route", "max_loaded", "batch_size", "device", "max_batch_size")
+
+
+def refuse_unknown_options(unknown: dict) -> None:
+    """A `--model_args` option the `dipaco` model does not take (a typo such as `rout=likelihood`) is an error
+    naming it and the nearest option, never ignored."""
+    if not unknown:
+        return
+    import difflib
+
+    name = sorted(unknown)[0]
+    near = difflib.get_close_matches(name, MODEL_OPTIONS, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise ValueError(f"dipaco model: unknown option {name}={unknown[name]!r} in --model_args{hint} (the options "
+                     f"are {', '.join(MODEL_OPTIONS)})")
+
+
 @register_model("dipaco")
 class MixtureLM(LM):
     """lm-evaluation-harness model `dipaco`: `--model_args path=DIR[,route=router|likelihood][,max_loaded=N]`."""
 
     def __init__(self, path: str, route: str | None = None, max_loaded: int | None = None,
-                 batch_size: int | str = DEFAULT_BATCH, device: str | None = None, **ignored):
+                 batch_size: int | str = DEFAULT_BATCH, device: str | None = None,
+                 max_batch_size: int | None = None, **unknown):
         super().__init__()
-        if ignored:
-            log.info("dipaco model: ignoring harness options %s", sorted(ignored))
+        refuse_unknown_options(unknown)
+        if max_batch_size is not None:
+            log.debug("dipaco model: max_batch_size %s unused (batch_size is fixed)", max_batch_size)
         directory = Path(str(path))
         device = harness_device(device)
         if (directory / MANIFEST).is_file():

@@ -15,8 +15,8 @@ fingerprints of its inputs:
     train   model.*, topology.*, sharding.seq_len; input: sha256 of shards/index.json
 
 Checking a stage compares its record with the current config and inputs; any difference stops with the
-keys that differ (old → new) and the two ways out: `dipaco run --restart-from STAGE` (the stale artifacts
-are moved to `superseded/`) or a new run directory. Keys not listed (eval.*, inner.*, run.rounds, ...)
+keys that differ (old → new) and the ways out: set them back and keep the run, a new run directory, or
+`dipaco run --restart-from STAGE` (the stale artifacts are moved to `superseded/`). Keys not listed (eval.*, inner.*, run.rounds, ...)
 never trigger it. Runs made before records existed are accepted with a warning.
 """
 
@@ -31,7 +31,6 @@ from typing import Any
 from dipaco.atomic import write_text
 from dipaco.config import Config
 from dipaco.run_dir import RunDir
-from dipaco.store.publish import file_sha256
 from routing.routing_config import CorpusConfig
 
 log = logging.getLogger(__name__)
@@ -49,6 +48,14 @@ STAGE_KEYS: dict[str, tuple[str, ...]] = {
 
 # stage → the artifacts (and the command that redoes them) it names in messages
 MADE_BY = {"route": "routing/ and tokenizer/", "shard": "shards/", "train": "the module store and train.json"}
+
+
+def file_sha256(path: Path) -> str:
+    """`dipaco.store.publish.file_sha256`, imported on use: the store imports torch, and `dipaco --help` reads
+    `STAGE_ORDER` from here."""
+    from dipaco.store.publish import file_sha256 as sha256
+
+    return sha256(path)
 
 
 class DriftError(ValueError):
@@ -218,9 +225,10 @@ def check(run: RunDir, config: Config, stages: tuple[str, ...]) -> None:
     for stage, diffs in found:
         lines.append(f"  {stage} ({MADE_BY[stage]}):")
         lines += [f"    {d}" for d in diffs]
-    lines.append("Nothing was run and config.yaml is unchanged. Either redo from the first stale stage: "
-                 f"`dipaco run --run {run.root} --restart-from {first} ...` (the old artifacts are moved to "
-                 f"{run.root / 'superseded'}/), or keep this run and use a new --run directory.")
+    lines.append("Nothing was run and config.yaml is unchanged. To go on with this run, set these keys back "
+                 "(without --config, every command uses the run's own config.yaml). To use the new values, use a "
+                 f"new --run directory, or redo this run from the first stale stage: `dipaco run --run {run.root} "
+                 f"--restart-from {first} ...` (the old artifacts are moved to {run.root / 'superseded'}/).")
     raise DriftError("\n".join(lines))
 
 

@@ -46,6 +46,7 @@ from dipaco.run_dir import RunDir
 from dipaco.store.goodput import by_work, goodput, median_rate
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
+from dipaco.store.run_state import run_finished
 from dipaco.store.traffic import ring_allreduce_bytes
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,12 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
         raise ValueError(f"store.url {config.store.url!r} lives in one process's memory, but the islands "
                          f"are other processes and would never see it; use a directory or a shared URL (s3://, gs://)")
     check(run, config, ("route", "shard", "train"))  # before anything is written (config.yaml included)
+    summary = finished_summary(config, run, factory)
+    if summary is not None:  # nothing to train: nothing written but a changed config (not even the lease)
+        save_config(config, run.config)  # what later commands read (unchanged: not written)
+        log.info("%s is finished: every path has had its run.rounds %d x inner.steps %d inner steps applied "
+                 "(%d); nothing to train", run.root, config.run.rounds, config.inner.steps, summary["inner_steps_per_path"])
+        return summary
     save_config(config, run.config)
     record(run, "train", config, shards=index_digest(run))
     factory.reader.check_fingerprints(tokenizer=_tokenizer_fingerprint(factory))
@@ -74,6 +81,21 @@ def train(config: Config, run: RunDir, *, local_islands: bool = True, force: boo
         return _train(config, run, factory, lease, local_islands=local_islands)
     finally:
         lease.release()
+
+
+def finished_summary(config: Config, run: RunDir, factory: PathFactory) -> dict | None:
+    """train.json when the run is finished as `config` plans it (the store's last commit marked the run
+    finished, train.json records that commit and every path has had run.rounds x inner.steps inner steps
+    applied), else None: there is training to do, or to record."""
+    if not run.train_summary.exists() or not run_finished(factory.store):
+        return None
+    try:
+        summary = json.loads(run.train_summary.read_text())
+        trained, committed = int(summary["inner_steps_per_path"]), int(summary["rounds_completed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # train.json unreadable: training again writes it
+    planned = config.run.rounds * config.inner.steps
+    return summary if committed == factory.store.current_round() and trained >= planned else None
 
 
 def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, local_islands: bool) -> dict:

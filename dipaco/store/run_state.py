@@ -85,7 +85,8 @@ def reopen_run(store: ModuleStore) -> None:
     state = store.state()
     if state and state.get("finished"):
         store.rewrite_state({k: v for k, v in state.items() if k != "finished"})
-        log.info("store %s: the finished run goes on to more rounds (run.rounds grew)", store.url)
+        log.info("store %s: the finished run goes on: the config plans more inner steps per path (run.rounds x "
+                 "inner.steps) than its paths have had applied", store.url)
 
 
 def first_inner(store: ModuleStore) -> str | None:
