@@ -75,7 +75,8 @@ class TaskBoard:
         owed = policy.outstanding(path)
         steps = self.inner_steps if owed is None else max(1, min(self.inner_steps, owed))
         task = Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner,
-                         link=link, chain=chain, steps=0 if steps == self.inner_steps else steps)
+                         link=link, chain=chain, steps=0 if steps == self.inner_steps else steps,
+                         inner_checkpoint=state.checkpoint)
         self.tasks[task.key] = task
         return task
 
@@ -149,9 +150,21 @@ class TaskBoard:
         for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now)):
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
-                                      incarnation=liveness.seen[island].beat.incarnation)
+                                      incarnation=liveness.seen[island].beat.incarnation,
+                                      handoff_from=self.handoff_from(task, island, liveness, now))
             self.started[key] = now
             log.info("%s attempt %d -> island %s", key, task.attempt, island)
+
+    def handoff_from(self, task: Task, island: str, liveness: Liveness, now: float) -> str | None:
+        """The island that must hand `task`'s carried state over to `island` (`dipaco.carried.state`): the
+        one holding it in memory only, when it is another island and still alive as the same incarnation;
+        None when the state is in the store, held by `island` itself, or lost with its holder (the task
+        then resumes from the path's last checkpoint)."""
+        state = self.paths[task.path]
+        holder = state.holder
+        if holder is None or holder == island or state.inner != task.inner_from or not liveness.alive(holder, now):
+            return None
+        return holder if liveness.seen[holder].beat.incarnation == state.holder_incarnation else None
 
     def settle(self, used: set[str]) -> list[str]:
         """After a commit: `used` tasks (applied or dropped) and lost or cancelled ones leave the board (the

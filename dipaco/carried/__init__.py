@@ -1,0 +1,1 @@
+"""A path's carried state: what its tasks hand on to each other besides the modules (moments, residual, drift)."""
