@@ -219,7 +219,7 @@ def resume_board(store: ModuleStore, *, n_paths: int,
     tasks = dict(board.tasks) if board else {}
     known = board.paths if board else {}
     first = first_inner(store) if len(known) < n_paths else None  # one look, not one per path
-    paths = {p: known.get(p) or PathState(steps_done=0, inner=first) for p in range(n_paths)}
+    paths = {p: known.get(p) or PathState(steps_done=0, inner=first, checkpoint=first) for p in range(n_paths)}
     used: set[str] = set()
     applied: list[tuple[int, int, int | None]] = []
     for r in range(1, committed + 1):
