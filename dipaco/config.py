@@ -220,7 +220,7 @@ class ResilienceConfig(Section):
     heartbeat_timeout: Positive = 30.0  # a task whose island has not heart-beaten for this long is handed to another
     lease_timeout: Positive = 60.0  # a coordinator's store lease not renewed for this long may be taken over (docs/islands.md#crash-safety)
     checkpoint_steps: Count = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
-    inner_checkpoint_every: Count = 10  # a path's carried state (moments, residual, drift) is uploaded every this many of its tasks, moments in bf16 (docs/islands.md#carried-state); 0 = only on hand-offs and the last task
+    inner_checkpoint_every: Count = 0  # upload a path's carried state (moments, residual, drift) every this many of its tasks, moments in bf16, for a path moved after a crash to resume from; 0 = only on hand-offs and its last task (a moved path starts fresh moments: as good on tiny, experiments/results/carried-move.md)
     max_norm_ratio: Annotated[float, Range(above=1, off=0)] = 50.0  # reject a result whose pseudo-gradient norm exceeds this times the median of its path's accepted norms; 0 = off
     max_update_ratio: Annotated[float, Range(above=0, off=0)] = 1.0  # reject a result that would move one of its modules by more than this times the module's norm at the version it started from (a path's first result too); 0 = off
     max_rejections: PositiveInt = 3  # stop the run when one task's results are rejected this many times

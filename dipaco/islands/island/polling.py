@@ -156,9 +156,8 @@ class IslandWorker:
                         break
                     if not self.poll():
                         time.sleep(poll_seconds)
-            if not run_finished(self.store):
-                self.held.hand_off()  # a clean stop before the run's end: its path may move on
         finally:
+            self._hand_off_on_stop()
             if self.ctx is not None:
                 ddp_mod.broadcast(self.ctx, None)
         return self.tasks_done
@@ -187,6 +186,15 @@ class IslandWorker:
         self.down_until = self.clock() + self.faults.return_after
         self.presence.reincarnate()
         self.held.forget()
+
+    def _hand_off_on_stop(self) -> None:
+        """Stopping before the run's end (`max_tasks`, SIGTERM, SIGINT): hand the held state off, so its path
+        moves on exactly (a failing store is logged: the path then resumes from its last checkpoint)."""
+        try:
+            if not run_finished(self.store):
+                self.held.hand_off()
+        except (StoreError, OSError) as err:
+            log.warning("island %s: could not hand path %s's carried state off (%s)", self.name, self.held.path, err)
 
     def _awaiting_handoff(self, task: Task) -> bool:
         """Whether `task` waits for the live island holding its carried state to hand it off (at most
