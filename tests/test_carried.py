@@ -3,8 +3,13 @@ moments that stay valid in a checkpoint), it is refused by name when it does not
 that trains the path (no upload between checkpoints), a task continues it from a checkpoint or a hand-off as
 it would from memory, and a path moved after its island died resumes from its last checkpoint."""
 
+import os
+import signal
+import time
+
 import pytest
 import torch
+from cli_helpers import TINY, copy_run, start_dipaco
 from tiny_runs import Clock, drive, make_run
 
 from dipaco.carried.state import MOMENTS_OF, CarriedState, UploadPlan
@@ -12,7 +17,7 @@ from dipaco.islands.island.held import HeldState
 from dipaco.islands.island.training import push_result, train_task
 from dipaco.stages.island import island_setup
 from dipaco.store.board import all_inner_states, inner_ref, read_inner, read_manifest, read_result_meta
-from dipaco.store.module_store import StoreError
+from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import Task
 
 
@@ -154,3 +159,39 @@ def test_a_path_moved_after_its_island_died_resumes_from_its_last_checkpoint_and
     assert resumed.island == "c" and not resumed.inner_state_local and resumed.inner_upload == "last"
     assert resumed.bytes_down_inner == checkpoint.stat().st_size  # it read the round-2 checkpoint, nothing else
     assert _inner_files(run)[0] == [2, 4]
+
+
+@pytest.mark.slow  # four processes start (the coordinator and three islands): about a minute
+def test_a_path_whose_island_process_is_killed_moves_and_resumes_from_its_checkpoint(tiny_routed, tmp_path):
+    """`dipaco coordinator` and `dipaco island` processes: island a (pinned to path 0) is killed with SIGKILL
+    once path 0's round-3 result is in; island c, started then, takes the path's last task, resumes from the
+    round-2 checkpoint (round 3's state died with a) and the run ends."""
+    run = copy_run(tiny_routed, tmp_path / "run")
+    common = ["--config", TINY, "--run", str(run.root), "hardware.device=cpu", "run.rounds=4",
+              "resilience.inner_checkpoint_every=2", "resilience.heartbeat_seconds=0.5",
+              "resilience.heartbeat_timeout=4", "store.keep_versions=0"]
+    procs = [start_dipaco("coordinator", *common),
+             start_dipaco("island", *common, "--pull", "--path", "0", "--name", "a"),
+             start_dipaco("island", *common, "--pull", "--path", "1", "--path", "2", "--path", "3", "--name", "b")]
+    try:
+        round_three = run.store / "results" / "round-000003" / "path-0000.json"
+        deadline = time.monotonic() + 300
+        while not round_three.exists():
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no round-3 result"
+            time.sleep(0.1)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        procs[1].wait()
+        procs.append(start_dipaco("island", *common, "--pull", "--path", "0", "--name", "c"))
+        assert procs[0].wait(timeout=300) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    store = ModuleStore(str(run.store))
+    assert store.current_round() == 4
+    (entry,) = [e for e in read_manifest(store, 4).applied if e.path == 0]
+    resumed = read_result_meta(store, round=4, path=0, attempt=entry.attempt)
+    checkpoint = run.store / inner_ref(path=0, round=2, attempt=0)
+    assert resumed.island == "c" and resumed.inner_upload == "last"
+    assert resumed.bytes_down_inner == checkpoint.stat().st_size  # the round-2 checkpoint, nothing else
+    assert not (run.store / inner_ref(path=0, round=3, attempt=0)).exists()

@@ -177,8 +177,9 @@ class Task(Record):
     steps: int = 0  # inner steps to train; 0 = inner.steps
     inner_checkpoint: str | None = None  # the path's last carried state in the store, when `inner_from` is not there
     handoff_from: str | None = None  # the live island holding `inner_from` in memory, which uploads it (a move)
+    keep_inner: bool = True  # the island keeps the path's carried state after the task (False: it hands it off)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "chain", "steps", "inner_checkpoint", "handoff_from")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "chain", "steps", "inner_checkpoint", "handoff_from", "keep_inner")
 
     @classmethod
     def open(cls, *, path: int, base: int, step_offset: int, inner_from: str | None, link: int = 0,

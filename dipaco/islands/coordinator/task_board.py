@@ -151,9 +151,19 @@ class TaskBoard:
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
                                       incarnation=liveness.seen[island].beat.incarnation,
-                                      handoff_from=self.handoff_from(task, island, liveness, now))
+                                      handoff_from=self.handoff_from(task, island, liveness, now),
+                                      keep_inner=self.keeps_inner(task.path, island, liveness, now))
             self.started[key] = now
             log.info("%s attempt %d -> island %s", key, task.attempt, island)
+
+    def keeps_inner(self, path: int, island: str, liveness: Liveness, now: float) -> bool:
+        """Whether `island` keeps `path`'s carried state in memory after its task, the path's next task being
+        expected back on it: it is pinned to that path alone, or every path can have a live island of its own.
+        Otherwise (fewer islands than paths: they take the paths in turn) it hands the state off with its result."""
+        if tuple(liveness.seen[island].beat.pinned) == (path,):
+            return True
+        working = [n for n, seen in liveness.seen.items() if liveness.alive(n, now) and seen.beat.status != "done"]
+        return len(working) >= len(self.paths)
 
     def handoff_from(self, task: Task, island: str, liveness: Liveness, now: float) -> str | None:
         """The island that must hand `task`'s carried state over to `island` (`dipaco.carried.state`): the

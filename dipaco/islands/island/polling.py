@@ -115,8 +115,10 @@ class IslandWorker:
             if self.board.wanted(task):
                 raise
             return self._drop(task, f"{err}; the board no longer wants it")
-        # a DDP island uploads every task's state: its other ranks read it from the store
-        meta, stats, ref = push_result(self.setup, task, out, island=self.name, handing_off=self.ctx is not None)
+        # handed off with the result when the path will move (the board says so), or inside a DDP island (its
+        # other ranks read it from the store)
+        meta, stats, ref = push_result(self.setup, task, out, island=self.name,
+                                       handing_off=not task.keep_inner or self.ctx is not None)
         if self.checkpoint is not None:
             self.checkpoint.unlink(missing_ok=True)  # the result is in the store
         self.held.keep(ref, task.path, out.carried, uploaded=bool(meta.inner_upload))
@@ -206,6 +208,7 @@ class IslandWorker:
         since = self.waiting.setdefault(key, self.clock())
         if self.clock() - since < self.setup.resilience.heartbeat_timeout:
             return True
+        del self.waiting[key]
         log.warning("island %s: %s's carried state was not handed off by island %s within %.1fs; it resumes from "
                     "the path's checkpoint", self.name, task.key, task.handoff_from, self.clock() - since)
         return False
