@@ -280,7 +280,7 @@ class ResultMeta(Record):
     compression: str = "none"
     file: str = ""  # the pseudo-gradient file, next to this one
     link: int = 0  # the task's link (`Task.link`)
-    bytes_residual: int = 0  # of the inner state uploaded, the error-feedback residual's bytes (codec topk)
+    bytes_residual: int = 0  # the error-feedback residual's bytes in the path's carried state, uploaded or not (codec topk)
     inner_upload: str = "checkpoint"  # why its carried state was uploaded (dipaco.carried.state.UploadPlan): checkpoint | last | hand-off, "" = kept on the island
 
     ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload")
