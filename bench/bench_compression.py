@@ -9,19 +9,24 @@ fp32, sync rounds. Per seed the warm start, routing and shards are made once; th
 from the same version 0 on the same shards with the same data order, so a variant differs only in what its
 pseudo-gradients lose on the way, and every variant scores the same held-out tokens (prefix routing).
 
-Per variant: routed perplexity, and the bytes of the pseudo-gradients applied, from the round manifests
-(`store/rounds/round-*.json`): per path and round (what one island uploads for one task) the mean and the
-peak, and per round over all paths the peak; against float32 DiLoCo (the same results as float32
-tensors: every module of the path every round) and data parallel (a float32 gradient per inner step, as
-`train.json`'s `bytes_data_parallel`). The chosen setting (`--chosen`, default: the lowest perplexity
-among the variants ≥ `--min-ratio` times fewer bytes than float32 at the first seed) and float32 train at
-every seed of `--seeds`; the others at the first seed only. Writes bench/results/<name>.{json,md}.
+Per variant: routed perplexity, and the bytes every island measured at the store (train.json's `traffic`,
+`dipaco.store.ledger`: counted where they cross, by kind) per applied result (path-round): pseudo-gradients
+up, modules down, inner state, manifests, board and heartbeats. `ratio_training_traffic` = float32 DiLoCo's
+2 x the path's float32 bytes per path-round (the same results' float32 pseudo-gradients up and modules down)
+over the islands' pseudo-gradients up + modules (and module updates) down + manifests and checksums read;
+`ratio_everything` over every byte the islands moved but the run's published inputs (shards, config);
+`ratio_vs_data_parallel` = data parallel on the same islands (a ring all-reduce of a float32 gradient per
+inner step, each way: train.json's `bytes_data_parallel`, both ways) over the same. One island per path.
+The chosen setting (`--chosen`, default: the lowest perplexity among the variants with `ratio_training_traffic`
+≥ `--min-ratio` at the first seed) and float32 train at every seed of `--seeds`; the others at the first
+seed only. Writes bench/results/<name>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import time
@@ -33,8 +38,6 @@ sys.path.insert(0, str(ROOT))
 from bench.quality_runs import Runner, mode_perplexity, read_json  # noqa: E402
 from bench.recording import distinct_code, markdown_table, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
-from dipaco.store.board import read_manifest  # noqa: E402
-from dipaco.store.module_store import ModuleStore  # noqa: E402
 from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_compression")
@@ -58,6 +61,16 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     "int8, 3 fragments": ["compression.codec=int8", "outer.fragments=3"],
     "topk 10% 4b EF, 3 fragments": [*topk(0.1, 4, True), "outer.fragments=3"],
     "topk 10% 2b EF, 3 fragments": [*topk(0.1, 2, True), "outer.fragments=3"],
+    # SparseLoCo: the error-feedback accumulator decays (beta) and takes the outer momentum's place
+    **{f"topk {round(d * 100)}% 2b EF decay {beta:g}": [*topk(d, 2, True), f"compression.ef_decay={beta}"]
+       for d in (0.01, 0.03) for beta in (0.9, 0.95)},
+    "topk 3% 2b EF decay 0.95, outer lr 1": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0"],
+    # Muon inside (MuLoCo): compare with "float32, Muon", the same inner optimizer
+    "float32, Muon": ["compression.codec=none", "inner.optimizer=muon"],
+    "topk 3% 2b EF, Muon": [*topk(0.03, 2, True), "inner.optimizer=muon"],
+    "topk 3% 2b EF decay 0.95, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "inner.optimizer=muon"],
+    "topk 3% 2b EF decay 0.95, outer lr 1, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0",
+                                                   "inner.optimizer=muon"],
 }
 
 
@@ -72,7 +85,7 @@ def main() -> None:
                         "float32 and the chosen one train at the first only")
     parser.add_argument("--chosen", nargs="*", default=None, help="the variants every seed trains (besides float32)")
     parser.add_argument("--min-ratio", type=float, default=100.0,
-                        help="the chosen setting: the best perplexity among variants this many times fewer bytes than float32")
+                        help="the chosen setting: the best perplexity among variants this many times fewer training bytes than float32 DiLoCo")
     parser.add_argument("--name", default="compression", help="the results files' name")
     parser.add_argument("--runs", default="", help="where the runs go (default runs/bench-<name>)")
     parser.add_argument("--keep", action="store_true", help="reuse the runs (and finished stages) of an earlier invocation")
@@ -84,8 +97,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; they are {list(VARIANTS)}")
     started = time.perf_counter()
-    common = [*(REDUCED if args.set is None else args.set), "hardware.precision=fp32", "hardware.islands=1",
-              "hardware.threads_per_island=1"]
+    common = [*(REDUCED if args.set is None else args.set), "hardware.precision=fp32", "hardware.threads_per_island=1"]
+    common.append(f"hardware.islands={paths_of(load_config(args.config, common))}")  # one island per path
     runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{args.name}"), keep=args.keep or args.collect_only)
     names = args.only or list(VARIANTS)
     if "float32" not in names:
@@ -123,35 +136,43 @@ def slug(name: str) -> str:
     return name.replace(",", "").replace(" ", "-").replace("%", "pc")
 
 
+def paths_of(config) -> int:
+    """The paths of a config's grid (levels' product, times the replicas)."""
+    return math.prod(config.topology.levels) * config.topology.replicas
+
+
 def choose(runs: dict[str, dict[int, Path]], *, first: int, min_ratio: float) -> list[str]:
-    """The lowest-perplexity variant with at least `min_ratio` times fewer bytes than float32 at seed `first`
+    """The lowest-perplexity variant whose `ratio_training_traffic` is at least `min_ratio` at seed `first`
     ([] when none has)."""
-    float32 = wire(runs["float32"][first])["bytes_applied"]
     candidates = [(mode_perplexity(read_json(by_seed[first] / "eval.json"), "prefix"), name)
                   for name, by_seed in runs.items()
-                  if first in by_seed and float32 / wire(by_seed[first])["bytes_applied"] >= min_ratio]
+                  if first in by_seed and wire(by_seed[first])["ratio_training_traffic"] >= min_ratio]
     return [min(candidates)[1]] if candidates else []
 
 
+TRAINING = (("up", "pseudo_gradient"), ("down", "module"), ("down", "module_update"), ("down", "manifests"))
+
+
 def wire(run: Path) -> dict:
-    """The bytes of the pseudo-gradients applied in `run`, from its round manifests: per path and round
-    (one island's upload for one task) and per round; and the inner state (AdamW moments, error-feedback
-    residual) each task uploads besides, so that another island can take the path on (mean over the
-    results the store still holds)."""
-    store = ModuleStore(str(run / "store"))
-    manifests = [read_manifest(store, r) for r in range(1, store.current_round() + 1)]
-    applied = [m.applied for m in manifests if m is not None]
-    tasks = [entry.bytes for entries in applied for entry in entries]
-    per_round = [sum(entry.bytes for entry in entries) for entries in applied]
+    """The bytes the islands of `run` measured at the store (train.json's `traffic`, by kind), per applied
+    result (path-round), and the ratios against float32 DiLoCo and data parallel (module docstring)."""
     train = read_json(run / "train.json")
-    inner = [read_json(f).get("bytes_up_inner", 0) for f in (run / "store" / "results").glob("round-*/path-*.json")]
-    return {"inner_state_task_mean": statistics.fmean(inner) if inner else None, "bytes_applied": sum(tasks),
-            "task_mean": statistics.fmean(tasks), "task_peak": max(tasks),
-            "round_peak": max(per_round), "round_mean": statistics.fmean(per_round),
-            "round_peak_before_last": max(per_round[:-1] or per_round),
-            "float32_task_mean": statistics.fmean(e.float32_bytes for entries in applied for e in entries),
-            "bytes_float32": train["bytes_float32"], "bytes_data_parallel": train["bytes_data_parallel"],
-            "rounds": len(per_round), "tasks": len(tasks)}
+    islands = train["traffic"]["by_role"]["island"]
+    results = train["results_applied"]
+
+    def measured(direction: str, kind: str) -> int:
+        return islands[direction].get(kind, {}).get("bytes", 0)
+
+    training = sum(measured(d, k) for d, k in TRAINING)
+    everything = sum(cell["bytes"] for d in ("up", "down") for k, cell in islands[d].items() if k != "inputs")
+    float32 = 2 * train["bytes_float32"]  # up and down
+    data_parallel = 2 * train["bytes_data_parallel"]  # each way, so both ways
+    return {"per_result": {f"{d}_{k}": cell["bytes"] / results for d in ("up", "down") for k, cell in islands[d].items()},
+            "training_traffic_per_result": training / results, "everything_per_result": everything / results,
+            "float32_per_result": float32 / results, "results": results,
+            "ratio_training_traffic": float32 / training, "ratio_everything": float32 / everything,
+            "ratio_vs_data_parallel": data_parallel / everything if data_parallel else None,
+            "data_parallel_workers": train["data_parallel_workers"], "rounds": train["rounds_completed"]}
 
 
 def collect(runs: dict[str, dict[int, Path]], *, chosen: list[str], common: list[str], min_ratio: float,
@@ -168,13 +189,9 @@ def collect(runs: dict[str, dict[int, Path]], *, chosen: list[str], common: list
     seeds = sorted({s for r in rows for s in r["per_seed"]})
     both = [s for s in seeds if all(s in r["per_seed"] for r in rows if r["variant"] in ("float32", *chosen))]
     float32 = runs_float32(rows)
-    reference = next(iter(float32.values()))["bytes"]
     for row in rows:
         b = next(iter(row["per_seed"].values()))["bytes"]
-        row["times_fewer_than_float32"] = b["bytes_float32"] / b["bytes_applied"]
-        row["times_fewer_than_data_parallel"] = b["bytes_data_parallel"] / b["bytes_applied"]
-        row["peak_round_share"] = b["round_peak"] / reference["round_peak"]
-        row["peak_round_share_before_last"] = b["round_peak_before_last"] / reference["round_peak_before_last"]
+        row.update({k: b[k] for k in ("ratio_training_traffic", "ratio_everything", "ratio_vs_data_parallel")})
     for row in rows:
         common_seeds = [s for s in row["per_seed"] if s in float32]
         row["vs_float32_by_seed"] = {s: row["per_seed"][s]["perplexity"] / float32[s]["perplexity"] - 1 for s in common_seeds}
@@ -190,17 +207,20 @@ def runs_float32(rows: list[dict]) -> dict:
 
 
 def markdown(results: dict) -> str:
-    headers = ["variant", "seeds", "routed perplexity (mean)", "vs float32 (same seeds)", "bytes per path and round (mean / peak)",
-               "x fewer than float32 DiLoCo", "x fewer than data parallel", "inner state per task", "peak round / float32's (last round excluded)"]
+    headers = ["variant", "seeds", "routed perplexity (mean)", "vs float32 (same seeds)",
+               "pseudo-gradient up", "modules down", "inner state up / down", "manifests, board, heartbeats",
+               "x training traffic", "x everything", "x vs data parallel"]
     table = []
     for r in results["rows"]:
         b = next(iter(r["per_seed"].values()))["bytes"]
+        per = b["per_result"]
+        small = sum(v for k, v in per.items() if k.split("_", 1)[1] in ("manifests", "board", "heartbeats"))
         ppl = statistics.fmean(r["per_seed"][s]["perplexity"] for s in r["seeds"])
         table.append([r["variant"], ",".join(map(str, r["seeds"])), f"{ppl:.2f}", f"{r['vs_float32_mean']:+.1%}",
-                      f"{b['task_mean']:,.0f} / {b['task_peak']:,}", f"{r['times_fewer_than_float32']:.1f}",
-                      f"{r['times_fewer_than_data_parallel']:,.0f}",
-                      f"{b['inner_state_task_mean']:,.0f}" if b["inner_state_task_mean"] is not None else "-",
-                      f"{r['peak_round_share']:.2f} ({r['peak_round_share_before_last']:.2f})"])
+                      f"{per.get('up_pseudo_gradient', 0):,.0f}", f"{per.get('down_module', 0):,.0f}",
+                      f"{per.get('up_inner_state', 0):,.0f} / {per.get('down_inner_state', 0):,.0f}", f"{small:,.0f}",
+                      f"{r['ratio_training_traffic']:.2f}", f"{r['ratio_everything']:.2f}",
+                      f"{r['ratio_vs_data_parallel']:.1f}" if r["ratio_vs_data_parallel"] else "-"])
     first = results["rows"][0]
     tokens = next(iter(first["per_seed"].values()))["scored_tokens"]
     chosen = results["chosen"]
@@ -211,15 +231,16 @@ def markdown(results: dict) -> str:
         f"# Bytes on the wire against quality: pseudo-gradient codecs and fragments side by side\n\n"
         f"`configs/demo.yaml`'s recipe with {' '.join(results['common'])}; per seed every variant from the same "
         f"warm start, shards, version 0 and data order; routed perplexity (prefix) on {tokens:,} held-out tokens. "
-        f"Bytes: the pseudo-gradients applied (round manifests); float32 DiLoCo = every module of the path as "
-        f"float32 every round; data parallel = a float32 gradient per inner step. topk: per chunk of 4,096 the "
-        f"`density` largest, at `bits` bits; EF = error feedback; fragments: `outer.fragments`. Besides its "
-        f"pseudo-gradient each task uploads its path's inner state (AdamW moments, residual) to the store, so that "
-        f"any island can take the path on; that is a separate column, not counted in the ratios.\n\n"
+        f"Bytes: measured by the islands at the store (train.json's `traffic`), per applied result (path-round). "
+        f"x training traffic: float32 DiLoCo's 2 x the path's float32 bytes over pseudo-gradients up + modules down "
+        f"+ manifests read; x everything: over every byte the islands moved but the published inputs; x vs data "
+        f"parallel: a ring all-reduce of a float32 gradient per inner step among the same islands, both ways, over "
+        f"everything. topk: per chunk of 4,096 the `density` largest, at `bits` bits; EF = error feedback; "
+        f"fragments: `outer.fragments`.\n\n"
         + markdown_table(headers, table)
         + (f"\n\nChosen settings (`--chosen`), trained at every seed: {', '.join(chosen)}.\n"
            if results.get("chosen_by") == "--chosen" else
-           f"\n\nChosen setting (lowest perplexity at ≥ {results['min_ratio']:g}x fewer bytes than float32, "
+           f"\n\nChosen setting (lowest perplexity at ≥ {results['min_ratio']:g}x on training traffic, "
            f"trained at every seed): {', '.join(chosen) or 'none reaches that ratio'}.\n")
         + "\n".join(per_seed)
         + f"\n\nWall time: {results['seconds'] / 60:.0f} min.\n\n```\n" + format_table(headers, table) + "\n```\n"

@@ -262,6 +262,10 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
         "injected_failures": sum(beat.failures for beat in read_heartbeats(store).values()),
+        # bytes as the islands measured them at the store (train.json's `traffic`), per applied result, by kind
+        "bytes_per_result": {f"{d}_{k}": cell["bytes"] / max(1, len(tasks))
+                             for d, kinds in summary["traffic"]["by_role"]["island"].items() for k, cell in kinds.items()},
+        "traffic_up_bytes": summary["traffic"]["up_bytes"], "traffic_down_bytes": summary["traffic"]["down_bytes"],
         **applied_rate(tasks, seconds=seconds),
         "task_seconds_each": [t["seconds"] for t in tasks],
         "tasks_by_island": tasks_by_island(tasks),

@@ -16,12 +16,14 @@ own packages because those stages run without `dipaco`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from dipaco.atomic import write_text
+from dipaco.codec.registry import NAMES as CODECS
 from dipaco.config_keys import build_config, read_raw
 from routing.fields import Count, NonNegative, Positive, PositiveInt, Range, Section, Seed
 from routing.routing_config import CorpusConfig, RerouteConfig, RoutingConfig
@@ -111,9 +113,10 @@ class WarmStartConfig(Section):
 
 @dataclass(kw_only=True)
 class InnerConfig(Section):
-    """The inner optimiser every island runs: AdamW on a warmup-stable-decay (or cosine) schedule."""
+    """The inner optimiser every island runs: AdamW (or Muon on the blocks' matrices) on a warmup-stable-decay (or cosine) schedule."""
 
     section = "inner"
+    optimizer: Literal["adamw", "muon"] = "adamw"  # adamw | muon: torch.optim.Muon on the 2-D weights of the transformer blocks (its update scaled to AdamW's RMS, so lr and weight_decay carry over) and AdamW on the rest: embeddings, norms, the head (MuLoCo); needs a torch with torch.optim.Muon
     steps: PositiveInt = 10  # inner steps per round (H, the paper's tau)
     batch_size: PositiveInt = 8  # sequences per inner step
     lr: Positive = 3e-3  # peak learning rate
@@ -128,6 +131,14 @@ class InnerConfig(Section):
     fused: bool = False  # torch's fused AdamW kernel (rounds differently from the default one)
     val_batches: Count = 4  # validation batches each island scores at the start of a task
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.optimizer == "muon":
+            torch = importlib.import_module("torch")  # only here: the config itself runs without torch
+            if not hasattr(torch.optim, "Muon"):
+                raise ValueError(f"inner.optimizer 'muon' needs torch.optim.Muon, which torch {torch.__version__} "
+                                 "does not have (torch 2.9 and later): upgrade torch or set inner.optimizer: adamw")
+
 
 @dataclass(kw_only=True)
 class OuterConfig(Section):
@@ -137,7 +148,7 @@ class OuterConfig(Section):
     lr: Positive = 0.7  # outer learning rate (DiLoCo / DiPaCo: 0.7)
     momentum: Unit = 0.9  # outer momentum (0.9)
     nesterov: bool = True  # Nesterov momentum
-    weighting: Literal["shard", "tokens", "uniform"] = "shard"  # each path's pseudo-gradient weighted by the tokens of its training shard (the paper's shard size, x the share of the task trained), by the tokens the task trained, or uniformly
+    weighting: Literal["shard", "tokens", "uniform"] = "shard"  # one weight per path and round: the tokens of its training shard (the paper's shard size), the tokens per inner step it trained (data-parallel ranks included), or uniform; a result cut short weighs as much (its pseudo-gradient holds only its steps)
     normalize: Literal["module", "all"] = "module"  # divide the weights by their sum over the module's reporting paths (the paper's weighted average) or over all paths
     rescale_by_paths: bool = False  # multiply a shared module's average by sqrt(paths through it) (the paper's DiPaCo step)
     decay: Literal["average", "keep"] = "average"  # the rounds whose inner steps reach the inner lr's decay (inner.schedule wsd): average = plain averaging (lr 1, momentum 0, no rescale, the momentum dropped) | keep = this outer step
@@ -163,17 +174,32 @@ class CompressionConfig(Section):
     """How pseudo-gradients travel from an island to the store."""
 
     section = "compression"
-    codec: Literal["none", "int8", "int4", "topk"] = "none"  # none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
+    codec: Literal[CODECS] = "none"  # one of `dipaco.codec.registry`'s names: none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
     zstd_level: Annotated[int, Range(min=1, max=22)] = 1  # zstd level of compressed pseudo-gradients
     density: Annotated[float, Range(above=0, max=1)] = 0.03  # topk: fraction of each chunk's entries sent (SparseLoCo: 0.01-0.03)
     bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
     error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual travels with the path's inner state)
+    ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
+    ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
     @property
     def feeds_back(self) -> bool:
         """Whether islands carry an error-feedback residual: `codec: topk` with `error_feedback`."""
         return self.codec == "topk" and self.error_feedback
+
+    @property
+    def replaces_momentum(self) -> bool:
+        """Whether the error-feedback accumulator takes the outer momentum's place: `ef_decay` < 1 without
+        `ef_with_momentum` (SparseLoCo)."""
+        return self.ef_decay < 1 and not self.ef_with_momentum
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ef_decay < 1 and not self.feeds_back:
+            raise ValueError(f"compression.ef_decay {self.ef_decay} decays the error-feedback accumulator, but codec "
+                             f"{self.codec!r} with error_feedback {self.error_feedback} carries none: set "
+                             "compression.codec: topk and compression.error_feedback: true, or ef_decay: 1")
 
 
 @dataclass(kw_only=True)
@@ -355,6 +381,14 @@ class Config:
         if self.routing.prefix_tokens >= self.sharding.seq_len:
             raise ValueError(f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "
                              f"sequences of sharding.seq_len {self.sharding.seq_len}")
+
+    @property
+    def outer_step(self) -> OuterConfig:
+        """The outer step the coordinator runs: `outer`, without momentum (`momentum` 0, no Nesterov) when the
+        error-feedback accumulator takes its place (`compression.replaces_momentum`, SparseLoCo)."""
+        if self.compression.replaces_momentum:
+            return dataclasses.replace(self.outer, momentum=0.0, nesterov=False)
+        return self.outer
 
     @property
     def pretrain_steps(self) -> int:

@@ -119,10 +119,10 @@ def module_scales(base: Path) -> dict:
 
     factory = PathFactory(load_config(RunDir(base).config), RunDir(base))
     topology, sizes = factory.topology, factory.path_sizes
-    out = {"shard_tokens": list(sizes.shard_tokens), "task_tokens": sizes.task_tokens, "modules": {}}
+    out = {"shard_tokens": list(sizes.shard_tokens), "step_tokens": sizes.step_tokens, "modules": {}}
     for name in topology.modules:
         paths = topology.paths_of_module(name)
-        entries = [ManifestEntry(key=f"p{p}", path=p, base=0, attempt=0, staleness=0, tokens=sizes.task_tokens,
+        entries = [ManifestEntry(key=f"p{p}", path=p, base=0, attempt=0, staleness=0, tokens=sizes.step_tokens,
                                  seconds=0.0, bytes=0, train_loss=0.0, val_loss_start=0.0, factor=1.0) for p in paths]
         scales = {}
         for normalize in ("module", "all"):

@@ -9,8 +9,8 @@ import torch
 import zstandard
 from safetensors.torch import load as load_safetensors
 
+from dipaco.codec.compress import compress, decompress, dequantize_rows, pack_int4, quantize_rows, unpack_int4
 from dipaco.store.board import ResultReader, read_result, write_result
-from dipaco.store.compress import compress, decompress, dequantize_rows, pack_int4, quantize_rows, unpack_int4
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
 

@@ -194,13 +194,12 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
         stale = next(e for e in second.applied if e.path == 0)
         assert stale.staleness == 1 and stale.factor == pytest.approx(0.5)
     # the module update: each path's results (consecutive pieces of its training, async) weighted once by its
-    # shard size x the share of a task it trained, each result by its staleness factor, divided by the paths'
+    # shard size, each result by its staleness factor (on a private module its own), divided by the paths'
     # weights without the factors (a stale result alone is discounted too)
     deltas = {e.key: read_result(store, round=e.base + 1, path=e.path, attempt=e.attempt, link=e.link)[0]
               for e in second.applied}
     index = json.loads((run.dir.shards / "index.json").read_text())
     shard_tokens = [p["train"]["blocks"] * index["seq_len"] for p in index["paths"]]
-    asked = run.config.inner.steps * run.config.inner.batch_size * index["seq_len"]
     for name in run.topology.modules:
         users = [e for e in second.applied if e.path in run.topology.paths_of_module(name)]
         before, after = store.read_module(1, name), store.read_module(2, name)
@@ -208,9 +207,10 @@ def test_a_stale_result_is_down_weighted_or_dropped_as_configured(tiny, tmp_path
             if not users:
                 torch.testing.assert_close(after[param], before[param], rtol=0, atol=0)
                 continue
-            trained = {p: sum(e.tokens for e in users if e.path == p) for p in {e.path for e in users}}
-            weight = {p: shard_tokens[p] * min(1.0, t / asked) for p, t in trained.items()}
-            mean = sum(weight[e.path] * e.factor * deltas[e.key][f"{name}/{param}"] for e in users) / sum(weight.values())
+            weight = {p: shard_tokens[p] for p in {e.path for e in users}}
+            private = len(run.topology.paths_of_module(name)) == 1
+            mean = sum(weight[e.path] * (e.private_factor if private else e.factor) * deltas[e.key][f"{name}/{param}"]
+                       for e in users) / sum(weight.values())
             torch.testing.assert_close(after[param], before[param] - mean, rtol=1e-5, atol=1e-7)
 
 

@@ -1,6 +1,7 @@
 """The store's lease keeps a second coordinator out: one holder at a time, named when refused, taken over
 when expired, forced or left by a dead process, and fenced by conditional writes so that of coordinators
-racing for it one wins and a deposed one can no longer write (issue 13, item 2; issue 29, item 8)."""
+racing for it one wins and a deposed one can no longer write: its renewal and its commit are refused (issue 13,
+item 2; issue 29, item 8; issue 36, item 1). The coordinators' own run through a stall: test_fenced_commit.py."""
 
 import os
 import subprocess
@@ -8,7 +9,9 @@ import sys
 import threading
 
 import pytest
+import torch
 
+from dipaco.store.errors import StoreError
 from dipaco.store.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, read_holder
 from dipaco.store.module_store import ModuleStore
 
@@ -24,21 +27,50 @@ def test_a_second_coordinator_is_refused_naming_the_holder_and_the_lease_age(tmp
     assert read_holder(store).host == "node-a"
 
 
+def versioned_store(store: ModuleStore) -> ModuleStore:
+    """`store` with version 0 of one module committed (no lease: as `dipaco train` initialises it)."""
+    store.write_module(0, "m", {"w": torch.zeros(3)})
+    store.commit(round=0)
+    return store
+
+
+def stage_round_one(store: ModuleStore, value: float) -> None:
+    """A coordinator's outer step for round 1: module m staged under its lease token."""
+    store.write_module(1, "m", {"w": torch.full((3,), value)})
+
+
 def test_an_expired_or_forced_lease_is_taken_over_and_the_deposed_coordinator_cannot_commit(tmp_path):
-    store = ModuleStore(str(tmp_path / "store"))
+    url = str(tmp_path / "store")
+    versioned_store(ModuleStore(url))
     now = [1000.0]
-    first = Lease.acquire(store, timeout=60, host="node-a", pid=4242, wall=lambda: now[0])
+    a_store, b_store = ModuleStore(url), ModuleStore(url)  # two coordinators, each its own process
+    first = Lease.acquire(a_store, timeout=60, host="node-a", pid=4242, wall=lambda: now[0])
+    a_store.fence(first.token)
+    stage_round_one(a_store, 1.0)  # a's outer step, before it stalls
     now[0] += 61  # not renewed for the whole timeout
-    second = Lease.acquire(store, timeout=60, host="node-b", pid=7, wall=lambda: now[0])
+    second = Lease.acquire(b_store, timeout=60, host="node-b", pid=7, wall=lambda: now[0])
     assert second.token == first.token + 1
+    b_store.fence(second.token)
     with pytest.raises(LeaseLost, match=r"\(token 1\) lost the lease .* to node-b pid 7"):
         first.check()
     with pytest.raises(LeaseLost):
         first.renew()
-    third = Lease.acquire(store, timeout=60, host="node-c", pid=9, wall=lambda: now[0], force=True)
+    with pytest.raises(LeaseLost, match=r"commit of round 1 by lease token 1 was refused: .* round 0 of lease token 2"):
+        a_store.commit(round=1)  # the real commit, attempted: refused
+    reader = ModuleStore(url)
+    assert reader.current_round() == 0
+    with pytest.raises(StoreError, match="round-000001/m.safetensors does not exist"):
+        reader.read_module(1, "m")  # a's staged module is under its token's name, which no commit names
+    stage_round_one(b_store, 2.0)
+    b_store.commit(round=1)
+    torch.testing.assert_close(ModuleStore(url).read_module(1, "m")["w"], torch.full((3,), 2.0))
+    with pytest.raises(LeaseLost, match="refused"):
+        a_store.commit(round=1)  # still refused after b's commit: nothing of b's version changes
+    torch.testing.assert_close(ModuleStore(url).read_module(1, "m")["w"], torch.full((3,), 2.0))
+    third = Lease.acquire(ModuleStore(url), timeout=60, host="node-c", pid=9, wall=lambda: now[0], force=True)
     assert third.token == 3
     second.release()  # not its lease any more: nothing removed
-    assert read_holder(store).host == "node-c"
+    assert read_holder(b_store).host == "node-c"
 
 
 def test_a_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
@@ -116,18 +148,30 @@ def race(stores: list[ModuleStore]) -> tuple[list[Lease], list[str]]:
 
 
 def deposed_writes_are_refused(store_of) -> None:
-    """A lease taken over while its holder was between its check and its renewal: the renewal's write is
-    refused (If-Match on S3, the lock here), and the new holder keeps the lease; and a takeover that read a
-    lease renewed before it wrote is refused in turn."""
+    """A lease taken over while its holder was between its last check and its writes: its renewal and its
+    commit (the real writes, conditional: If-Match on S3, the lock on a directory) are refused, the new holder
+    keeps the lease and commits; and a takeover that read a lease renewed before it wrote is refused in turn."""
     now = [1000.0]
-    a = Lease.acquire(store_of(), timeout=60, host="node-a", pid=1, wall=lambda: now[0])
+    versioned_store(store_of())
+    a_store, b_store = store_of(), store_of()
+    a = Lease.acquire(a_store, timeout=60, host="node-a", pid=1, wall=lambda: now[0])
+    a_store.fence(a.token)
+    a.check()  # a's last check passes; it stalls
     now[0] += 61  # a is not renewed for a whole timeout: b takes over
-    b = Lease.acquire(store_of(), timeout=60, host="node-b", pid=2, wall=lambda: now[0])
-    a.check = lambda: None  # a's last check passed just before b took over
+    b = Lease.acquire(b_store, timeout=60, host="node-b", pid=2, wall=lambda: now[0])
+    b_store.fence(b.token)
+    a_store.write_module(1, "m", {"w": torch.ones(3)})
     with pytest.raises(LeaseLost, match=r"\(token 1\) lost the lease .* to node-b pid 2"):
         a.renew()
+    with pytest.raises(LeaseLost, match="commit of round 1 by lease token 1 was refused"):
+        a_store.commit(round=1)
     b.check()
+    b_store.write_module(1, "m", {"w": torch.full((3,), 5.0)})
+    b_store.commit(round=1)
     assert read_holder(store_of()).host == "node-b"
+    reader = store_of()
+    assert reader.current_round() == 1 and reader.state()["lease_token"] == b.token
+    torch.testing.assert_close(reader.read_module(1, "m")["w"], torch.full((3,), 5.0))
     now[0] += 30  # b renews while c reads the lease to take it over (forced): c's write is refused
     c_store = after_first_read(store_of(), b.renew)
     with pytest.raises(LeaseHeld, match="at the same time: node-b pid 2"):

@@ -26,7 +26,7 @@ from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.pipeline.context import PathFactory
 from dipaco.stages.train import resumed_rounds
 from dipaco.store.board import read_board, read_manifest, read_result
-from dipaco.store.lease import Lease, LeaseLost, read_holder
+from dipaco.store.lease import LEASE_FILE, Lease, LeaseLost, read_holder
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import RoundStats
 
@@ -55,18 +55,23 @@ class Writes:
 def counted_store(url: str, writes: Writes) -> ModuleStore:
     """A store object whose writes and deletions go through `writes` first."""
     store = ModuleStore(url)
-    write_bytes, remove = store.write_bytes, store.remove
+    write_bytes, write_if, remove = store.write_bytes, store.write_if, store.remove
 
     def counted_write(relative, data):
         writes(f"write {relative}")
         write_bytes(relative, data)
+
+    def counted_write_if(relative, data, *, version):  # state.json: the fenced commit (not the lease's renewals,
+        if relative != LEASE_FILE:                      # which follow the wall clock)
+            writes(f"write {relative}")
+        return write_if(relative, data, version=version)
 
     def counted_remove(relative):
         if store.exists(relative):
             writes(f"remove {relative}")
         remove(relative)
 
-    store.write_bytes, store.remove = counted_write, counted_remove
+    store.write_bytes, store.write_if, store.remove = counted_write, counted_write_if, counted_remove
     return store
 
 

@@ -13,14 +13,14 @@ import zstandard
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from dipaco.codec.compress import FORMAT, compress, decompress
+from dipaco.codec.sparse import TopK
 from dipaco.config import ResilienceConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.model.topology import Topology
 from dipaco.store.board import open_result, write_encoded_result
-from dipaco.store.compress import FORMAT, compress, decompress
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
-from dipaco.store.sparse import TopK
 
 HUGE = [10**9, 10**6]  # 4e15 bytes in float32
 TOPOLOGY = Topology(levels=(1,), level_blocks=((0,),), private_blocks=frozenset(), private_embeddings=False)

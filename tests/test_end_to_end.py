@@ -78,6 +78,7 @@ def test_evaluation_json_compares_routed_paths_with_both_baselines(tiny_trained)
     assert wire["sent_per_path"] == pytest.approx(train["bytes_up"] / 4)
     assert wire["times_fewer_than_data_parallel"] == pytest.approx(train["bytes_data_parallel"] / train["bytes_up"])
     assert 0 < wire["peak_round"] <= wire["sent"]
+    assert results["traffic"] == train["traffic"] and results["traffic"]["up_bytes"] > wire["sent"]  # measured, all kinds
     older = wire_bytes({"bytes_up": 10, "bytes_float32": 40, "bytes_data_parallel": 400}, n_paths=2)  # a train.json without peaks
     assert older["peak_round"] is None and "would send 4.0x that" in format_results({**results, "bytes": older})
 

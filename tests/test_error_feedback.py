@@ -11,14 +11,15 @@ from test_decoupled import assert_same_last_modules, killed_in_round_two
 from tiny_runs import Clock, drive, make_run
 
 from dipaco.carried.state import RESIDUAL, CarriedState
+from dipaco.codec.codec import Codec
+from dipaco.codec.compress import decompress
+from dipaco.codec.feedback import encode_with_feedback, with_residual
+from dipaco.codec.sparse import TopK
 from dipaco.islands.island.training import push_result, train_task
-from dipaco.optim.error_feedback import encode_with_feedback, with_residual
 from dipaco.stages.island import island_setup
 from dipaco.store.board import all_inner_states, read_inner, read_manifest, read_result, write_inner
-from dipaco.store.compress import decompress
 from dipaco.store.module_store import StoreError
 from dipaco.store.records import Task
-from dipaco.store.sparse import TopK
 
 TOPK = ["compression.codec=topk", "compression.density=0.05", "compression.bits=2", "compression.chunk=256"]
 SPEC = TopK(density=0.05, bits=2, chunk=256)
@@ -41,7 +42,7 @@ def test_over_three_rounds_what_was_dropped_comes_back():
     applied = {name: torch.zeros_like(t) for name, t in updates[0].items()}
     for delta in updates:
         sent = with_residual(delta, residual)
-        data, _, residual = encode_with_feedback(sent, method="topk", level=1, topk=SPEC)
+        data, _, residual = encode_with_feedback(sent, codec=Codec("topk", topk=SPEC))
         decoded, _ = decompress(data, method="topk")
         for name in applied:
             applied[name] += decoded[name]

@@ -66,6 +66,32 @@ def test_staleness_is_per_module_and_the_rescale_counts_paths_through_the_module
     assert next(v for v in policy.plan().verdicts if v.path == 2).factor is None  # 3 > max_staleness: dropped
 
 
+def test_a_chained_result_is_stale_for_its_private_modules_only_by_results_its_chain_lacks():
+    """Async, round 3: path 0's results a, b (round 1) and c (round 2) were applied since version 0. A result
+    from version 0 chained on a and b starts from them: for its private module only c counts (1 stale,
+    factor 1/2), for its shared ones the two versions (1/3). One chained on none of them is three results
+    stale for its private module, past rounds.max_staleness 2: dropped whole (factor and private factor
+    None, no contribution), so nothing reports an update that is not applied."""
+    g = grid(private_blocks=[1])
+    private = next(m for m, paths in g.modules.items() if paths == (0,))
+    applied = [(1, 0, None, "a"), (1, 0, None, "b"), (2, 0, None, "c")]
+    policy = RoundPolicy(g, ASYNC, committed=2, applied=applied)
+    policy.received(Result(key="d", path=0, base=0, tokens=100, arrived=0.0, chain=frozenset({"a", "b"})))
+    plan = policy.plan()
+    (verdict,) = plan.verdicts
+    assert (verdict.staleness, verdict.private_staleness) == (2, 1)
+    assert (verdict.factor, verdict.private_factor) == (pytest.approx(1 / 3), pytest.approx(0.5))
+    assert [c.factor for c in plan.modules[private]] == [pytest.approx(0.5)]
+    assert [c.factor for c in plan.modules["embeddings"]] == [pytest.approx(1 / 3)]
+    policy.withdraw("d")
+    policy.received(Result(key="e", path=0, base=0, tokens=100, arrived=0.0))
+    plan = policy.plan()
+    (verdict,) = plan.verdicts
+    assert (verdict.staleness, verdict.private_staleness) == (2, 3)
+    assert verdict.factor is None and verdict.private_factor is None and plan.applied == []
+    assert all(cs == () for cs in plan.modules.values())
+
+
 def test_the_grace_window_waits_only_for_paths_expected_in_time():
     g = grid()
     policy = RoundPolicy(g, ASYNC)

@@ -119,7 +119,7 @@ def coordinator_replay(sim: RoundsSimulation, tmp_path, *, rounds: int = 100_000
     settings = CoordinatorSettings(outer=OuterConfig(decay="keep"), rounds=sim.closing,
                                    resilience=ResilienceConfig(heartbeat_timeout=1e12), run_rounds=rounds,
                                    inner_steps=sim.settings.inner_steps, keep_versions=0)
-    equal = PathSizes(shard_tokens=(1,) * topology.n_paths, task_tokens=1)  # the replay compares plans, not weights
+    equal = PathSizes(shard_tokens=(1,) * topology.n_paths, step_tokens=1)  # the replay compares plans, not weights
     coordinator = Coordinator(store, topology, settings=settings, sizes=equal, clock=clock)
     seq = {i: 0 for i in range(learners)}
     status = {i: ("idle", None) for i in range(learners)}

@@ -12,11 +12,11 @@ import zstandard
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from dipaco.codec.compress import compress, decompress
+from dipaco.codec.sparse import TopK, decode_tensor, encode_tensor, pack_codes, unpack_codes
 from dipaco.store.board import ResultReader, read_result_as_stored, write_encoded_result
-from dipaco.store.compress import compress, decompress
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, Task
-from dipaco.store.sparse import TopK, decode_tensor, encode_tensor, pack_codes, unpack_codes
 
 
 def _delta() -> dict[str, torch.Tensor]:

@@ -49,7 +49,15 @@ def test_status_of_a_finished_run(tiny_trained, capsys):
     moved, parameters, steps = status["bytes"], path_parameters(tiny_trained), tiny_config(tiny_trained).inner.steps
     assert moved["sent"] == train["bytes_up"] and sum(moved["by_island"].values()) == moved["sent"]
     assert moved["float32_diloco"] == train["bytes_float32"] == 12 * 4 * parameters  # 12 results of a whole path each
-    assert moved["data_parallel"] == train["bytes_data_parallel"] == steps * moved["float32_diloco"]
+    workers = len(status["islands"])  # the run's islands: data parallel's workers, a ring all-reduce per inner step
+    assert moved["data_parallel_workers"] == train["data_parallel_workers"] == workers
+    ring = int(2 * (workers - 1) / workers * (steps * moved["float32_diloco"]))
+    assert moved["data_parallel"] == train["bytes_data_parallel"] == ring
+    traffic = status["traffic"]  # measured by every process, as the coordinator summed it at the end
+    assert traffic == train["traffic"] and traffic["ignored"] == []
+    assert set(traffic["by_owner"]) == {"coordinator", *(i["island"] for i in status["islands"])}
+    assert traffic["by_kind"]["up"]["pseudo_gradient"]["bytes"] >= train["bytes_up"]
+    assert f"traffic up (written to the store): {traffic['up_bytes'] / 1e6:.2f} MB" in text
     assert 0 < sum(moved["by_module"].values()) < moved["sent"]  # the modules' spans, without each file's header
     assert "bytes applied:" in text and "float32 DiLoCo would send" in text
     # the tiny config's Nesterov (with the sqrt(paths) rescale) ran in every round, as train.json records
@@ -118,7 +126,8 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
     expected = ({f"train/loss/path-{p}" for p in range(4)} | {f"val/loss/path-{p}" for p in range(4)}
                 | {f"outer/{kind}/{m}" for kind in ("grad_norm", "update_norm") for m in modules}
                 | {"bytes/up_pseudo_gradients", "bytes/down_modules", "bytes/down_inner", "bytes/up_inner",
-                   "goodput", "round/seconds", "round/applied"})
+                   "goodput", "round/seconds", "round/applied", "traffic/up_bytes", "traffic/down_bytes",
+                   "traffic/up/pseudo_gradient", "traffic/down/module", "traffic/up/inner_state"})
     assert expected <= tags, expected - tags
     train = json.loads(tiny_trained.train_summary.read_text())
     rows = {r["round"]: r for r in train["rounds"]}
@@ -128,6 +137,9 @@ def test_tensorboard_event_files_hold_every_round(tiny_trained):
     assert [e.step for e in events.Scalars("val/loss/path-0")] == [0, 1, 2, 3]  # version 3 scored at the end
     assert [e.value for e in events.Scalars("bytes/up_pseudo_gradients")] == [rows[t]["bytes_up"] for t in (1, 2, 3)]
     assert all(e.value > 0 for e in events.Scalars("outer/update_norm/embeddings"))
+    measured = [e.value for e in events.Scalars("traffic/up/pseudo_gradient")]  # cumulative, as the coordinator read it
+    assert measured == sorted(measured) and measured[-1] <= train["traffic"]["by_kind"]["up"]["pseudo_gradient"]["bytes"]
+    assert [e.step for e in events.Scalars("traffic/down_bytes")] == [1, 2, 3]
     assert all(0 < e.value <= 1 for e in events.Scalars("goodput"))
     # the tiny config keeps its outer step in every round (outer.decay: keep): train.json and the events agree
     assert [rows[t]["outer_step"] for t in (1, 2, 3)] == ["configured"] * 3

@@ -1,4 +1,4 @@
-"""A path's carried state: its inner AdamW moments, its error-feedback residual and its fragments' drift,
+"""A path's carried state: its inner optimizer's moments, its error-feedback residual and its fragments' drift,
 as one object that owns its tensors, checks them, and decides when they cross the wire.
 
     state = CarriedState.of_optimizer(optimizer, names, residual=e, drift=d)   # after a task, kept in memory
@@ -14,8 +14,9 @@ cleanly, or the path moves to another island while this one is alive); those two
 continues exactly. A path moved after its island died resumes from its last checkpoint (`stale`: the
 moments only; the residual and drift a checkpoint held were measured against modules since moved on).
 
-On disk (one safetensors file, `dipaco.store.board.inner_ref`): `<param>.exp_avg` and `<param>.exp_avg_sq`
-(float32 or bf16; bf16 rounding keeps exp_avg_sq ≥ 0), `residual/<module>/<param>` and
+On disk (one safetensors file, `dipaco.store.board.inner_ref`): AdamW's `<param>.exp_avg` and
+`<param>.exp_avg_sq`, with `inner.optimizer: muon` Muon's `<param>.momentum_buffer` for the blocks' matrices
+instead (`dipaco.optim.muon`) (float32 or bf16; bf16 rounding keeps exp_avg_sq ≥ 0), `residual/<module>/<param>` and
 `drift/<module>/<param>` (float32 always: training not sent yet), and in the header's metadata the AdamW
 step counts (`{"step": {param: n}}`) and the moments' dtype. An island writes it, so everything read back is
 checked (`check`) and refused naming the file and the tensor.
@@ -34,13 +35,15 @@ RESIDUAL = "residual/"  # prefix of the error-feedback residual's entries on dis
 DRIFT = "drift/"  # prefix of the drift's entries on disk
 MOMENTS = {"float32": torch.float32, "bf16": torch.bfloat16}  # the dtypes moments are stored in
 MOMENTS_OF = {"checkpoint": "bf16", "last": "float32", "hand-off": "float32"}  # by upload reason
+MOMENT_KINDS = {"exp_avg": "AdamW moment", "exp_avg_sq": "AdamW moment",  # the optimizers' per-parameter state
+                "momentum_buffer": "Muon momentum"}
 
 
 @dataclass
 class CarriedState:
     """What a path's tasks hand on besides its modules; every tensor float32 on the CPU."""
 
-    adam: dict[str, torch.Tensor] = field(default_factory=dict)  # "<param>.exp_avg" / ".exp_avg_sq" (empty: fresh)
+    adam: dict[str, torch.Tensor] = field(default_factory=dict)  # the moments: "<param>.exp_avg" / ".exp_avg_sq" / ".momentum_buffer" (Muon) (empty: fresh)
     steps: dict[str, int] = field(default_factory=dict)  # AdamW's step count per parameter
     residual: dict[str, torch.Tensor] = field(default_factory=dict)  # "module/param" -> e (empty: zeros)
     drift: dict[str, torch.Tensor] = field(default_factory=dict)  # "module/param" -> θ_base − θ_local of modules not sent
@@ -93,15 +96,15 @@ class CarriedState:
 
     def check(self, shapes: dict[str, list[int]], *, where: str) -> None:
         """Refuse (StoreError naming `where` and the tensor) a state that does not fit the path whose
-        parameters `shapes` gives (`{"module/param": shape}`): moments of unknown parameters or of another
-        shape, not finite, or exp_avg_sq < 0; a residual that is not every parameter's (or none); drift of
+        parameters `shapes` gives (`{"module/param": shape}`): moments (AdamW's, Muon's momentum buffers)
+        of unknown parameters or of another shape, not finite, or exp_avg_sq < 0; a residual that is not every parameter's (or none); drift of
         unknown parameters; a residual or drift not float32 or not finite."""
         params = {name.partition("/")[2]: shape for name, shape in shapes.items()}
         for name, tensor in self.adam.items():
             param, _, kind = name.rpartition(".")
-            if kind not in ("exp_avg", "exp_avg_sq") or param not in params:
+            if kind not in MOMENT_KINDS or param not in params:
                 raise StoreError(f"{where}: inner state entry {name} is not a moment of the path's parameters")
-            _check_tensor(tensor, params[param], label="AdamW moment", name=name, where=where)
+            _check_tensor(tensor, params[param], label=MOMENT_KINDS[kind], name=name, where=where)
             if kind == "exp_avg_sq" and bool((tensor < 0).any()):
                 raise StoreError(f"{where}: AdamW moment {name} has {int((tensor < 0).sum())} negative values")
         if self.residual:

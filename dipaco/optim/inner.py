@@ -1,4 +1,5 @@
-"""The inner loop: AdamW steps on one path model, shared by islands and dense training (`dipaco.optim.dense`).
+"""The inner loop: AdamW steps on one path model, shared by islands and dense training (`dipaco.optim.dense`);
+with `inner.optimizer: muon`, Muon on the blocks' matrices and AdamW on the rest (`dipaco.optim.muon`).
 
 The learning rate follows `inner.schedule` over the whole run (every round's inner steps count), so an
 island that trains round t of R uses `start_step = (t - 1) * H`:
@@ -12,7 +13,7 @@ island that trains round t of R uses `start_step = (t - 1) * H`:
   that continues it (it never decays), and a phase continuing it counts its steps on from there
   (`phase_steps`): no second warmup, one decay at the end of each model's own budget.
 
-The AdamW state
+The optimizer's state
 can be saved to and restored from `{name: tensor}` dicts, so a path's inner state travels through the
 store between rounds (DiLoCo keeps inner states local and unsynchronised).
 """
@@ -29,6 +30,7 @@ import torch
 
 from dipaco.config import InnerConfig
 from dipaco.device import autocast
+from dipaco.optim.muon import MuonAdamW, is_block_matrix, parts_of
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +77,23 @@ def warm_start_total(config: InnerConfig, steps: int) -> int | None:
     return None if config.schedule == "wsd" else steps
 
 
-def make_optimizer(model: torch.nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, config: InnerConfig, *, fused: bool = False) -> torch.optim.Optimizer | MuonAdamW:
     """AdamW with weight decay on matrices only (not norms or biases); `fused` picks torch's fused
-    kernel (`inner.fused`: one kernel over all parameters; it rounds differently from the default)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    kernel (`inner.fused`: one kernel over all parameters; it rounds differently from the default).
+    `inner.optimizer: muon`: Muon on the transformer blocks' matrices, this AdamW on the rest (`dipaco.optim.muon`)."""
+    named = list(model.named_parameters())
+    matrices = [p for name, p in named if config.optimizer == "muon" and is_block_matrix(name, p)]
+    chosen = {id(p) for p in matrices}
+    rest = [p for _, p in named if id(p) not in chosen]
+    decay = [p for p in rest if p.dim() >= 2]
+    no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8,
-                             fused=True if fused else None)
+    adamw = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=1e-8,
+                              fused=True if fused else None)
+    if not matrices:
+        return adamw
+    muon = torch.optim.Muon(matrices, lr=config.lr, weight_decay=config.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return MuonAdamW(muon=muon, adamw=adamw)
 
 
 CHECK_EVERY = 25  # steps between checks that the losses are finite (each check waits for the device)
@@ -151,21 +162,36 @@ def _finite(losses: list[float], *, first_step: int, lr: float) -> list[float]:
     return losses
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str]) -> tuple[dict, dict]:
-    """AdamW moments as `{f"{param}.exp_avg": tensor, ...}` plus `{"step": {param: int}}` metadata."""
+def optimizer_state(optimizer: torch.optim.Optimizer | MuonAdamW, names: dict[torch.nn.Parameter, str]) -> tuple[dict, dict]:
+    """AdamW moments as `{f"{param}.exp_avg": tensor, ...}` (Muon's as `{f"{param}.momentum_buffer": tensor}`)
+    plus `{"step": {param: int}}` metadata (AdamW's step counts; Muon keeps none)."""
     tensors, steps = {}, {}
-    for param, state in optimizer.state.items():
-        name = names[param]
-        tensors[f"{name}.exp_avg"] = state["exp_avg"].detach().cpu()
-        tensors[f"{name}.exp_avg_sq"] = state["exp_avg_sq"].detach().cpu()
-        steps[name] = int(state["step"])
+    for part in parts_of(optimizer):
+        for param, state in part.state.items():
+            name = names[param]
+            for key, value in state.items():
+                if key == "step":
+                    steps[name] = int(value)
+                else:
+                    tensors[f"{name}.{key}"] = value.detach().cpu()
     return tensors, {"step": steps}
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+def load_optimizer_state(optimizer: torch.optim.Optimizer | MuonAdamW, params: dict[str, torch.nn.Parameter],
                          tensors: dict[str, torch.Tensor], meta: dict, *, strict: bool = False) -> None:
     """Restore what `optimizer_state` saved (parameters missing from it start fresh; with `strict`, every
     parameter must be in it with its shape: a ValueError names the first that is not)."""
+    for part in parts_of(optimizer):
+        owned = {id(p) for group in part.param_groups for p in group["params"]}
+        mine = {name: param for name, param in params.items() if id(param) in owned}
+        if isinstance(part, torch.optim.AdamW):
+            _load_adamw(part, mine, tensors, meta, strict=strict)
+        else:
+            _load_muon(part, mine, tensors, strict=strict)
+
+
+def _load_adamw(optimizer: torch.optim.AdamW, params: dict[str, torch.nn.Parameter], tensors: dict[str, torch.Tensor],
+                meta: dict, *, strict: bool) -> None:
     fused = bool(optimizer.defaults.get("fused"))  # the fused kernel keeps its step counts on the device
     if strict:
         for name, param in params.items():
@@ -181,3 +207,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, params: dict[str, tor
             "exp_avg": tensors[f"{name}.exp_avg"].to(param.device),
             "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].to(param.device),
         }
+
+
+def _load_muon(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+               tensors: dict[str, torch.Tensor], *, strict: bool) -> None:
+    for name, param in params.items():
+        saved = tensors.get(f"{name}.momentum_buffer")
+        if saved is not None and saved.shape != param.shape:
+            raise ValueError(f"the Muon state's momentum for {name} has shape {tuple(saved.shape)}, the "
+                             f"parameter's is {tuple(param.shape)}")
+        if saved is None:
+            if strict:
+                raise ValueError(f"the inner state has no Muon momentum for {name} (saved by AdamW, or another model?)")
+            continue
+        optimizer.state[param] = {"momentum_buffer": saved.to(param.device)}

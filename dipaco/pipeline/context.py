@@ -80,10 +80,10 @@ class PathFactory:
     @cached_property
     def path_sizes(self) -> PathSizes:
         """Each path's training-shard tokens (from shards/index.json, no shard is read) and the tokens one
-        task asks for: what the outer step weights results by (`dipaco.optim.weighting`)."""
+        inner step trains on one rank: what the outer step weights results by (`dipaco.optim.weighting`)."""
         reader, inner = self.reader, self.config.inner
         return PathSizes(shard_tokens=tuple(reader.num_tokens(p, "train") for p in range(self.topology.n_paths)),
-                         task_tokens=inner.steps * inner.batch_size * reader.seq_len)
+                         step_tokens=inner.batch_size * reader.seq_len)
 
     @cached_property
     def spec(self) -> PathSpec:

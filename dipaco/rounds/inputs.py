@@ -44,6 +44,7 @@ class Result:
     started: float | None = None  # when the task was handed out (policy clock); None = unknown
     steps: int | None = None  # inner steps it trained (fewer when it was cut); None = a whole task
     modules: frozenset[str] | None = None  # the modules it carries (outer.fragments); None = every module of its path
+    chain: frozenset[str] = frozenset()  # keys of its path's earlier results its start holds (`Task.chain`, async)
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,18 @@ class RunLength:
     def __init__(self, n_paths: int, rounds: int | None, *, inner_steps: int = 1,
                  applied: Iterable[tuple] = ()):
         """`rounds` × `inner_steps`: each path's planned steps (`rounds` None = no end). `applied`:
-        (round, path) or (round, path, steps) of every result applied by committed rounds (from their
-        manifests; steps None or absent = a whole task)."""
+        (round, path[, steps[, key]]) of every result applied by committed rounds (from their manifests;
+        steps None or absent = a whole task; key absent = "": a result no task's chain names)."""
         if rounds is not None and rounds < 1:
             raise ValueError(f"a run's length must be >= 1 result per path (run.rounds), got {rounds}")
         self.n_paths, self.rounds, self.inner_steps = n_paths, rounds, inner_steps
         self.planned = None if rounds is None else rounds * inner_steps
-        self.applied_rounds: dict[int, list[int]] = {p: [] for p in range(n_paths)}
+        self.applied: dict[int, list[tuple[int, str]]] = {p: [] for p in range(n_paths)}  # path -> (round, key)
         self.applied_steps = [0] * n_paths
-        for round, path, *steps in applied:
-            self.applied_rounds[path].append(round)
-            self.applied_steps[path] += self.steps(steps[0] if steps else None)
+        for round, path, *rest in applied:
+            steps, key = (rest[0] if rest else None), (rest[1] if len(rest) > 1 else "")
+            self.applied[path].append((round, key))
+            self.applied_steps[path] += self.steps(steps)
 
     def steps(self, steps: int | None) -> int:
         """A result's steps (None: a whole task)."""
@@ -38,7 +39,7 @@ class RunLength:
 
     def applied_results(self, path: int) -> int:
         """Results of `path` applied by committed rounds."""
-        return len(self.applied_rounds[path])
+        return len(self.applied[path])
 
     def outstanding(self, usable: list[int]) -> list[int | None]:
         """Steps each path still owes beyond the committed rounds and the steps of its `usable` pending
@@ -63,7 +64,7 @@ class RunLength:
     def record(self, plan: RoundPlan) -> None:
         """`plan` was committed: its applied results count."""
         for verdict in plan.applied:
-            self.applied_rounds[verdict.path].append(plan.round)
+            self.applied[verdict.path].append((plan.round, verdict.key))
             self.applied_steps[verdict.path] += self.steps(verdict.steps)
 
     def finishing(self, outstanding: list[int | None], *, running: list[Running], open: list[OpenTask]) -> bool:

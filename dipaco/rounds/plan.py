@@ -1,9 +1,13 @@
 """A round's outer step as the policy plans it: per result a verdict, per module its contributions.
 
-A result based on version b applied in round t is s = t − 1 − b versions stale for the shared modules;
-for a path-private module, s = the results of its own path applied in rounds b+1 … t−1. Its factor is
-`staleness_weight(s)`; a result whose shared staleness is past the limit is dropped whole. A result that
-carries only some of its path's modules (`Result.modules`, outer.fragments) contributes to those alone.
+A result based on version b applied in round t is s = t − 1 − b versions stale for the shared modules.
+For its path-private modules it is stale by the results of its own path applied in rounds b+1 … t−1
+that its start does not hold: a chained task (async, `Result.chain`) starts from b plus its path's
+earlier results, so those are the progress it continues, not updates it missed, and do not count. Each
+staleness gives a factor `staleness_weight(s)` (the shared one `Verdict.factor`, the private one
+`Verdict.private_factor`: the factors the manifest records are the ones applied); a result either of
+whose stalenesses is past the limit is dropped whole. A result that carries only some of its path's
+modules (`Result.modules`, outer.fragments) contributes to those alone.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ class Verdict:
     key: str
     path: int
     base: int
-    staleness: int  # of its shared modules (its private ones: `Contribution.staleness`)
+    staleness: int  # of its shared modules
     factor: float | None
     steps: int | None = None  # inner steps it trained (None: a whole task)
+    private_staleness: int = 0  # of its path-private modules: own results applied since its base, not in its chain
+    private_factor: float | None = None  # their staleness weight (None: dropped, or its path has no private module)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Contribution:
     tokens: int
     staleness: int
     factor: float
+    steps: int | None = None  # inner steps it trained (None: a whole task)
 
 
 @dataclass(frozen=True)
@@ -60,31 +67,41 @@ class RoundPlan:
 
 
 def plan_round(round: int, pending: Iterable[Result], *, grid: Grid, config: RoundsConfig,
-               applied_rounds: dict[int, list[int]]) -> RoundPlan:
-    """The plan of round `round` from the `pending` results; `applied_rounds`: path -> the rounds that
-    applied its earlier results (a private module's staleness)."""
-    verdicts, by_key = [], {}
-    for result in sorted(pending, key=lambda r: (r.path, r.base, r.key)):
-        staleness = round - 1 - result.base
-        factor = staleness_weight(staleness, config=config)
-        verdicts.append(Verdict(key=result.key, path=result.path, base=result.base, staleness=staleness, factor=factor,
-                                steps=result.steps))
-        by_key[result.key] = result
+               applied: dict[int, list[tuple[int, str]]]) -> RoundPlan:
+    """The plan of round `round` from the `pending` results; `applied`: path -> the (round, key) of its
+    results committed rounds applied (a private module's staleness)."""
+    private = {paths[0] for paths in grid.modules.values() if len(paths) == 1}  # the paths with a private module
+    results = {r.key: r for r in sorted(pending, key=lambda r: (r.path, r.base, r.key))}
+    verdicts = [_verdict(round, r, applied=applied[r.path], private=r.path in private, config=config)
+                for r in results.values()]
     modules: dict[str, tuple[Contribution, ...]] = {}
     for m, paths in grid.modules.items():
         contributions = []
         for verdict in verdicts:
-            carried = by_key[verdict.key].modules
+            carried = results[verdict.key].modules
             if verdict.factor is None or verdict.path not in paths or (carried is not None and m not in carried):
                 continue
-            staleness, factor = verdict.staleness, verdict.factor
-            if len(paths) == 1:  # private: stale only by its own path's results applied since
-                staleness = sum(1 for r in applied_rounds[verdict.path] if r > verdict.base)
-                factor = staleness_weight(staleness, config=config)
-                if factor is None:  # sync cannot get here; async: newer own results already applied
-                    continue
-            contributions.append(Contribution(key=verdict.key, path=verdict.path,
-                                              tokens=by_key[verdict.key].tokens, staleness=staleness, factor=factor))
+            own = len(paths) == 1
+            factor = verdict.private_factor if own else verdict.factor
+            assert factor is not None  # an applied result of a path with a private module has a private factor
+            contributions.append(Contribution(key=verdict.key, path=verdict.path, tokens=results[verdict.key].tokens,
+                                              staleness=verdict.private_staleness if own else verdict.staleness,
+                                              factor=factor, steps=results[verdict.key].steps))
         modules[m] = tuple(contributions)
     return RoundPlan(round=round, verdicts=tuple(verdicts), modules=modules,
                      paths_through={m: len(paths) for m, paths in grid.modules.items()})
+
+
+def _verdict(round: int, result: Result, *, applied: list[tuple[int, str]], private: bool,
+             config: RoundsConfig) -> Verdict:
+    """`result`'s verdict in round `round`; `applied`: the (round, key) of its path's applied results,
+    `private`: its path has a private module."""
+    staleness = round - 1 - result.base
+    factor = staleness_weight(staleness, config=config)
+    own = sum(1 for r, key in applied if r > result.base and key not in result.chain) if private else 0
+    private_factor = staleness_weight(own, config=config) if private else None
+    if private and private_factor is None:
+        factor = None  # past the limit for its private modules: dropped whole, as for its shared ones
+    return Verdict(key=result.key, path=result.path, base=result.base, staleness=staleness, factor=factor,
+                   steps=result.steps, private_staleness=own,
+                   private_factor=private_factor if factor is not None else None)

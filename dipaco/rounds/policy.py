@@ -48,6 +48,11 @@ class RoundPolicy:
         self.pending[result.key] = result
         self.clock.measure(result, whole=result.steps is None or result.steps >= self.length.inner_steps)
 
+    def chain(self, path: int) -> frozenset[str]:
+        """The keys of `path`'s results received and not yet applied: a task opened now starts from the
+        newest version plus them (`Result.chain`)."""
+        return frozenset(k for k, r in self.pending.items() if r.path == path)
+
     def withdraw(self, key: str) -> None:
         """A received result is not to be applied after all (found bad after its receipt)."""
         self.pending.pop(key, None)
@@ -116,7 +121,7 @@ class RoundPolicy:
     def plan(self) -> RoundPlan:
         """The outer step of round committed + 1 from every pending result."""
         return plan_round(self.committed + 1, self.pending.values(), grid=self.grid, config=self.config,
-                          applied_rounds=self.length.applied_rounds)
+                          applied=self.length.applied)
 
     def commit(self, plan: RoundPlan) -> None:
         """Round `plan.round` is written: its results are used, its version is the newest."""

@@ -44,7 +44,7 @@ def cut(running: Iterable[Running], *, committed: int, now: float, median: float
     """The keys of the running tasks to cut now (async; sync never cuts), stragglers: those running longer
     than `rounds.cut_after` median task times, and those that have run a median task time and are
     `rounds.max_staleness` versions behind (the next round can still apply their result, no later one).
-    A cut task's path moves on and what it trained is applied, weighted by its tokens."""
+    A cut task's path moves on and what it trained is applied (its Δ holds the steps it trained)."""
     if config.mode != "async" or median is None:
         return []
     keys = []

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from dipaco.codec.registry import codec_info
 from dipaco.config import Config, RoundsConfig, SimulateConfig
 from dipaco.simulate.failures import HOUR
+from dipaco.store.traffic import ring_allreduce_bytes
 
-UPLOAD_BITS = {"none": 32, "int8": 8, "int4": 4}  # bits per parameter of an uploaded pseudo-gradient (compression.codec)
 INDEX_BITS = 16  # topk: bits of a sent value's offset in its chunk before zstd (an upper estimate)
 
 
@@ -47,7 +48,8 @@ class Settings:
     @property
     def upload_bytes(self) -> float:
         """One task's pseudo-gradient, compressed as `compression.codec` says."""
-        bits = self.density * (self.bits + INDEX_BITS) if self.codec == "topk" else UPLOAD_BITS[self.codec]
+        bits = codec_info(self.codec).bits
+        bits = self.density * (self.bits + INDEX_BITS) if bits is None else bits
         return self.sim.model_parameters * bits / 8
 
     @property
@@ -62,5 +64,4 @@ class Settings:
     def data_parallel_step_bytes(self) -> float:
         """Bytes one site's link carries per data-parallel step: a ring all-reduce of the gradients
         between the `learners` sites sends and receives 2 (L - 1) / L of them (0 on one site)."""
-        sites = self.sim.learners
-        return 2 * self.sim.model_parameters * self.sim.parameter_bytes * (sites - 1) / sites
+        return ring_allreduce_bytes(self.sim.model_parameters * self.sim.parameter_bytes, self.sim.learners)

@@ -26,6 +26,7 @@ class SimTask:
     base: int
     steps_done: int  # inner steps its path had trained when it was opened (the coordinator's step_offset)
     steps: int  # inner steps it asks for
+    chain: frozenset[str] = frozenset()  # its path's received results not yet applied when it was opened (it starts from them)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Syncer:
         owed = self.policy.outstanding(path)
         steps = self.inner_steps if owed is None else max(1, min(self.inner_steps, owed))
         return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
-                       steps_done=self.steps_done[path], steps=steps)
+                       steps_done=self.steps_done[path], steps=steps, chain=self.policy.chain(path))
 
     def received(self, key: str, *, tokens: int, steps: int, now: float) -> bool:
         """The result of running task `key` (`steps` trained) arrived; False (ignored, as the coordinator
@@ -69,7 +70,7 @@ class Syncer:
         self.cut_keys.discard(key)
         self.steps_done[task.path] = task.steps_done + steps
         self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
-                                    started=started, steps=steps))
+                                    started=started, steps=steps, chain=task.chain))
         return True
 
     def tick(self, now: float, idle: list[IdleIsland]) -> Pass:

@@ -7,7 +7,7 @@ path (`dipaco.eval.prefix_routing`), and that path scores the tokens after the p
 is in memory at a time. The baselines score the very same tokens, so the perplexities are
 comparable. Then every eval mode (`eval.modes`, `dipaco.eval.modes`) is computed from the same table
 of per-token losses, so the `prefix` mode is the headline row, not scored again. Results go to
-`eval.json` and are printed as a table; each model's row says how many tokens it scored
+`eval.json` (with the training's store traffic as measured, `traffic`: `dipaco.store.ledger`) and are printed as a table; each model's row says how many tokens it scored
 (`scored_tokens`) and that each document's first `skipped_prefix_tokens` (the routing prefix) were not. Every model's row says the dense warm-start steps it started
 from (`pretrain_steps`), its own steps, the steps in all, and the training tokens in all (warm start
 included): the baselines' budgets count the warm start (`dipaco.eval.dense_baselines`), which a path-sized
@@ -40,6 +40,7 @@ from dipaco.optim.dense import is_trained, load_dense
 from dipaco.pipeline.context import PathFactory, baseline_budgets
 from dipaco.pipeline.fingerprints import check
 from dipaco.run_dir import RunDir
+from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.run_state import applied_tokens
 from dipaco.tables import format_table
@@ -123,6 +124,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         "models": rows,
         "per_path": per_path_table(topology, paths, nll, tokens),
         "bytes": wire_bytes(summary, n_paths=topology.n_paths),
+        "traffic": read_summary(factory.store),  # the training's store traffic, measured by every process
     }
     results["paths_without_test_documents"] = [row["path"] for row in results["per_path"] if not row["documents"]]
     if results["paths_without_test_documents"]:  # their cells are null, not NaN: an empty path is not a broken one
@@ -233,6 +235,10 @@ def format_results(results: dict) -> str:
         text += (f"\n\nPseudo-gradients on the wire: {wire['sent'] / 1e6:,.2f} MB sent ({wire['sent_per_path'] / 1e6:,.2f} MB "
                  f"per path{peak}); float32 DiLoCo would send "
                  f"{_times(wire['times_fewer_than_float32_diloco'])}, data parallel {_times(wire['times_fewer_than_data_parallel'])}")
+    traffic = results.get("traffic")
+    if traffic and traffic.get("by_owner"):
+        text += (f"\nStore traffic measured in training: {traffic['up_bytes'] / 1e6:,.2f} MB up, "
+                 f"{traffic['down_bytes'] / 1e6:,.2f} MB down ({traffic['up_requests'] + traffic['down_requests']:,} requests)")
     if results.get("modes"):
         text += "\n\n" + format_modes(results["modes"])
     return text

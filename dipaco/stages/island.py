@@ -26,6 +26,7 @@ from dipaco.islands.island.training import IslandSetup
 from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
 from dipaco.store.board import check_island_name
+from dipaco.store.ledger import publish_counts
 
 
 def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory: PathFactory | None = None) -> IslandSetup:
@@ -56,6 +57,7 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         for path in paths or []:
             meta = run_pinned_task(setup, path=path, island=name or f"one-shot-path-{path}")
             print(json.dumps({k: v for k, v in meta.to_json().items() if k != "losses"}))
+        publish_counts(setup.store, owner=name or "one-shot", role="island")  # its bytes join the run's traffic
         return
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     if slowdown is None:

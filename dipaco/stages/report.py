@@ -54,7 +54,7 @@ def write_report(config: Config, run: RunDir) -> Path:
     lines = [f"# DiPaCo run report: {run.root}", "",
              f"Grid {levels} ({math.prod(config.topology.levels)} paths), {config.model.n_layers} blocks of width "
              f"{config.model.hidden_size}, {config.run.rounds} rounds x {config.inner.steps} inner steps, "
-             f"outer lr {config.outer.lr} momentum {config.outer.momentum}.", ""]
+             f"outer lr {config.outer_step.lr} momentum {config.outer_step.momentum}.", ""]
     lines += _loss_section(train, best, figures)
     lines += _eval_section(evaluation, figures)
     lines += _paths_section(index, evaluation, figures)

@@ -10,8 +10,9 @@ kept, every island's last heartbeat and task, the queue of tasks, and from the r
 results applied, their island-seconds and bytes and every path's latest losses (validation losses from
 best.json); the outer step each span of rounds took (train.json's rows, as applied); goodput is
 train.json's at the end of a run, an estimate while it runs. Bytes: the applied pseudo-gradients as
-sent, against what float32 DiLoCo (the same results in float32) and data parallel (a float32 gradient
-per inner step of the same training) would have sent, by island and by module.
+sent, against what float32 DiLoCo (the same results in float32) and data parallel (a ring all-reduce of a
+float32 gradient per inner step of the same training among the run's islands) would have sent, by island and by module. Traffic: every byte and
+request each process measured at the store, by direction, kind and process (`dipaco.store.ledger`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from dipaco.optim.outer_history import describe_rows, describe_step
 from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
 from dipaco.store.lease import read_holder
+from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import TASK_STATUSES, ManifestEntry, RoundStats
 from dipaco.store.run_state import committed_record
+from dipaco.store.traffic import ring_allreduce_bytes
 from dipaco.tables import format_table
 
 
@@ -144,7 +147,8 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "cancelled": cancelled,
         "useful_island_seconds": useful,
         "bytes_up": bytes_up,
-        "bytes": moved.to_json(),
+        "bytes": moved.to_json(workers=summary.get("data_parallel_workers") or max(1, islands_seen)),
+        "traffic": read_summary(store),
         "goodput": goodput,
         "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
                                                         "applied": last_stats.applied, "in_flight": last_stats.in_flight,
@@ -165,7 +169,7 @@ class ByteCounts:
 
     sent: int = 0
     float32: int = 0  # 0 for results applied before their manifests recorded it
-    data_parallel: int = 0
+    data_parallel: int = 0  # one copy of the gradients (`to_json` applies the ring all-reduce)
     by_island: dict[str, int] = field(default_factory=dict)
     by_module: dict[str, int] = field(default_factory=dict)
 
@@ -178,8 +182,11 @@ class ByteCounts:
         for module, size in (entry.module_bytes or {}).items():
             self.by_module[module] = self.by_module.get(module, 0) + size
 
-    def to_json(self) -> dict[str, Any]:
-        return {"sent": self.sent, "float32_diloco": self.float32, "data_parallel": self.data_parallel,
+    def to_json(self, *, workers: int) -> dict[str, Any]:
+        """`workers`: the run's islands, data parallel's workers (each sends and receives a ring all-reduce of a
+        float32 gradient per inner step)."""
+        return {"sent": self.sent, "float32_diloco": self.float32,
+                "data_parallel": int(ring_allreduce_bytes(self.data_parallel, workers)), "data_parallel_workers": workers,
                 "by_island": dict(sorted(self.by_island.items())), "by_module": dict(sorted(self.by_module.items()))}
 
 
@@ -243,10 +250,11 @@ def format_status(status: dict[str, Any]) -> str:
     if moved["sent"]:
         lines.append(f"bytes applied: {moved['sent'] / 1e6:.2f} MB sent; float32 DiLoCo would send "
                      f"{moved['float32_diloco'] / 1e6:.2f} MB ({_times(moved['float32_diloco'], moved['sent'])} more), "
-                     f"data parallel {moved['data_parallel'] / 1e6:.2f} MB "
+                     f"data parallel on {moved['data_parallel_workers']} workers {moved['data_parallel'] / 1e6:.2f} MB each way "
                      f"({_times(moved['data_parallel'], moved['sent'])}); by island: "
                      + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in moved["by_island"].items())
                      + "; by module: " + (", ".join(f"{k} {v / 1e6:.3f} MB" for k, v in moved["by_module"].items()) or "-"))
+    lines.extend(_traffic_lines(status["traffic"]))
     last = status["last_round"]
     if last:
         lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
@@ -275,6 +283,21 @@ def format_status(status: dict[str, Any]) -> str:
           f"{_num(p['val_loss'])} ({_num(p['val_loss_version'], 'd')})",
           f"{_num(p['best_val_loss'])} ({_num(p['best_version'], 'd')})"] for p in status["paths"]]))
     return "\n".join(lines)
+
+
+def _traffic_lines(traffic: dict[str, Any]) -> list[str]:
+    """The measured store traffic: each direction's bytes and requests by kind, and each process's."""
+    if not traffic["by_owner"]:
+        return []
+    lines = []
+    for direction, word in (("up", "written to the store"), ("down", "read from it")):
+        kinds = ", ".join(f"{k} {c['bytes'] / 1e6:.3f} MB ({c['requests']})" for k, c in traffic["by_kind"][direction].items())
+        lines.append(f"traffic {direction} ({word}): {traffic[f'{direction}_bytes'] / 1e6:.2f} MB in "
+                     f"{traffic[f'{direction}_requests']} requests; {kinds or '-'}")
+    lines.append("traffic by process (MB up / down): " + ", ".join(
+        f"{name} {o['up_bytes'] / 1e6:.2f} / {o['down_bytes'] / 1e6:.2f}" for name, o in traffic["by_owner"].items())
+        + (f"; ignored reports: {', '.join(traffic['ignored'])}" if traffic["ignored"] else ""))
+    return lines
 
 
 def status(src: Source, *, watch: float = 0.0, as_json: bool = False, out=print) -> dict[str, Any]:

@@ -9,7 +9,9 @@ writes each module version, train.json's rows and TensorBoard metrics; `launcher
 coordinator and its islands as Ray tasks. The run ends when every path has had `run.rounds` results
 applied. A killed run resumes with the same command; one coordinator holds a store's lease (`--force`
 takes it over). train.json also says the outer step each span of rounds took as applied (`outer_steps`,
-`dipaco.optim.outer_history`) and the commit of the code each session trained with (`code`).
+`dipaco.optim.outer_history`), the commit of the code each session trained with (`code`) and the store
+traffic every process measured, by direction, kind and process, every session's included (`traffic`,
+`dipaco.store.ledger`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dipaco.run_dir import RunDir
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
 from dipaco.store.run_state import goodput
+from dipaco.store.traffic import ring_allreduce_bytes
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +121,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             _write_summary(run.train_summary, summary)
             metrics.round(store, stats, norms=service.last_norms, metas=service.last_metas,
                           goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
-                                                  first_beat=service.first_beat))
+                                                  first_beat=service.first_beat), traffic=service.traffic,
+                          workers=processes if local_islands else max(1, len(service.seen)))
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
             log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients (%.2f MB in float32), "
@@ -138,6 +142,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         metrics.close()
         if islands:
             islands.terminate()
+    workers = processes if local_islands else max(1, len(service.seen))  # the run's islands
     summary.update(
         n_paths=topology.n_paths,
         rounds_completed=store.current_round(),
@@ -151,8 +156,11 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         bytes_up_peak_round_excluding_final=max((r.bytes_up - r.bytes_up_final for r in rounds), default=0),  # the steady state: paths' last tasks (which sync every module) left out
         bytes_up_final=sum(r.bytes_up_final for r in rounds),
         bytes_float32=sum(r.bytes_float32 for r in rounds),  # float32 DiLoCo, the same results
-        bytes_data_parallel=sum(r.bytes_data_parallel for r in rounds),  # a float32 gradient per inner step
+        # data parallel on the run's islands, each way: each worker all-reduces a float32 gradient per inner step
+        bytes_data_parallel=int(ring_allreduce_bytes(sum(r.bytes_data_parallel for r in rounds), workers)),
+        data_parallel_workers=workers,
         outer_steps=[span.to_json() for span in outer_spans(rounds)],  # what each round applied
+        traffic=service.report_traffic(),  # measured at the store: every process's counts (islands stopped: their last)
     )
     log.info("outer steps: %s", describe_outer_steps(outer_spans(rounds)))
     if islands:

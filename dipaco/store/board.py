@@ -3,7 +3,8 @@
 Every file has exactly one writer, and holds one record of `dipaco.store.records`:
 
     tasks.json                                    coordinator: the `Board` (every `Task` and `PathState`)
-    rounds/round-000004.json                      coordinator: the `RoundManifest` of round 4's outer step
+    rounds/round-000004.t2.json                   coordinator: the `RoundManifest` of round 4's outer step, staged
+                                                  under its lease token (`ModuleStore.version_name`)
     heartbeats/<island>.json                      island <island>: its `Heartbeat`
     results/round-000004/path-0002[.l1][.a1].json the island running attempt 1 of (path 2, round 4): `ResultMeta`
     results/round-000004/path-0002[.l1][.a1].<ext> its pseudo-gradient (.safetensors, .int8/.int4/.topk.safetensors)
@@ -33,7 +34,7 @@ import re
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dipaco.store.compress import (
+from dipaco.codec.compress import (
     Index,
     compress,
     declared_tensors,
@@ -42,13 +43,13 @@ from dipaco.store.compress import (
     header_size,
     read_index,
 )
+from dipaco.codec.registry import REGISTRY
+from dipaco.codec.sparse import TopK
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
-from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task
-from dipaco.store.sparse import TopK
+from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task, task_key
 
 TASKS = "tasks.json"
-EXTENSIONS = {"none": ".safetensors", "int8": ".int8.safetensors", "int4": ".int4.safetensors",
-              "topk": ".topk.safetensors"}
+EXTENSIONS = {name: info.suffix for name, info in REGISTRY.items()}  # a pseudo-gradient's file suffix by codec
 
 
 def _suffix(attempt: int, link: int = 0) -> str:
@@ -76,8 +77,9 @@ def _heartbeat_file(island: str) -> str:
     return f"heartbeats/{check_island_name(island)}.json"
 
 
-def _manifest_file(round: int) -> str:
-    return f"rounds/{round_dir(round)}.json"
+def _manifest_file(store: ModuleStore, round: int, *, staged: bool = False) -> str:
+    """Round `round`'s manifest: the committed one (`ModuleStore.version_name`), or this store object's staging."""
+    return f"rounds/{store.staged_name(round) if staged else store.version_name(round)}.json"
 
 
 def _inner_folder(path: int) -> str:
@@ -86,7 +88,10 @@ def _inner_folder(path: int) -> str:
 
 # --- the board -------------------------------------------------------------------------------------
 def read_board(store: ModuleStore) -> Board | None:
-    return Board.from_json(store.read_json(TASKS), file=store.location(TASKS)) if store.exists(TASKS) else None
+    """tasks.json's board (None before the first), read only when it changed since this client read it
+    (`read_fresh`: an unchanged board costs one metadata request)."""
+    obj = store.read_fresh_json(TASKS)
+    return None if obj is None else Board.from_json(obj, file=store.location(TASKS))
 
 
 def write_board(store: ModuleStore, board: Board) -> None:
@@ -172,6 +177,18 @@ def result_ref_base(ref: str) -> int:
     if round is None:
         raise StoreError(f"{ref!r} is not a result reference")
     return round - 1
+
+
+_REF = re.compile(r"results/round-(\d+)/path-(\d+)(?:\.l(\d+))?(?:\.a\d+)?")
+
+
+def result_ref_key(ref: str) -> str:
+    """The key of the task whose result `ref` is (`dipaco.store.records.task_key`)."""
+    match = _REF.fullmatch(ref)
+    if match is None:
+        raise StoreError(f"{ref!r} is not a result reference")
+    round, path, link = match.groups()
+    return task_key(int(path), int(round) - 1, int(link or 0))
 
 
 def read_result_ref(store: ModuleStore, ref: str) -> tuple[dict[str, torch.Tensor], ResultMeta]:
@@ -351,12 +368,13 @@ def remove_results(store: ModuleStore, round: int) -> None:
 
 # --- round manifests -------------------------------------------------------------------------------
 def write_manifest(store: ModuleStore, manifest: RoundManifest) -> None:
-    store.write_json(_manifest_file(manifest.round), manifest.to_json())
+    """Stage the manifest of the round the coordinator is closing (read once committed)."""
+    store.write_json(_manifest_file(store, manifest.round, staged=True), manifest.to_json())
 
 
 def read_manifest(store: ModuleStore, round: int) -> RoundManifest | None:
     """Round `round`'s manifest; None when the round was committed without one (or not at all)."""
-    relative = _manifest_file(round)
+    relative = _manifest_file(store, round)
     if not store.exists(relative):
         return None
     return RoundManifest.from_json(store.read_json(relative), file=store.location(relative))

@@ -38,6 +38,11 @@ _ENV_HINT = {
 }
 
 
+class LeaseLost(RuntimeError):
+    """This coordinator's lease was taken over: it must not write to the store again (`dipaco.store.lease`);
+    also raised when a commit is refused because another coordinator fenced `state.json`."""
+
+
 class StoreError(RuntimeError):
     """A store file is missing, corrupt or of an unknown version, or the store cannot be reached."""
 

@@ -7,7 +7,8 @@
 
 `lease.json` in the store holds the holder (host, pid), when it started and was last renewed (wall-clock
 seconds, so hosts' clocks must roughly agree) and the fencing token, which grows by one at every
-takeover. A coordinator holds the lease while the file names its own token and nonce; one that finds
+takeover (and is above the token that fenced `state.json`, `ModuleStore.fence`, should lease.json have been
+deleted). A coordinator holds the lease while the file names its own token and nonce; one that finds
 another token there has been deposed and stops before writing.
 
 A lease is taken over when it has not been renewed for `timeout` seconds, when its holder is a process
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dipaco.store.errors import LeaseLost
 from dipaco.store.module_store import ModuleStore, StoreError
 
 LEASE_FILE = "lease.json"
@@ -43,10 +45,6 @@ log = logging.getLogger(__name__)
 
 class LeaseHeld(RuntimeError):
     """Another coordinator holds the store's lease."""
-
-
-class LeaseLost(RuntimeError):
-    """This coordinator's lease was taken over: it must not write to the store again."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +124,8 @@ class Lease:
                     f"{timeout - (now - old.renewed_at):.0f}s after its last renewal (resilience.lease_timeout={timeout:g}). "
                     f"Stop that coordinator, wait, or pass --force if you know it is gone")
             log.warning("taking over the coordinator lease of %s from %s: %s", store.url, old.describe(now), reason)
-        mine = Holder(token=(old.token + 1) if old else 1, host=host, pid=pid, nonce=uuid.uuid4().hex,
-                      started=now, renewed_at=now)
+        last = max(old.token if old else 0, store.fenced_token())  # a lease.json deleted by hand restarts no lower
+        mine = Holder(token=last + 1, host=host, pid=pid, nonce=uuid.uuid4().hex, started=now, renewed_at=now)
         written = store.write_if(LEASE_FILE, _encode(mine), version=version)
         if written is None or not store.conditional_writes:  # refused, or a plain write: what is there now?
             current = _read(store)

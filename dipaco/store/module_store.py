@@ -4,13 +4,17 @@ the rest of `dipaco.store`) that knows its file names.
 An fsspec URL (a local directory by default; `s3://…`, `gs://…` or a shared filesystem when islands
 sit on different machines). Layout under the root:
 
-    state.json                                  last completed round (written last: the commit point)
-    modules/round-000003/<module>.safetensors   every module after round 3's outer step
-    modules/round-000003/checksums.json         the sha256 of each of those files (written at the commit)
-    outer/round-000003/<module>.safetensors     the outer optimiser's momentum after round 3
-    best.json                                   validation loss per path and version (dipaco.eval.early_stopping)
+    state.json                                     last completed round (written last: the commit point), the
+                                                   lease token that wrote it and each version's staged name
+    modules/round-000003.t4/<module>.safetensors   every module after round 3's outer step, staged by the
+                                                   coordinator holding lease token 4 (`version_names`)
+    modules/round-000003.t4/checksums.json         the sha256 of each of those files (written at the commit)
+    outer/round-000003.t4/<module>.safetensors     the outer optimiser's momentum after round 3
+    modules/round-000000/...                       version 0, and every version of a store written before
+                                                   fenced commits: no token in the name
+    best.json                                      validation loss per path and version (dipaco.eval.early_stopping)
     tasks.json, rounds/, heartbeats/, results/, islands/   the task board (dipaco.store.board)
-    lease.json                                  the coordinator's lease and fencing token (dipaco.store.lease)
+    lease.json                                     the coordinator's lease and fencing token (dipaco.store.lease)
 
 Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `best.json` and
 the board's tasks, round manifests and `lease.json`; an island writes only its own heartbeat, results and inner
@@ -20,9 +24,16 @@ stores). Tensors are safetensors, never pickle. Every module read is checked aga
 checksums existed are read unchecked). Old versions are deleted by `dipaco.store.retention`.
 Its raw-file methods (`files.StoreFiles`: `read_json`, `write_bytes`, `listdir`, ...) are for `dipaco.store`'s own modules.
 
+Commits are fenced by the coordinator's lease token (`fence`): from then on this object stages versions under
+the token's names, and every write of `state.json` is conditional on the version this object last wrote (S3
+If-Match, GCS generation match, a compare-and-swap under the directory's lock), so once another coordinator
+has fenced the store, this one's commit is refused (`LeaseLost`) and its staged files stay unread. Readers
+resolve a committed version's name through `state.json` (`read_module(3, ...)` reads `round-000003.t4`).
+
     store = ModuleStore("runs/demo/store")
     store.write_module(0, "embeddings", {"model.embed_tokens.weight": w})
     store.commit(round=0, levels=[2, 2], modules=["embeddings", ...]); store.current_round()  # 0
+    store.fence(lease.token)     # the coordinator, once it holds the lease
 """
 
 from __future__ import annotations
@@ -37,12 +48,15 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from dipaco.store.checksums import CHECKSUMS, VersionChecksums
-from dipaco.store.errors import StoreError
+from dipaco.store.errors import LeaseLost, StoreError
 from dipaco.store.files import StoreFiles
+from dipaco.store.version_names import VersionNames, parse_version, version_dir
 
 log = logging.getLogger(__name__)
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: versions staged under lease tokens (`version_names`); 1 (unsuffixed names) is still read
+READS = (1, 2)
+STATE = "state.json"
 BEST_FILE = "best.json"
 KINDS = ("modules", "outer")
 
@@ -51,6 +65,9 @@ class ModuleStore(StoreFiles):
     def __init__(self, url: str):
         super().__init__(url)
         self.checksums = VersionChecksums(self)
+        self.token = 0  # the lease token this object stages versions and commits under (`fence`); 0: none
+        self._state_version: str | None = None  # state.json's version as this object last wrote it (fenced)
+        self._names = VersionNames(committed=-1)  # from the last state.json this object read or wrote
 
     def remove(self, relative: str) -> bool:
         removed = super().remove(relative)
@@ -74,27 +91,96 @@ class ModuleStore(StoreFiles):
         except Exception as err:  # safetensors raises its own error types
             raise StoreError(f"store file {self._path(relative)} is not a valid safetensors file: {err}") from None
 
-    # --- run state -------------------------------------------------------------------------------
+    # --- run state ---------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """The committed state, or None for an empty store."""
-        if not self.exists("state.json"):
+        """The committed state, or None for an empty store (read again only when state.json changed: `read_fresh`)."""
+        data = self.read_fresh(STATE)
+        if data is None:
+            self._names = VersionNames(committed=-1)
             return None
-        state = self.read_json("state.json")
+        return self._parse_state(data)
+
+    def _parse_state(self, data: bytes) -> dict[str, Any]:
+        """state.json's bytes, checked (a run state of a store version this dipaco reads); remembers its names."""
+        try:
+            state = json.loads(data)
+        except ValueError as err:
+            raise StoreError(f"store file {self._path(STATE)} is not valid JSON: {err}") from None
         if not isinstance(state, dict) or not isinstance(state.get("round"), int):
-            raise StoreError(f"store file {self._path('state.json')} is not a run state (a JSON object with the "
+            raise StoreError(f"store file {self._path(STATE)} is not a run state (a JSON object with the "
                              f"committed round), it holds {json.dumps(state)[:80]}; restore it, or use another store")
-        if state.get("store_version") != STORE_VERSION:
+        if state.get("store_version") not in READS:
             raise StoreError(
-                f"{self._path('state.json')} has store_version {state.get('store_version')!r}; "
-                f"this dipaco reads version {STORE_VERSION}"
+                f"{self._path(STATE)} has store_version {state.get('store_version')!r}; "
+                f"this dipaco reads versions {', '.join(map(str, READS))}"
             )
+        self._names = VersionNames.from_state(state, file=self._path(STATE))
         return state
 
+    def fenced_token(self) -> int:
+        """The lease token state.json is fenced by (0: none, or an empty store)."""
+        state = self.state()
+        return int(state.get("lease_token", 0)) if state else 0
+
+    def fence(self, token: int) -> None:
+        """Stage versions under lease `token` from now on, and write `token` into state.json over the version
+        read, so that a commit of an earlier token's (a deposed coordinator's) is refused from now on. Call it
+        once the lease is held, before reading the committed state."""
+        for _ in range(3):  # another coordinator's commit may land between the read and the write: read again
+            found = self.read_versioned(STATE)
+            self.token = token
+            if found is None:  # an empty store: the first commit creates state.json (only if still absent)
+                self._state_version = None
+                return
+            state = self._parse_state(found[0])
+            if int(state.get("lease_token", 0)) > token:
+                raise LeaseLost(f"store {self.url} is fenced by lease token {state['lease_token']}, newer than this "
+                                f"coordinator's {token}; it stops without writing")
+            body = {**state, "lease_token": token}
+            if state.get("lease_token") == token:
+                self._state_version = found[1]
+                return
+            written = self.write_if(STATE, _encode(body), version=found[1])
+            if written is not None:
+                self._state_version = written
+                return
+        raise LeaseLost(f"store {self.url}: state.json kept changing while lease token {token} fenced it")
+
     def commit(self, *, round: int, **meta: Any) -> None:
-        """Mark `round` complete; written after every file of that round. First the version's
-        checksums.json: the sha256 of each of its module files (hashed as written, else read back)."""
-        self.checksums.commit(round, f"modules/{round_dir(round)}")
-        self.write_json("state.json", {"store_version": STORE_VERSION, "round": round, **meta})
+        """Mark `round` complete; written after every file of that round. A new version first gets its
+        checksums.json: the sha256 of each of its module files (hashed as written, else read back). Once fenced
+        (`fence`), state.json is replaced only if it is still the version this object wrote: else `LeaseLost`."""
+        self.state()  # the committed versions' names, as they are now
+        names = self._names
+        if round > names.committed:
+            self.checksums.commit(round, self._folder("modules", round, self.token))
+            names = names.after_commit(round, self.token)
+        body = {"store_version": STORE_VERSION, "round": round, **meta, "lease_token": self.token,
+                "version_tokens": names.to_json()}
+        self._write_state(body, round=round)
+
+    def rewrite_state(self, state: dict[str, Any]) -> None:
+        """Replace the committed state (same round and versions) as the commit does: fenced."""
+        self._write_state(state, round=int(state["round"]))
+
+    def _write_state(self, body: dict[str, Any], *, round: int) -> None:
+        data = _encode(body)
+        if not self.token:  # no lease (version 0, or a tool writing a store no coordinator runs on)
+            self.write_bytes(STATE, data)
+        else:
+            written = self.write_if(STATE, data, version=self._state_version)
+            if written is None:  # refused, unless our own write landed on a try whose answer was lost
+                found = self.read_versioned(STATE)
+                if found is None or found[0] != data:
+                    now = json.loads(found[0]) if found else {}
+                    raise LeaseLost(
+                        f"store {self.url}: the commit of round {round} by lease token {self.token} was refused: "
+                        f"state.json changed since this coordinator last wrote it (it now holds round "
+                        f"{now.get('round')} of lease token {now.get('lease_token')}); another coordinator took the "
+                        f"lease. Nothing of round {round} was committed; this coordinator stops")
+                written = found[1]
+            self._state_version = written
+        self._names = VersionNames.from_state(body, file=self._path(STATE))
 
     def current_round(self) -> int:
         state = self.state()
@@ -105,18 +191,38 @@ class ModuleStore(StoreFiles):
             raise StoreError(f"store {self.url} is empty: run `dipaco train` to initialise it")
         return int(state["round"])
 
+    # --- version names (`version_names`) ----------------------------------------------------------------
+    def version_name(self, round: int) -> str:
+        """The name (folder or file stem) of version `round` as readers see it: the committed one's staged
+        name; for a version not committed (yet), the name this object stages it under."""
+        token = self._names.token_of(round)
+        if token is None:
+            self.state()  # committed since this object last looked?
+            token = self._names.token_of(round)
+        return version_dir(round, self.token if token is None else token)
+
+    def staged_name(self, round: int) -> str:
+        """The name this object writes version `round` under (its lease token's, `fence`)."""
+        return version_dir(round, self.token)
+
+    def _folder(self, kind: str, round: int, token: int | None = None) -> str:
+        """`kind`'s folder of version `round`: the readers' (`version_name`), or `token`'s staging."""
+        return f"{_kind(kind)}/{self.version_name(round) if token is None else version_dir(round, token)}"
+
     # --- modules and outer state -----------------------------------------------------------------
     def write_module(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Stage module `name` of version `round` (under this object's lease token: nothing a reader opens
+        until the commit names it)."""
         data = save_safetensors({k: v.contiguous() for k, v in tensors.items()})
-        self.write_bytes(_version_file("modules", round, name), data)
+        self.write_bytes(f"{self._folder('modules', round, self.token)}/{name}.safetensors", data)
         self.checksums.wrote(round, f"{name}.safetensors", data)
 
     def read_module(self, round: int, name: str) -> dict[str, torch.Tensor]:
         """Module `name` of version `round`, verified against the version's checksums."""
-        relative = _version_file("modules", round, name)
+        folder = self._folder("modules", round)
+        relative = f"{folder}/{name}.safetensors"
         data = self.read_bytes(relative)
-        self.checksums.verify(round, f"modules/{round_dir(round)}", f"{name}.safetensors", data,
-                              where=self._path(relative))
+        self.checksums.verify(round, folder, f"{name}.safetensors", data, where=self._path(relative))
         return self._decode_tensors(data, relative)
 
     def read_modules(self, round: int, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
@@ -126,10 +232,10 @@ class ModuleStore(StoreFiles):
     def module_shapes(self, name: str) -> dict[str, tuple[list[int], str]]:
         """Each parameter's (shape, dtype) of module `name`, from the safetensors header of version 0 (of the
         newest version when 0 was pruned): shapes never change."""
-        relative = _version_file("modules", 0, name)
+        relative = f"{self._folder('modules', 0)}/{name}.safetensors"
         versions = self.versions("modules")
         if not self.exists(relative) and versions:
-            relative = _version_file("modules", versions[-1], name)
+            relative = f"{self._folder('modules', versions[-1])}/{name}.safetensors"
         size = int.from_bytes(self.read_range(relative, 0, 8), "little")
         header = json.loads(self.read_range(relative, 8, 8 + size))
         return {param: (spec["shape"], spec["dtype"]) for param, spec in header.items() if param != "__metadata__"}
@@ -139,24 +245,37 @@ class ModuleStore(StoreFiles):
         return {name: sum(math.prod(shape) for shape, _ in self.module_shapes(name).values()) for name in names}
 
     def has_module(self, round: int, name: str) -> bool:
-        return self.exists(_version_file("modules", round, name))
+        return self.exists(f"{self._folder('modules', round)}/{name}.safetensors")
 
     def write_outer_state(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        self.write_tensors(_version_file("outer", round, name), tensors)
+        self.write_tensors(f"{self._folder('outer', round, self.token)}/{name}.safetensors", tensors)
 
     def read_outer_state(self, round: int, name: str) -> dict[str, torch.Tensor] | None:
-        relative = _version_file("outer", round, name)
+        relative = f"{self._folder('outer', round)}/{name}.safetensors"
         return self.read_tensors(relative) if self.exists(relative) else None
 
     # --- versions, for retention (dipaco.store.retention) -----------------------------------------
     def versions(self, kind: str) -> list[int]:
-        """The rounds that have a folder of `kind` ("modules" or "outer"), ascending."""
-        return _rounds(self.listdir(_kind(kind)))
+        """The versions that have a folder of `kind` ("modules" or "outer") under the name readers see
+        (`version_name`), ascending: another token's staging is not one."""
+        self.state()
+        found = [parsed for parsed in map(parse_version, self.listdir(_kind(kind))) if parsed is not None]
+        return sorted(r for r, token in found if (self._names.token_of(r) if r <= self._names.committed
+                                                    else self.token) == token)
+
+    def orphans(self, kind: str) -> list[str]:
+        """The staged folders of `kind` ("modules", "outer") or manifests ("rounds") no commit points to or will
+        (`VersionNames.is_orphan`: a deposed coordinator's, or a crashed one's half-written version), as store names."""
+        folder = kind if kind == "rounds" else _kind(kind)
+        self.state()
+        return [f"{folder}/{name}" for name in self.listdir(folder)
+                if (parsed := parse_version(name)) is not None and (kind != "rounds" or name.endswith(".json"))
+                and self._names.is_orphan(*parsed, writer=self.token)]
 
     def prune_version(self, kind: str, round: int, *, keep: set[str] = frozenset()) -> int:
         """Delete version `round` of `kind` except the files of the modules in `keep` (the whole folder
         when `keep` is empty); returns the bytes of the files kept."""
-        folder = f"{_kind(kind)}/{round_dir(round)}"
+        folder = self._folder(kind, round)
         if not keep:
             self.remove(folder)
             return 0
@@ -194,20 +313,17 @@ class ModuleStore(StoreFiles):
 
 
 def round_dir(round: int) -> str:
-    """The folder (or file stem) name of round `round`: `round-000003`."""
-    return f"round-{round:06d}"
+    """The folder (or file stem) name of round `round` with no lease token: `round-000003` (results, inner
+    states; module versions are named by `ModuleStore.version_name`)."""
+    return version_dir(round)
 
 
 def parse_round(name: str) -> int | None:
-    """`round-000003` (or `round-000003.json`) → 3; None for any other name."""
+    """`round-000003` (or `round-000003.json`, `round-000003.t4`) → 3; None for any other name."""
     stem = name.split(".", 1)[0]
     if not stem.startswith("round-") or not stem[6:].isdigit():
         return None
     return int(stem[6:])
-
-
-def _rounds(names: list[str]) -> list[int]:
-    return sorted(r for r in map(parse_round, names) if r is not None)
 
 
 def _kind(kind: str) -> str:
@@ -216,5 +332,5 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _version_file(kind: str, round: int, name: str) -> str:
-    return f"{kind}/{round_dir(round)}/{name}.safetensors"
+def _encode(state: dict[str, Any]) -> bytes:
+    return json.dumps(state, indent=1, sort_keys=True).encode()

@@ -81,12 +81,10 @@ def file_sha256(path: Path) -> str:
 
 def stored_objects(store: ModuleStore) -> dict[str, int]:
     """sha256 -> size of every object in the store (one recursive listing)."""
-    root = store.location(OBJECTS)
     if not store.exists(OBJECTS):
         return {}
-    found = store.fs.find(root, detail=True)
-    return {name.rstrip("/").rsplit("/", 1)[-1]: int(info["size"]) for name, info in found.items()
-            if info.get("type", "file") == "file" and _SHA256.fullmatch(name.rstrip("/").rsplit("/", 1)[-1])}
+    found = store.walk_sizes(OBJECTS)
+    return {name.rsplit("/", 1)[-1]: size for name, size in found.items() if _SHA256.fullmatch(name.rsplit("/", 1)[-1])}
 
 
 def publish(store: ModuleStore, files: dict[str, tuple[Path, str | None]], *,
@@ -125,7 +123,8 @@ def publish(store: ModuleStore, files: dict[str, tuple[Path, str | None]], *,
 
 
 def _put(store: ModuleStore, local: Path, relative: str, *, sha256: str) -> None:
-    """Upload one object atomically; on a local-directory store, a hard link to `local` where possible."""
+    """Upload one object atomically; on a local-directory store, a hard link to `local` where possible
+    (counted in the store's traffic as the upload it stands for)."""
     target = store.location(relative)
     if store.is_local:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -136,9 +135,9 @@ def _put(store: ModuleStore, local: Path, relative: str, *, sha256: str) -> None
             store.write_bytes(relative, local.read_bytes())
             return
         os.replace(tmp, target)
+        store.traffic.add("up", relative, local.stat().st_size)
         return
-    store.fs.put_file(str(local), target)  # one PUT (a multipart upload completes atomically)
-    store.bytes_written += local.stat().st_size
+    store.put_file(relative, str(local))  # one PUT (a multipart upload completes atomically)
 
 
 def read_publication(store: ModuleStore) -> dict[str, PublishedFile]:

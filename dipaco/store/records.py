@@ -258,7 +258,7 @@ class ResultMeta(Record):
     The fields from `island` to `link` are filled in as the result is uploaded (`dipaco.islands.island.training.push_result`,
     `dipaco.store.board.write_result`)."""
 
-    SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.store.compress)
+    SCHEMA: ClassVar[int] = 2  # 2: int8 / int4 files hold one zstd frame per module (dipaco.codec.compress)
 
     path: int
     round: int
@@ -306,14 +306,17 @@ class ManifestEntry(Record):
     bytes: int
     train_loss: float
     val_loss_start: float
-    factor: float | None  # staleness weight; None for a dropped result
+    factor: float | None  # its shared modules' staleness weight; None for a dropped result
     link: int = 0  # the task's link (`Task.link`)
     steps: int | None = None  # inner steps it trained; None in manifests written before it was recorded
     island: str = ""  # the island that trained it
     float32_bytes: int = 0  # its pseudo-gradient in float32 (the path's parameters x 4): what float32 DiLoCo sends
     module_bytes: dict[str, int] | None = None  # bytes of each module's part of its file (applied results)
+    private_staleness: int = 0  # its own path's results applied since its base that its start did not hold
+    private_factor: float | None = None  # its path-private modules' staleness weight (None: dropped, or none such)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes", "private_staleness",
+                                        "private_factor")
 
     @property
     def data_parallel_bytes(self) -> int:
@@ -378,7 +381,7 @@ class RoundStats(Record):
     # (outer.decay: average, dipaco.optim.outer.round_outer_step)
     outer_step: str = "configured"
     bytes_float32: int = 0  # the applied results in float32: what float32 DiLoCo would have sent
-    bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results: what data parallel sends
+    bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results, one copy (data parallel's worker sends and receives `traffic.ring_allreduce_bytes` of it)
     outer: OuterStep | None = None  # its settings, from the manifest (as applied); None in rows written before
     bytes_up_final: int = 0  # of bytes_up, the results of paths' last tasks (with outer.fragments they sync every module)
 

@@ -11,6 +11,8 @@
   small, are kept: they are the record of what each round applied).
 - Inner AdamW states of rounds older than `keep_from` are deleted unless a task or a path state still
   names them (the next task of a path starts from its latest state, however old).
+- Staged versions no commit points to (`prune_orphans`: a deposed coordinator's outer step, a crashed one's
+  half-written round) are deleted, modules, outer states and manifests, whatever `keep_from`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ def prune_versions(store: ModuleStore, *, keep_from: int, keep_modules: dict[int
             remove_results(store, round)
     return sum(store.prune_version("modules", round, keep=keep_modules.get(round, set()))
                for round in store.versions("modules") if round < keep_from)
+
+
+def prune_orphans(store: ModuleStore) -> list[str]:
+    """Delete the staged module, outer-state and manifest versions no commit points to (`ModuleStore.orphans`);
+    returns their store names. Only the coordinator holding the lease calls it (after its commit)."""
+    orphans = [name for kind in ("modules", "outer", "rounds") for name in store.orphans(kind)]
+    for name in orphans:
+        store.remove(name)
+    return orphans
 
 
 def prune_inner_states(store: ModuleStore, *, n_paths: int, keep_from: int, referenced: set[str | None]) -> None:

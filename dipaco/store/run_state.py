@@ -85,7 +85,7 @@ def reopen_run(store: ModuleStore) -> None:
     so islands, which stop on `run_finished`, work again. The commit itself (round, board, stats) is kept."""
     state = store.state()
     if state and state.get("finished"):
-        store.write_json("state.json", {k: v for k, v in state.items() if k != "finished"})
+        store.rewrite_state({k: v for k, v in state.items() if k != "finished"})
         log.info("store %s: the finished run goes on to more rounds (run.rounds grew)", store.url)
 
 

@@ -1,10 +1,14 @@
 """Closing a round: when the policy says it is due, apply the outer step it planned and commit.
 
-Version t's modules and its manifest `rounds/round-t.json` are written first, the board is settled in
-memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
+Version t's modules and its manifest are staged first (under the lease token's names, `ModuleStore.fence`),
+the board is settled in memory (used tasks leave, open tasks move to version t, running tasks whose results could no longer be
 applied are cancelled, those one version from that are cut), then round, board and stats are committed in one write (`state.json`): a crash
 before it leaves round t to be done again from the same inputs, a crash after it nothing but retention.
-The lease's fencing token is checked before the outer step and before the commit.
+The lease's fencing token is checked before the outer step, between its module writes (a renewal when a
+quarter of the lease timeout has passed, refused once another coordinator took over) and before the commit;
+the commit itself is fenced: version t is staged under this coordinator's token and `state.json` is replaced
+only if it is the version this coordinator wrote (`ModuleStore.fence`), so a coordinator that stalled past
+its lease after the last check is refused (`LeaseLost`) and leaves nothing a reader opens.
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ class RoundCloser:
         try:
             manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
                                    sizes=self.sizes, norms=norms, metas=metas,
-                                   digests={t.key: intake.digests.get(t.key) for t in pending})
+                                   digests={t.key: intake.digests.get(t.key) for t in pending},
+                                   check_lease=self.lease.renew)
         except ResultChanged as changed:  # its bytes are not the ones checked: redone, the round closes later
             (task,) = [t for t in pending if (t.round, t.path, t.link, t.result_attempt) == changed.key]
             intake.redo(board, policy, task, str(changed))
@@ -93,7 +98,7 @@ class RoundCloser:
         last = frozenset(t.key for t in pending if self.fragments.last(step_offset=t.step_offset, steps=t.steps))
         stats = replace(RoundStats.of(manifest, in_flight=in_flight, cancelled=cancelled, cut=cut, outer_step=outer_step,
                                       last=last), seconds=now - round_started)
-        self.lease.check()  # the fencing check: a deposed coordinator never commits
+        self.lease.check()  # a deposed coordinator stops here; one deposed after it is refused by the commit itself
         commit_round(self.store, self.topology, round, finished=finished, board=board.snapshot().to_json(),
                      stats=stats.to_json())
         return ClosedRound(manifest=manifest, stats=stats, norms=norms, metas=metas, at=now)

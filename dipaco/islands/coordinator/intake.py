@@ -20,7 +20,7 @@ from dipaco.islands.coordinator.task_board import RUNNING, TaskBoard, open_view
 from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Result
 from dipaco.rounds.policy import RoundPolicy
-from dipaco.store.board import inner_ref, read_result_meta, reported_results
+from dipaco.store.board import inner_ref, read_result_meta, reported_results, result_ref_key
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import PathState, ResultMeta, Task
 
@@ -79,7 +79,8 @@ class ResultIntake:
         carried = self.carried(task)
         policy.received(Result(key=task.key, path=task.path, base=task.base, tokens=meta.tokens,
                                arrived=arrived, started=started, steps=meta.steps,
-                               modules=None if carried is None else frozenset(carried)))
+                               modules=None if carried is None else frozenset(carried),
+                               chain=frozenset(map(result_ref_key, task.chain))))
 
     def carried(self, task: Task) -> list[str] | None:
         """The modules `task`'s result carries: those its round syncs (`outer.fragments`); None: all of its path's."""

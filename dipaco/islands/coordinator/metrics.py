@@ -5,8 +5,8 @@
 `RunMetrics.round` after each round, `RunMetrics.final` after the last version is scored (`run.tensorboard:
 false` turns it off). Everything comes from what the round wrote (its `RoundStats`, manifest and the
 applied results' metadata) and the outer step's norms; the step of a scalar is its module version. The
-tags (train / val loss per path, outer gradient and update norms per module, bytes, the round's stats,
-goodput) are listed in docs/islands.md#watching-a-run.
+tags (train / val loss per path, outer gradient and update norms per module, bytes, the store traffic
+measured so far, the round's stats, goodput) are listed in docs/islands.md#watching-a-run.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dipaco.eval.early_stopping import read_history
 from dipaco.store.board import read_manifest, read_result_meta
 from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import ResultMeta, RoundStats
+from dipaco.store.traffic import ring_allreduce_bytes
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,12 @@ class RunMetrics:
         self.writer = SummaryWriter(log_dir=str(logdir))
 
     def round(self, store: ModuleStore, stats: RoundStats, *, norms: dict[str, tuple[float, float]],
-              goodput: float | None = None, metas: dict[str, ResultMeta] | None = None) -> None:
+              goodput: float | None = None, metas: dict[str, ResultMeta] | None = None,
+              traffic: dict | None = None, workers: int = 1) -> None:
         """Round `stats.round`'s scalars (its manifest is read from `store`; a result's metadata is taken
-        from `metas`, by task key, where the coordinator read it already, else read from `store`)."""
+        from `metas`, by task key, where the coordinator read it already, else read from `store`); `traffic`:
+        the store traffic measured so far (`dipaco.store.ledger.Ledger.summary`), cumulative; `workers`: the run's
+        islands, data parallel's workers (each all-reduces a float32 gradient per inner step in a ring)."""
         if self.writer is None:
             return
         t, add = stats.round, self.writer.add_scalar
@@ -68,7 +72,7 @@ class RunMetrics:
             add(f"outer/update_norm/{name}", update, t)
         add("bytes/up_pseudo_gradients", stats.bytes_up, t)
         add("bytes/float32_diloco", stats.bytes_float32, t)
-        add("bytes/data_parallel", stats.bytes_data_parallel, t)
+        add("bytes/data_parallel", ring_allreduce_bytes(stats.bytes_data_parallel, workers), t)
         add("bytes/up_inner", moved["bytes_up_inner"], t)
         add("bytes/down_modules", moved["bytes_down_modules"], t)
         add("bytes/down_inner", moved["bytes_down_inner"], t)
@@ -80,7 +84,18 @@ class RunMetrics:
             add("outer/momentum", stats.outer.momentum, t)
         if goodput is not None and math.isfinite(goodput):
             add("goodput", goodput, t)
+        if traffic:
+            self._traffic(traffic, t)
         self.writer.flush()
+
+    def _traffic(self, traffic: dict, t: int) -> None:
+        """The measured store traffic so far: bytes and requests each way, and bytes by kind."""
+        add = self.writer.add_scalar
+        for direction in ("up", "down"):
+            add(f"traffic/{direction}_bytes", traffic[f"{direction}_bytes"], t)
+            add(f"traffic/{direction}_requests", traffic[f"{direction}_requests"], t)
+            for kind, cell in traffic["by_kind"][direction].items():
+                add(f"traffic/{direction}/{kind}", cell["bytes"], t)
 
     def final(self, store: ModuleStore, *, version: int) -> None:
         """The validation losses of the run's last version (scored after the last round)."""

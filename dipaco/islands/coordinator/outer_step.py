@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -31,10 +32,11 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 config: OuterConfig, plan: RoundPlan | None = None, sizes: PathSizes | None = None,
                 norms: dict[str, tuple[float, float]] | None = None,
                 metas: dict[str, ResultMeta] | None = None,
-                digests: dict[str, dict[str, str] | None] | None = None) -> RoundManifest:
-    """Outer step for `round` from the received, not yet applied tasks `pending`; writes module (and
-    momentum) version `round` and returns the manifest (not written) of what it applied and dropped and
-    of the step every module took (`outer`: `config`'s settings).
+                digests: dict[str, dict[str, str] | None] | None = None,
+                check_lease: Callable[[], None] | None = None) -> RoundManifest:
+    """Outer step for `round` from the received, not yet applied tasks `pending`; stages module (and
+    momentum) version `round` (under the store's lease token: `ModuleStore.fence`) and returns the manifest
+    (not written) of what it applied and dropped and of the step every module took (`outer`: `config`'s settings).
     `plan` is the round policy's (the coordinator's); without one, the plan of a policy that has seen
     only `pending` (sync). `sizes`: each path's training-shard tokens, for `outer.weighting: shard`. `metas`: the
     results' metadata by task key where the caller has read it already (the coordinator, when it validated
@@ -42,7 +44,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     `norms`, when given, receives each updated module's (outer gradient norm, parameter update norm).
     `digests`: by task key, the sha256 of the bytes its checks read; any other byte raises `ResultChanged`
     (nothing is committed; the caller redoes that result). A module that would not be finite after the
-    outer step raises a RuntimeError naming it and its results (nothing is committed)."""
+    outer step raises a RuntimeError naming it and its results (nothing is committed). `check_lease` is called
+    before each module is written (the coordinator's `Lease.renew`: `LeaseLost` once another took over)."""
     tasks = {task.key: task for task in pending}
     known = metas or {}
     metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
@@ -62,7 +65,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         entry = ManifestEntry(key=task.key, path=task.path, base=task.base, attempt=task.result_attempt,
                               staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
                               train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor,
-                              link=task.link, steps=meta.steps, island=meta.island)
+                              link=task.link, steps=meta.steps, island=meta.island,
+                              private_staleness=verdict.private_staleness, private_factor=verdict.private_factor)
         if verdict.factor is None:
             dropped.append(entry)
             continue
@@ -91,6 +95,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
             del before
         del outer_grad
+        if check_lease is not None:
+            check_lease()
         store.write_module(round, name, params)
         if momentum:
             store.write_outer_state(round, name, momentum)

@@ -1,7 +1,8 @@
 """What the coordinator keeps after each commit: it records the validation losses the applied results
 report (`dipaco.eval.early_stopping`), then deletes what retention allows (`dipaco.store.retention`):
 versions older than the policy's oldest kept one, except the modules some path's best version needs,
-and the inner states no task or path state names. `finish_run` scores the last version after the run.
+the inner states no task or path state names, and the staged versions no commit names (a deposed or crashed
+coordinator's). `finish_run` scores the last version after the run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import result_ref_base
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry
-from dipaco.store.retention import keep_from, prune_inner_states, prune_versions
+from dipaco.store.retention import keep_from, prune_inner_states, prune_orphans, prune_versions
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ def retain(store: ModuleStore, topology: Topology, *, board: TaskBoard, policy: 
             losses.setdefault(entry.base, {})[entry.path] = entry.val_loss_start
     if losses:
         record_val_losses(store, losses)
+    orphans = prune_orphans(store)  # a deposed or crashed coordinator's staged versions
+    if orphans:
+        log.info("deleted %d staged versions no commit names: %s", len(orphans), ", ".join(orphans[:4]))
     in_flight = board.in_flight()
     bases = [t.base for t in in_flight] + [result_ref_base(r) for t in in_flight for r in t.chain]  # their results too
     keep = policy.keep_from(keep_rounds=keep_versions, bases=bases)

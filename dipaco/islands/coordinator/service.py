@@ -9,9 +9,12 @@ In Python:
                               settings=CoordinatorSettings.from_config(cfg), sizes=factory.path_sizes)
     while not coordinator.tick(): time.sleep(0.1)
 
+It holds the store's lease and fences the store with its token (`ModuleStore.fence`): it stages versions under
+the token's names and commits with a conditional write, so a coordinator deposed by a newer one cannot commit.
 `tick` is one pass: renew the lease, read the heartbeats (`heartbeats`), pick up results (`intake`),
 open tasks for paths without one, hand lost tasks out again (`task_board`), close the round when the
-policy says so (`closing`, then `pruning`), assign open tasks to idle islands, and write the board.
+policy says so (`closing`, then `pruning`), assign open tasks to idle islands, and write the board. After
+each commit it publishes its own byte counts and reads every process's (`dipaco.store.ledger`): `traffic`.
 Every decision is the round policy's (`dipaco.rounds`). A restarted coordinator resumes from the store:
 committed rounds are final, the applied results come from their manifests, and a half-written round is
 written again from the same inputs (docs/islands.md#crash-safety). A finished run started again with a
@@ -40,6 +43,7 @@ from dipaco.rounds.inputs import Grid
 from dipaco.rounds.policy import RoundPolicy
 from dipaco.store.board import read_manifest
 from dipaco.store.lease import Lease
+from dipaco.store.ledger import Ledger, publish_counts
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ManifestEntry, PathState, ResultMeta, RoundStats, Task
 from dipaco.store.run_state import commit_round, reopen_run, run_finished
@@ -61,7 +65,7 @@ class CoordinatorSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> CoordinatorSettings:
-        return cls(outer=config.outer, rounds=config.rounds, resilience=config.resilience,
+        return cls(outer=config.outer_step, rounds=config.rounds, resilience=config.resilience,
                    run_rounds=config.run.rounds, inner_steps=config.inner.steps,
                    keep_versions=config.store.keep_versions,
                    decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
@@ -88,6 +92,7 @@ class Coordinator:
                                                 paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
                                                 rounds=settings.run_rounds)
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
+        store.fence(self.lease.token)  # before reading the committed state: an older token can no longer commit
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
         self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,
                                                    inner_steps=settings.inner_steps)
@@ -118,6 +123,9 @@ class Coordinator:
         if 0 < self.committed:  # what follows the last commit, again: a crash may have cut it short
             manifest = read_manifest(store, self.committed)
             self._retain(manifest.applied if manifest else ())
+        self.ledger = Ledger()
+        self.traffic: dict = {}  # the run's measured store traffic as of the last report (`ledger.Ledger.summary`)
+        self.report_traffic()
 
     # --- the board, as the tests and the train stage read it ---------------------------------------------
     @property
@@ -190,10 +198,19 @@ class Coordinator:
         self.last_stats, self.round_started = closed.stats, closed.at
         self.last_norms, self.last_metas = closed.norms, closed.metas
         self._retain(closed.manifest.applied)
+        self.report_traffic()
         manifest = closed.manifest
         log.info("round %d committed: %d results applied (%d stale), %d dropped, %d running tasks cut, %d cancelled",
                  manifest.round, len(manifest.applied), closed.stats.stale, len(manifest.dropped), closed.stats.cut,
                  closed.stats.cancelled)
+
+    def report_traffic(self) -> dict:
+        """Publish this coordinator's byte counts, then read every process's (earlier sessions' included): the
+        run's measured traffic, kept in `traffic` and returned."""
+        publish_counts(self.store, owner="coordinator", role="coordinator")
+        self.ledger.read(self.store)
+        self.traffic = self.ledger.summary()
+        return self.traffic
 
     def _retain(self, applied: tuple[ManifestEntry, ...]) -> None:
         retain(self.store, self.topology, board=self.board, policy=self.policy,

@@ -217,10 +217,10 @@ def open_view(task: Task) -> OpenTask:
 
 
 def resume_board(store: ModuleStore, *, n_paths: int,
-                 inner_steps: int = 1) -> tuple[TaskBoard, RoundStats | None, list[tuple[int, int, int | None]]]:
+                 inner_steps: int = 1) -> tuple[TaskBoard, RoundStats | None, list[tuple[int, int, int | None, str]]]:
     """The board after the store's last commit: `tasks.json` when it is at least as new as the commit,
-    else the commit's own board; with the last round's stats and the (round, path) of every applied
-    result (the manifests say which tasks are used)."""
+    else the commit's own board; with the last round's stats and the (round, path, steps, key) of every
+    applied result (the manifests say which tasks are used)."""
     committed = store.current_round()
     board = on_disk = read_board(store)
     committed_board, last_stats = committed_record(store)
@@ -236,7 +236,7 @@ def resume_board(store: ModuleStore, *, n_paths: int,
         manifest = read_manifest(store, r)
         if manifest is not None:
             used |= manifest.keys
-            applied += [(r, e.path, e.steps) for e in manifest.applied]
+            applied += [(r, e.path, e.steps, e.key) for e in manifest.applied]
     for key in [k for k in tasks if k in used]:
         del tasks[key]  # applied by a committed round whose board update was lost in a crash
     written = on_disk.to_json() if on_disk else None

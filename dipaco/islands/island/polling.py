@@ -8,10 +8,11 @@ In Python (the `dipaco island` stage builds the `IslandSetup` from the config):
 
     IslandWorker(setup, name="island-0").run()
 
-The island writes only its heartbeat (`presence`), its results and its paths' carried states (kept in
+The island writes only its heartbeat (`presence`), its results, its paths' carried states (kept in
 memory, `held`: uploaded as a checkpoint every few tasks, on a path's last task, and handed off when it
 lets the path go: it takes another path, the board gives the path to another island, or it stops before
-the run's end); it runs the task
+the run's end) and its byte counts (`report_traffic`: after each task, every `ledger.IDLE_EVERY` heartbeats
+while idle, when it stops); it runs the task
 the board assigns to its name and incarnation, stops a task the board no longer wants
 (`cancellation`), lives through injected failures (`faults`), and stops when the store has committed
 the run's last round.
@@ -31,6 +32,7 @@ from dipaco.islands.island.held import HeldState, awaiting_handoff
 from dipaco.islands.island.presence import Presence
 from dipaco.islands.island.training import IslandSetup, push_result, train_task
 from dipaco.store.board import read_board
+from dipaco.store.ledger import IDLE_EVERY, publish_counts
 from dipaco.store.module_store import StoreError
 from dipaco.store.records import ResultMeta, Task
 from dipaco.store.run_state import run_finished
@@ -56,6 +58,7 @@ class IslandWorker:
                            if setup.checkpoints is not None and setup.resilience.checkpoint_steps else None)
         self.resumed: list[tuple[str, int]] = []  # (task key, steps) of the tasks resumed from the checkpoint
         self.cancelled: list[str] = []  # "key#attempt" of the tasks it stopped because the board no longer wanted them
+        self.reported: tuple[float, object] | None = None  # (island clock, counts) of its last traffic report
         self._ask_for_checkpointed_path()
 
     @property
@@ -125,6 +128,7 @@ class IslandWorker:
         self.presence.finished_task(task)
         self.tasks_done += 1
         self.heartbeat()
+        self.report_traffic()
         log.info("island %s: %s attempt %d done in %.1fs, loss %.3f, %d bytes up (%s)%s", self.name, task.key,
                  task.attempt, meta.seconds, meta.train_loss, meta.bytes, meta.compression,
                  f", error-feedback residual {meta.bytes_residual} bytes in its inner state" if meta.bytes_residual else "")
@@ -145,12 +149,29 @@ class IslandWorker:
                 return False
         self.heartbeat()
         task = self.next_task()
-        if task is None or self._awaiting_handoff(task):
+        if task is None:
+            if self.reported is None or self.clock() - self.reported[0] >= IDLE_EVERY * self.setup.resilience.heartbeat_seconds:
+                self.report_traffic(only_if_changed=True)
+            return False
+        if self._awaiting_handoff(task):
             return False
         return self.execute(task) is not None
 
+    def report_traffic(self, *, only_if_changed: bool = False) -> None:
+        """Publish this island's byte counts so far (`dipaco.store.ledger`); with `only_if_changed`, not when
+        its store client moved nothing since the last report. A store error is logged, not raised."""
+        if only_if_changed and self.reported is not None and self.store.traffic.counts() == self.reported[1]:
+            return
+        try:
+            publish_counts(self.store, owner=self.name, role="island")
+        except StoreError as err:
+            log.warning("island %s: could not publish its byte counts: %s", self.name, err)
+            return
+        self.reported = (self.clock(), self.store.traffic.counts())
+
     def run(self, *, poll_seconds: float = 0.1, max_tasks: int | None = None) -> int:
         """Work until the run's last round is committed (or `max_tasks` are done); returns tasks done."""
+        stopped = False
         try:
             with self.presence.beating(self.setup.resilience.heartbeat_seconds):
                 while not run_finished(self.store):
@@ -158,8 +179,11 @@ class IslandWorker:
                         break
                     if not self.poll():
                         time.sleep(poll_seconds)
+            stopped = True
         finally:
             self._hand_off_on_stop()
+            if stopped:
+                self.report_traffic()  # after the last heartbeat ("done") and the hand-off's upload
             if self.ctx is not None:
                 ddp_mod.broadcast(self.ctx, None)
         return self.tasks_done

@@ -22,7 +22,7 @@ its round comes holds all the training since its last sync.
 
 With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also continues the
 path's residual e from its carried state (or its inner checkpoint) and ends by encoding Δ + e: the residual
-of that encoding is carried on with the path (`dipaco.optim.error_feedback`), and `push_result` uploads the
+of that encoding is carried on with the path (`dipaco.codec.feedback`), and `push_result` uploads the
 bytes it encoded; a module not sent keeps its residual.
 """
 
@@ -41,6 +41,9 @@ import numpy as np
 import torch
 
 from dipaco.carried.state import MOMENTS_OF, CarriedState, UploadPlan
+from dipaco.codec.codec import Codec
+from dipaco.codec.feedback import encode_with_feedback, with_residual
+from dipaco.codec.sparse import TopK
 from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, ResilienceConfig, RunConfig
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
@@ -54,7 +57,7 @@ from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.drift import split_sent
-from dipaco.optim.error_feedback import encode_with_feedback, residual_bytes, with_residual
+from dipaco.optim.error_feedback import residual_bytes
 from dipaco.optim.inner import make_optimizer, optimizer_state, phase_steps, train_steps
 from dipaco.optim.prefetch import Prefetcher
 from dipaco.rounds.fragments import FragmentSchedule
@@ -62,7 +65,6 @@ from dipaco.rounds.inputs import Grid
 from dipaco.store.board import inner_ref, read_result_ref, write_encoded_result, write_inner, write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
-from dipaco.store.sparse import TopK
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
@@ -290,9 +292,9 @@ def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *
         pseudo_gradient, drift = split_sent(delta, set(synced))
         if setup.compression.feeds_back:  # Δ + e, encoded here: the residual it leaves is carried on
             started_from = begun.carried.residual
-            pseudo_gradient = with_residual(pseudo_gradient, started_from)
-            data, encoded_stats, residual = encode_with_feedback(pseudo_gradient, method="topk", level=setup.compression.zstd_level,
-                                                                 topk=topk_of(setup))
+            pseudo_gradient = with_residual(pseudo_gradient, started_from, decay=setup.compression.ef_decay)
+            codec = Codec("topk", level=setup.compression.zstd_level, topk=topk_of(setup))
+            data, encoded_stats, residual = encode_with_feedback(pseudo_gradient, codec=codec)
             encoded = (data, encoded_stats)
             residual |= {name: started_from[name] if name in started_from else torch.zeros_like(t)
                          for name, t in drift.items()}

@@ -1,6 +1,6 @@
 """Compressed pseudo-gradients: per-row int8 / int4 quantisation or sparse top-k, then zstd (`compression.codec`).
 
-    from dipaco.store.compress import compress, decompress
+    from dipaco.codec.compress import compress, decompress
     data, stats = compress({"embeddings/w": delta}, method="int8")   # bytes an island uploads
     tensors, _ = decompress(data, method="int8")                     # float32 again, on the coordinator
     data, stats = compress(tensors, method="topk", topk=TopK(density=0.03, bits=2, chunk=4096))
@@ -11,7 +11,7 @@ max|x| / q_max (q_max = 127 for int8, 7 for int4) and its values are rounded to 
 multiple of the scale, so every element is off by at most scale / 2. int4 values are stored as
 q + 8 in one nibble, two per byte. `none` is the plain float32 safetensors file, as before
 compression existed. `topk` keeps the largest-magnitude `density` of each chunk of a tensor at `bits`
-bits each (`dipaco.store.sparse`, whose docstring defines the format). Decompression always yields
+bits each (`dipaco.codec.sparse`, whose docstring defines the format). Decompression always yields
 float32, and the coordinator accumulates in float32.
 
 Tensors are named "module/param". A compressed file (format 2) is a safetensors file with one uint8
@@ -29,7 +29,7 @@ the bytes the tensors it declares take, so a frame of zeros claiming a huge size
 `decompress(..., shapes=...)` also refuses a frame that declares other shapes than expected.
 (Format 1, before it, held the whole result in one zstd frame; readers refuse it by name.)
 
-Run `python -m dipaco.store.compress` to print the sizes and errors for a random pseudo-gradient.
+Run `python -m dipaco.codec.compress` to print the sizes and errors for a random pseudo-gradient.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ import zstandard
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from dipaco.store.sparse import TopK, decode_tensor, encode_tensor
+from dipaco.codec.registry import NAMES
+from dipaco.codec.sparse import TopK, decode_tensor, encode_tensor
 
-METHODS = ("none", "int8", "int4", "topk")
+METHODS = NAMES  # the codecs this module encodes and decodes (`dipaco.codec.registry`)
 Q_MAX = {"int8": 127, "int4": 7}
 
 

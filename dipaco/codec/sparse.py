@@ -1,13 +1,13 @@
 """Sparse low-bit pseudo-gradients: per chunk, the largest-magnitude entries at a few bits each (`compression.codec: topk`).
 
-    from dipaco.store.sparse import TopK, encode_tensor, decode_tensor
+    from dipaco.codec.sparse import TopK, encode_tensor, decode_tensor
     spec = TopK(density=0.03, bits=2, chunk=4096)
     parts = encode_tensor(delta, spec)            # {"gaps", "codes", "lo", "step"}: what is stored
     back = decode_tensor(parts, shape=list(delta.shape), spec=spec, name="embeddings/w")
 
 A tensor is flattened (row-major) and cut into chunks of `chunk` elements (the last one may be
 shorter). From a chunk of n elements the k = ceil(density × n) entries of largest magnitude are kept
-(at least one); the others are sent as zero (error feedback, `dipaco.optim.error_feedback`, carries them
+(at least one); the others are sent as zero (error feedback, `dipaco.codec.feedback`, carries them
 to the path's next pseudo-gradient).
 
 **b bits per kept value** = 1 sign bit + (b − 1) bits of magnitude level. Kept entries are the largest
@@ -26,7 +26,7 @@ offset (a duplicate index), an offset past the chunk's end (out of range), a sca
 not finite, and arrays of the wrong length.
 
 At density 0.03 and 2 bits a kept value costs its 2 bits plus about 6.5 bits of gap after zstd, so a
-pseudo-gradient is ~100× smaller than float32 (`python -m dipaco.store.compress` measures it).
+pseudo-gradient is ~100× smaller than float32 (`python -m dipaco.codec.compress` measures it).
 """
 
 from __future__ import annotations
