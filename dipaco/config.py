@@ -179,7 +179,7 @@ class CompressionConfig(Section):
     density: Annotated[float, Range(above=0, max=1)] = 0.03  # topk: fraction of each chunk's entries sent (SparseLoCo: 0.01-0.03)
     bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
-    error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual travels with the path's inner state)
+    error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual is kept in the path's carried state)
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
