@@ -86,8 +86,8 @@ reroute:  ## one discriminative re-routing phase (needs corpus.router_fraction >
 simulate:  ## chaos simulation at paper scale (ARGS='simulate.learners=16'): goodput of data parallel, elastic, sync, async; JSON + PNG in $(RUN)/simulate
 	$(DIPACO) simulate --config $(CONFIG) --run $(RUN) $(ARGS)
 
-test:  ## the test suite without the tests marked slow (offline, one torch thread: tests/conftest.py)
-	$(PYTHON) -m pytest -q --durations=10
+test:  ## the test suite without the tests marked slow, on one worker per CPU (pytest-xdist; offline, one torch thread: tests/conftest.py)
+	$(PYTHON) -m pytest -q -n auto --dist loadfile --durations=10
 
 test-slow:  ## only the slow tests: killed / paused training resumed, a re-routing phase, a torchrun island, a Ray run through an island kill
 	$(PYTHON) -m pytest -q -m slow --durations=10

@@ -8,6 +8,7 @@ processes paced to a fixed step time, with failures and with a straggler; the si
     python bench/bench_islands.py --mtbf 1,1.5            # failure rates in task times (default: auto)
     python bench/bench_islands.py --predict               # the simulator's column again, from the JSON
     python bench/bench_islands.py --markdown-only         # re-render the markdown from the JSON
+    python bench/bench_islands.py --recompute-goodput     # goodput by work from what the JSON records
 
 Every row is real processes on this machine. The island rows are `dipaco train` (a coordinator and 8
 pull-based island processes of one thread over a local store) of the demo's recipe (dense warm start
@@ -34,14 +35,17 @@ times T; a failure can land in a step's padding, which it then cuts). The defaul
 picked by the simulator fitted to the failure-free rows: where data parallel's goodput is 30% and
 where sync's is 60% (`--mtbf` to give them).
 
-**Goodput** (docs/islands.md#goodput, the simulator's definition): islands: the inner-loop seconds of
-the results committed rounds applied (paced steps: compute and padding; not loading, checkpoint writes
-or uploads) / (islands x seconds from the first heartbeat to the last commit), train.json's
-(`dipaco.store.run_state.goodput`); data parallel: the seconds of its steps that were not rolled back /
-its wall-clock (it runs for as long as the failure-free job takes, rounds x T, as a job without an end).
-**Applied tokens per second**: tokens of the applied results (data parallel: of its surviving steps, all
-workers) / the same seconds. **The simulator's prediction** (bench/islands_prediction.py) beside each
-row; the per-task overhead is fitted to the failure-free sync row (marked fitted).
+**Goodput** is by work (docs/islands.md#goodput, the simulator's definition): the applied tokens (islands:
+of the results committed rounds applied; data parallel: of its surviving steps, all workers) / (the
+run's seconds x the islands' failure-free capacity, islands x tokens per step / the pace p), where the
+run's seconds are from the first heartbeat to the last commit (data parallel: its wall-clock; it runs for
+as long as the failure-free job takes, rounds x T, as a job without an end). A straggler's slow steps
+count their nominal work, not their seconds. It equals train.json's (`dipaco.store.goodput`, which knows
+the pace). **Goodput by time** beside it, as measured before: islands: the inner-loop seconds of the
+applied results (compute and padding) / (islands x the run's seconds); data parallel: the seconds of its
+surviving steps / its wall-clock. **Applied tokens per second**: the applied tokens / the same seconds.
+**The simulator's prediction** (bench/islands_prediction.py) beside each row; the per-task overhead is
+fitted to the failure-free sync row (marked fitted).
 
 Runs live in runs/bench-islands/NAME/<row>; the results file is written after every row, so a run cut
 short keeps what it measured (`--keep` resumes). `bench/islands_report.py` renders the table and the checks.
@@ -66,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cpu_load import CoreSampler  # noqa: E402
 from bench.data_parallel import run_data_parallel  # noqa: E402
+from bench.islands_goodput import recompute  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
 from bench.recording import RESULTS, git_commit, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
@@ -105,6 +110,10 @@ class Setting:
     def task_seconds(self) -> float:
         """T: a task's paced inner loop."""
         return self.inner_steps * self.step_seconds
+
+    def capacity(self, *, tokens_per_step: int) -> float:
+        """The islands' failure-free tokens per second: each trains `tokens_per_step` tokens a pace p."""
+        return self.islands * tokens_per_step / self.step_seconds
 
     @property
     def prepare(self) -> list[str]:
@@ -184,6 +193,9 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
     parser.add_argument("--keep", action="store_true", help="keep the rows the JSON has; run only the missing ones")
     parser.add_argument("--markdown-only", action="store_true", help="re-render bench/results/NAME.md from its JSON")
     parser.add_argument("--predict", action="store_true", help="(re)compute the simulator's column from the JSON")
+    parser.add_argument("--recompute-goodput", action="store_true",
+                        help="goodput by work from the JSON's applied tokens and run seconds (bench/islands_goodput.py), "
+                             "then the simulator's column")
     args = parser.parse_args(argv)
     if min(args.replicas, args.rounds, args.inner_steps) < 1 or args.step_seconds <= 0 or args.checkpoint_steps < 1:
         parser.error(f"--replicas, --rounds, --inner-steps and --checkpoint-steps must be >= 1 and --step-seconds > 0, "
@@ -225,6 +237,12 @@ def prepare(setting: Setting) -> RunDir:
     return base
 
 
+def tokens_per_step(setting: Setting) -> int:
+    """Tokens an island (or a data-parallel worker) trains per inner step: inner.batch_size x seq_len."""
+    config = load_config(CONFIG, setting.common)
+    return config.inner.batch_size * config.sharding.seq_len
+
+
 def path_parameters(setting: Setting, base: RunDir) -> int:
     from dipaco.model.path_model import count_parameters
     from dipaco.pipeline.context import PathFactory
@@ -233,6 +251,11 @@ def path_parameters(setting: Setting, base: RunDir) -> int:
 
 
 # --- one row ------------------------------------------------------------------------------------------------
+def train_args(setting: Setting, run: Path, row: Row) -> list[str]:
+    """The arguments of an island row's `dipaco train` and `dipaco eval` (after the subcommand)."""
+    return ["--config", str(CONFIG), "--run", str(run), *setting.common, *row.overrides]
+
+
 def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
     """`dipaco train` then `dipaco eval` of one row; its figures (goodput from train.json)."""
     run = RunDir(setting.work / row.name)
@@ -241,7 +264,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
     for part in ("tokenizer", "pretrain", "routing", "shards"):
         if (base.root / part).exists():
             shutil.copytree(base.root / part, run.root / part)
-    args = ["--config", str(CONFIG), "--run", str(run.root), *setting.common, *row.overrides]
+    args = train_args(setting, run.root, row)
     log(f"{row.name}: training ({' '.join(row.overrides) or 'defaults'})")
     started = time.perf_counter()
     with CoreSampler() as cores:
@@ -255,9 +278,12 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
     tasks = applied_tasks(store)
     good = summary["goodput"]
     seconds = good["island_seconds"] / setting.islands  # first heartbeat to last commit
+    rate = applied_rate(tasks, seconds=seconds)
     figures = {
         **asdict(row), "perplexity": perplexity, "wall_seconds": wall, "run_seconds": seconds,
-        "goodput": good["goodput"], "useful_island_seconds": good["useful_island_seconds"],
+        "goodput": rate["applied_tokens"] / (seconds * setting.capacity(tokens_per_step=tokens_per_step(setting))),
+        "goodput_by_time": good["goodput_by_time"], "train_goodput": good["goodput"],
+        "useful_island_seconds": good["useful_island_seconds"],
         "island_seconds": good["island_seconds"], "applied_tasks": len(tasks),
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
@@ -266,7 +292,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "bytes_per_result": {f"{d}_{k}": cell["bytes"] / max(1, len(tasks))
                              for d, kinds in summary["traffic"]["by_role"]["island"].items() for k, cell in kinds.items()},
         "traffic_up_bytes": summary["traffic"]["up_bytes"], "traffic_down_bytes": summary["traffic"]["down_bytes"],
-        **applied_rate(tasks, seconds=seconds),
+        **rate,
         "task_seconds_each": [t["seconds"] for t in tasks],
         "tasks_by_island": tasks_by_island(tasks),
         "pace": pace_from_logs(sorted(run.logs.glob("island-*.log"))),
@@ -294,12 +320,14 @@ def data_parallel_row(setting: Setting, base: RunDir, row: Row) -> dict:
                                    checkpoint_steps=setting.checkpoint_steps, out=out, env=ENV)
     wall = time.perf_counter() - started
     ledger = result["ledger"]
+    applied = result["tokens_per_second"] * ledger["wall"]
     figures = {
         **asdict(row), "perplexity": None, "wall_seconds": wall, "run_seconds": ledger["wall"],
-        "goodput": result["goodput"], "useful_island_seconds": ledger["useful"] * setting.islands,
+        "goodput": applied / (ledger["wall"] * setting.capacity(tokens_per_step=tokens_per_step(setting))),
+        "goodput_by_time": result["goodput"], "useful_island_seconds": ledger["useful"] * setting.islands,
         "island_seconds": ledger["wall"] * setting.islands, "injected_failures": ledger["failures"],
         "restarts": ledger["restarts"], "steps": ledger["steps"], "ledger": ledger,
-        "applied_tokens": result["tokens_per_second"] * ledger["wall"], "tokens_per_second": result["tokens_per_second"],
+        "applied_tokens": applied, "tokens_per_second": result["tokens_per_second"],
         "pace": {**result["pace"], "tasks": None}, "cores": cores.summary(),
         "train_loss_first_last": [result["loss_first"][:1], result["loss_last"][-1:]],
     }
@@ -368,6 +396,8 @@ def main(setting: Setting, *, only: set[str], keep: bool) -> None:
     out = {"setting": {**asdict(setting), "prepare": setting.prepare, "common": setting.common,
                        "async": [*ASYNC], "islands": setting.islands,
                        "task_seconds": setting.task_seconds, "path_parameters": path_parameters(setting, base),
+                       "tokens_per_step": tokens_per_step(setting),
+                       "capacity_tokens_per_second": setting.capacity(tokens_per_step=tokens_per_step(setting)),
                        "config": "configs/demo.yaml"},
            "rows": [], "seconds_before": previous.get("total_seconds", 0.0)}
 
@@ -384,6 +414,7 @@ def main(setting: Setting, *, only: set[str], keep: bool) -> None:
     def record() -> None:
         out["rows"] = list(rows.values())
         out["total_seconds"] = out["seconds_before"] + time.perf_counter() - started
+        recompute(out)  # rows kept from a results file measured before goodput by work too
         add_predictions(out)
         out["checks"] = evaluate_checks(out)
         write_results(setting.name, out, markdown(out))
@@ -425,9 +456,11 @@ def add_predictions(out: dict) -> None:
 if __name__ == "__main__":
     SETTING, ARGS = setting_from(sys.argv[1:])
     RESULT = RESULTS / f"{SETTING.name}.json"
-    if ARGS.markdown_only or ARGS.predict:
+    if ARGS.markdown_only or ARGS.predict or ARGS.recompute_goodput:
         record = json.loads(RESULT.read_text())
-        if ARGS.predict:
+        if ARGS.recompute_goodput:
+            recompute(record)
+        if ARGS.predict or ARGS.recompute_goodput:
             add_predictions(record)
             record["checks"] = evaluate_checks(record)
             RESULT.write_text(json.dumps(record, indent=1) + "\n")

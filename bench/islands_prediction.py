@@ -22,8 +22,9 @@ How a measured row maps onto a simulation (`dipaco.simulate`):
 - data-parallel rows: `simulate_data_parallel` (non-elastic) over the islands' count of one-chip
   learners, step = the row's mean surviving step, restart R, the same checkpoint interval, for the
   row's measured wall-clock (a job without an end).
-Goodput = useful chip-seconds / (learners × the time of the last commit), as `train.json`'s from the
-first heartbeat (data parallel: over its horizon); the mean over `SEEDS` failure draws.
+Goodput by work = the applied results' work (chip-seconds at nominal speed: a straggler's slow steps count
+their nominal time) / (learners × the time of the last commit), as `train.json`'s from the first heartbeat
+(data parallel: over its horizon); the mean over `SEEDS` failure draws.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, roun
         if not run.syncer.policy.done:
             raise RuntimeError(f"the simulated {mode} run did not apply its {rounds} results per path within "
                                f"{sim.horizon_hours:.3g} h")
-        values.append(ledger.useful / (sim.learners * run.rounds[-1].time))
+        values.append(ledger.useful_work / (sim.learners * run.rounds[-1].time))  # by work
     return statistics.mean(values)
 
 

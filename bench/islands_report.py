@@ -2,7 +2,8 @@
 
     python bench/bench_islands.py --markdown-only     # re-renders bench/results/islands.md with these
 
-The checks, each met, missed or not measured (a row it needs is missing), on the measured rows:
+The checks, each met, missed or not measured (a row it needs is missing), on the measured rows (goodput by
+work, docs/islands.md#goodput):
 1. at each failure rate where data-parallel goodput is <= 35%, async goodput >= 80% (the paper: 88 vs 27);
 2. at the failure rate where sync goodput is nearest 60%, async >= sync + 10 points;
 3. at each failure rate, async perplexity within 2% of the failure-free async row's (same seed);
@@ -115,9 +116,11 @@ def table(out: dict) -> str:
         per_step = f"{pace['compute'] / steps:.3f}s / {pace['slowest']:.2f}s / {pace['over_pace']}" if steps else "—"
         busy = (f"{_pct(cores.get('machine_busy_mean'))} / {_pct(cores.get('machine_busy_max'))}; "
                 f"{_pct(cores.get('ours_busy_mean'))} / {_pct(cores.get('ours_busy_max'))}")
+        by_time = _pct(r.get("goodput_by_time"))
         lines.append([name, r["mode"], r["fault"], r.get("injected_failures", 0), f"**{r['goodput']:.1%}**", sim,
-                      perplexity, f"{r['tokens_per_second']:,.0f}", f"{r['run_seconds']:.0f}s", per_step, busy])
-    return markdown_table(["row", "mode", "fault", "failures", "goodput", "simulator", "perplexity (vs failure-free)",
+                      by_time, perplexity, f"{r['tokens_per_second']:,.0f}", f"{r['run_seconds']:.0f}s", per_step, busy])
+    return markdown_table(["row", "mode", "fault", "failures", "goodput (by work)", "simulator (by work)",
+                           "goodput by time", "perplexity (vs failure-free)",
                            "applied tokens/s", "wall", "compute per step: mean / slowest / over the pace",
                            "cores busy, machine mean / max; ours mean / max"], lines)
 
@@ -174,11 +177,15 @@ def markdown(out: dict) -> str:
         *commits_line(rows),
         table(out),
         "",
-        "Goodput as docs/islands.md#goodput defines it (islands: train.json's, applied results' task seconds / "
-        "(islands x first heartbeat to last commit); data parallel: surviving step seconds / wall-clock, run for "
-        "the failure-free job's length). Applied tokens/s over the same seconds. Wall: first heartbeat to last "
-        "commit (data parallel: its run). Perplexity: routed (prefix) on the held-out documents, against the "
-        "failure-free row of the same mode.",
+        "Goodput by work as docs/islands.md#goodput defines it: applied tokens / (the run's seconds x the "
+        f"islands' failure-free capacity, {s['islands']} x tokens per step / the {s['step_seconds']:g} s pace"
+        + (f" = {s['capacity_tokens_per_second']:,.0f} tokens/s" if s.get("capacity_tokens_per_second") else "")
+        + "); the run's seconds: first heartbeat to last commit (data parallel: its run, for the failure-free "
+        "job's length). Goodput by time beside it: islands: applied results' task seconds / (islands x the run's "
+        "seconds); data parallel: surviving step seconds / wall-clock. Applied tokens/s over the same seconds. "
+        "Wall: the run's seconds. Perplexity: routed (prefix) on the held-out documents, against the "
+        "failure-free row of the same mode."
+        + (f" {out['goodput_recomputed']}." if out.get("goodput_recomputed") else ""),
         "",
         "## Checks (issue 25), on this commit's code",
         "",

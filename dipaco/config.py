@@ -248,7 +248,10 @@ class ResilienceConfig(Section):
     checkpoint_steps: Count = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
     inner_checkpoint_every: Count = 0  # upload a path's carried state (moments, residual, drift) every this many of its tasks, moments in bf16, for a path moved after a crash to resume from; 0 = only on hand-offs and its last task (a moved path starts fresh moments: as good on tiny, experiments/results/carried-move.md)
     max_norm_ratio: Annotated[float, Range(above=1, off=0)] = 50.0  # reject a result whose pseudo-gradient norm exceeds this times the median of its path's accepted norms; 0 = off
-    max_update_ratio: Annotated[float, Range(above=0, off=0)] = 1.0  # reject a result that would move one of its modules by more than this times the module's norm at the version it started from (a path's first result too); 0 = off
+    max_update_ratio: Annotated[float, Range(above=0, off=0)] = 1.0  # sanity bound: reject a result that would move one of its modules by more than this times the module's norm at the version it started from (a path's first result too); 0 = off
+    max_update_scale: Annotated[float, Range(above=1, off=0)] = 4.0  # poison bound: reject a result that moves a module more than this times the median of what honest results move modules of its role, per unit of lr and module norm (docs/islands.md#poison); 0 = off
+    hold_seconds: NonNegative = 300.0  # a result whose modules' roles have no honest result to compare with yet waits this long for another path's (then only max_update_ratio bounds it)
+    max_carried_ratio: Annotated[float, Range(above=0, off=0)] = 100.0  # reject an inner state whose error-feedback residual or drift has a norm above this times the largest of its path's accepted pseudo-gradient norms; 0 = off
     max_rejections: PositiveInt = 3  # stop the run when one task's results are rejected this many times
 
     def __post_init__(self) -> None:

@@ -3,7 +3,8 @@
     make test          # everything but the tests marked slow
     make test-slow     # the slow ones: kill / pause and resume, a re-routing phase, torchrun islands (one and two nodes)
 
-Session fixtures (built once, on first use; tests that write into a run work on a `copy_run` of it):
+Session fixtures (built once per worker process, on first use; `tiny_trained` once for all `make test`'s
+pytest-xdist workers; tests that write into a run work on a `copy_run` of it):
 - `tiny_routed`: configs/tiny.yaml routed and sharded through the Python API (tokenizer, routing,
   shards); test_coordinator and test_end_to_end start their own training from it;
 - `tiny_straight`: a copy of it trained for two rounds by the real coordinator and islands in this
@@ -20,6 +21,8 @@ oversubscribed threads make a training step many times slower, so every process 
 """
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 from cli_helpers import ROOT, TINY, copy_run, dipaco_in_process
@@ -57,6 +60,37 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=cuda)
         items[:] = [item for item in items if not item.get_closest_marker("cuda")]
         config.stash[NO_CUDA] = len(cuda)
+
+
+# `make test` runs on parallel workers (pytest-xdist, `-n auto --dist loadfile`): each worker is a process with
+# its own session fixtures, and takes whole files (a module fixture, such as a trained result or a Ray cluster, is
+# built once). The costliest session fixture, the trained run, is built once for all of them (`built_once`).
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` done once per test session, also across xdist workers: the first worker that needs it
+    builds it under a lock in the folder the workers share, the others wait for it and read it."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # pytest-N/, above popen-gwK/
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            build(folder)
+            done.touch()
+    return folder
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the count goes to the controller's summary
+        session.config.workeroutput["cuda_deselected"] = session.config.stash.get(NO_CUDA, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """An xdist worker finished: the controller keeps the count of cuda tests it deselected (each worker
+    collects every test, so the counts are the same)."""
+    node.config.stash[NO_CUDA] = node.workeroutput.get("cuda_deselected", 0) if hasattr(node, "workeroutput") else 0
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -108,18 +142,19 @@ def tiny_straight(tiny_routed, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_trained(tiny_routed, tmp_path_factory) -> RunDir:
-    """`tiny_routed` through the rest of `dipaco run` with `TRAINED_OVERRIDES` (read only)."""
-    run = copy_run(tiny_routed, tmp_path_factory.mktemp("tiny-trained") / "run")
-    code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, *TRAINED_OVERRIDES)
-    assert code == 0, f"dipaco run failed:\n{log[-3000:]}"
-    return run
+    """`tiny_routed` through the rest of `dipaco run` with `TRAINED_OVERRIDES` (read only; built once for all
+    the xdist workers)."""
+    def train(folder: Path) -> None:
+        run = copy_run(tiny_routed, folder / "run")
+        code, log = dipaco_in_process("run", "--config", TINY, "--run", run.root, *TRAINED_OVERRIDES)
+        assert code == 0, f"dipaco run failed:\n{log[-3000:]}"
+
+    return RunDir(built_once(tmp_path_factory, "tiny-trained", train) / "run")
 
 
 @pytest.fixture(scope="session")
 def tiny_mixture(tiny_trained, tmp_path_factory):
     """`tiny_trained` as one mixture directory with its dense baselines, moved after the export (read only)."""
-    import shutil
-
     from dipaco.cli import main
 
     out = tmp_path_factory.mktemp("export") / "mixture"

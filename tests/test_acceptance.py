@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from dipaco.config import load_config
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.update_bound import InnerRun
 from dipaco.islands.island.training import push_result, train_task
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.version_zero import start_or_resume_store
@@ -61,7 +62,7 @@ def fresh(tiny_routed, root: Path, overrides: tuple[str, ...] = ()) -> Case:
     start_or_resume_store(factory)
     setup = island_setup(config, run)
     checks = ResultChecks(setup.store, setup.topology, resilience=config.resilience, inner_steps=config.inner.steps,
-                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len)
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
     coordinator = Coordinator(setup.store, setup.topology, settings=CoordinatorSettings.from_config(config),
                               sizes=factory.path_sizes, checks=checks)
     coordinator.tick()  # opens a task for every path

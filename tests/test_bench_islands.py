@@ -3,18 +3,29 @@ job's accounting on a hand-made failure schedule, the core-busy sampler, goodput
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from bench.bench_islands import Setting, applied_rate, pace_from_logs, rows_to_run
+from bench.bench_islands import (
+    Setting,
+    applied_rate,
+    applied_tasks,
+    pace_from_logs,
+    rows_to_run,
+    tasks_by_island,
+    train_args,
+)
 from bench.cpu_load import CoreSampler, busy_fraction, cpu_jiffies, process_cpu_seconds
 from bench.data_parallel import Job, Ledger
 from bench.islands_report import capacity_left, evaluate_checks
-from dipaco.config import load_config
+from dipaco.cli import build_parser
+from dipaco.config import SimulateConfig
 from dipaco.islands.island.pacing import Pacer
-
-DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+from dipaco.model.topology import Topology
+from dipaco.pipeline.invocation import config_and_run
+from dipaco.simulate.diloco import RoundsSimulation
+from dipaco.simulate.failures import FailureModel
+from dipaco.simulate.settings import Settings
+from dipaco.store.board import read_heartbeats
 
 
 class FakeClock:
@@ -28,19 +39,29 @@ class FakeClock:
         self.now += max(0.0, seconds)
 
 
-def test_the_benchmarks_settings_override_the_demos_own():
-    for h in (25, 10, 7):
-        config = load_config(DEMO, Setting(inner_steps=h).common)
-        assert config.inner.steps == h
-    setting = Setting(rounds=3, step_seconds=1.5)
-    config = load_config(DEMO, setting.common)
-    assert (config.run.rounds, config.faults.step_seconds, config.topology.replicas) == (3, 1.5, 2)
-    assert config.hardware.islands == setting.islands == 8
-    failures = load_config(DEMO, setting.failures(0.5)).faults
-    assert (failures.mtbf, failures.return_after) == (0.5 * setting.task_seconds, 0.15 * setting.task_seconds)
-    names = [row.name for row in rows_to_run(setting, (1.5, 1.0))]
-    assert names == ["dp-mtbf1.5", "sync-mtbf1.5", "async-mtbf1.5", "dp-mtbf1", "sync-mtbf1", "async-mtbf1",
-                     "sync-slow", "async-slow"]
+def test_each_rows_train_command_runs_the_settings_it_names(tmp_path):
+    """The arguments an island row gives `dipaco train`, through the real command line, set the run's length,
+    pace, islands, failures, straggler and mode (the figures worked out by hand: T = 7 x 1.5 s = 10.5 s)."""
+    setting = Setting(rounds=3, inner_steps=7, step_seconds=1.5)
+    rows = {row.name: row for row in rows_to_run(setting, (0.5,))}
+    assert list(rows) == ["dp-mtbf0.5", "sync-mtbf0.5", "async-mtbf0.5", "sync-slow", "async-slow"]
+
+    def config_of(name: str):
+        args = build_parser().parse_args(["train", *train_args(setting, tmp_path / name, rows[name])])
+        config, run = config_and_run("train", config_file=args.config, run=args.run, store=None,
+                                     overrides=args.overrides, run_config=True, wait=0.0)
+        assert run.root == tmp_path / name
+        return config
+
+    sync, failing, slow = config_of("sync-mtbf0.5"), config_of("async-mtbf0.5"), config_of("async-slow")
+    for config in (sync, failing, slow):
+        assert (config.run.rounds, config.inner.steps, config.faults.step_seconds) == (3, 7, 1.5)
+        topology = Topology.from_config(config.topology, n_layers=config.model.n_layers)
+        assert config.hardware.islands == topology.n_paths == 8  # one island per path
+    assert (sync.rounds.mode, failing.rounds.mode, slow.rounds.mode) == ("sync", "async", "async")
+    assert (sync.faults.mtbf, sync.faults.return_after, sync.faults.mode) == (5.25, pytest.approx(1.575), "die")
+    assert failing.faults.mtbf == 5.25 and (slow.faults.mtbf, slow.faults.slowdown) == (0.0, 3.0)
+    assert sync.faults.slowdown == failing.faults.slowdown == 1.0
 
 
 # --- pacing -------------------------------------------------------------------------------------------------
@@ -212,13 +233,37 @@ def test_the_sampler_reports_each_window_for_the_machine_and_our_processes():
 
 
 # --- goodput, tokens, checks --------------------------------------------------------------------------------
-def test_applied_tokens_per_second():
-    assert applied_rate([{"tokens": 1000}, {"tokens": 3000}], seconds=8.0) == {"applied_tokens": 4000,
-                                                                              "tokens_per_second": 500.0}
+def test_the_applied_tasks_and_tokens_of_a_trained_run(tiny_straight):
+    """Read back from a real run's store (conftest's `tiny_straight`, sync): every applied result is a whole task
+    of inner.steps x batch x sequence tokens, one per path and round, trained by an island that heart-beat;
+    tokens per second over given seconds."""
+    config, store, n_paths = tiny_straight.config, tiny_straight.store, tiny_straight.topology.n_paths
+    tasks = applied_tasks(store)
+    whole = config.inner.steps * config.inner.batch_size * config.sharding.seq_len
+    assert len(tasks) == config.run.rounds * n_paths and {t["tokens"] for t in tasks} == {whole}
+    assert sorted((t["path"], t["base"]) for t in tasks) == sorted(
+        (p, r) for p in range(n_paths) for r in range(config.run.rounds))
+    assert {t["island"] for t in tasks} <= set(read_heartbeats(store))
+    assert sum(tasks_by_island(tasks).values()) == len(tasks)
+    total = len(tasks) * whole
+    assert applied_rate(tasks, seconds=8.0) == {"applied_tokens": total, "tokens_per_second": total / 8.0}
 
 
-def test_capacity_left_by_a_straggler():
-    assert capacity_left(8, 3.0) == pytest.approx(22 / 24)
+def test_a_straggler_leaves_the_capacity_the_checks_count_on():
+    """The straggler check's 22/24 is what async rounds keep with one of 8 islands 3x slower: the simulator
+    (no failures, instant transfers) applies that share of the islands' work, where by time the straggler's
+    slow seconds would count as 100%; sync rounds wait for it every round (1/3)."""
+    class OneSlow(FailureModel):
+        def speed_factor(self, learner: int | None = None) -> float:
+            return 3.0 if learner == 0 else 1.0
+
+    sim = SimulateConfig(learners=8, chips_per_learner=1, step_seconds=1.0, speed_sigma=0.0, link_gbit_per_s=1e30,
+                         model_parameters=1, chip_mtbi_hours=1e12, horizon_hours=300 / 3600)
+    runs = {mode: RoundsSimulation(Settings(sim=sim, inner_steps=10),
+                                   OneSlow(chip_mtbi_hours=1e12, speed_sigma=0.0, seed=0), mode=mode).run()
+            for mode in ("async", "sync")}
+    assert runs["async"].goodput == pytest.approx(capacity_left(8, 3.0)) and runs["async"].goodput_by_time == 1.0
+    assert runs["sync"].goodput == pytest.approx(1 / 3)
 
 
 def row(name: str, mode: str, goodput: float, *, mtbf=None, perplexity=100.0, tokens=1000.0, slowdown=1.0) -> dict:

@@ -1,6 +1,7 @@
 """The README, docs/ and experiments/ stay true: the config reference is generated and complete, the make
 targets and files they name exist, every results file says where its figures come from, every figure a
-page quotes next to a results file is in that file, and none is quoted from a tree with local changes
+page quotes next to a results file is in that file (in a table row that names a results row, in that row
+and column), and none is quoted from a tree with local changes
 beyond the files listed to be measured again (`DIRTY_QUOTED`)."""
 
 import dataclasses
@@ -199,11 +200,82 @@ def holds(figure: str, name: Path) -> bool:
     return any(abs(abs(v) * scale - value) <= half_unit + 1e-9 for v in values for scale in (1, 100))
 
 
+# A table row that names a results table's row and columns is a table lookup: a row whose label (first
+# cell) is a row label of a results table of its files, in a table with two or more of that results
+# table's column names, has each figure under one of those columns in that column of that row
+# (docs/benchmarks.md#quoting-a-figure); its other figures, and every other figure, as above.
+def table_cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def label(cell: str) -> str:
+    """A row label or column name as compared: without emphasis, code marks and case."""
+    return cell.replace("**", "").replace("`", "").strip().lower()
+
+
+def markdown_tables(text: str) -> list[tuple[list[str], list[tuple[int, list[str]]]]]:
+    """Every table of a markdown text: (its column names, [(line, cells)] of its rows)."""
+    tables: list = []
+    last = -1
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("|"):
+            continue
+        cells = table_cells(line)
+        if number != last + 1:
+            tables.append(([label(c) for c in cells], []))
+        elif not set("".join(cells)) <= set("-: "):
+            tables[-1][1].append((number, cells))
+        last = number
+    return tables
+
+
+@functools.cache
+def results_rows(name: Path) -> dict[str, list[dict[str, str]]]:
+    """A results file's markdown table rows by their label: {column name: cell} each."""
+    md = file_of(name, ".md")
+    rows: dict[str, list[dict[str, str]]] = {}
+    for names, table in markdown_tables(md.read_text()) if md.exists() else []:
+        for _, cells in table:
+            rows.setdefault(label(cells[0]), []).append(dict(zip(names, cells)))
+    return rows
+
+
+CELL_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def cell_holds(figure: str, cell: str) -> bool:
+    """Whether a results table's cell holds `figure`: a number in it that rounds to it (2400 holds 2,400)."""
+    value = float(figure.replace(",", ""))
+    half_unit = 0.5 * 10 ** -(len(figure.split(".")[1]) if "." in figure else 0)
+    return any(abs(float(n.replace(",", "")) - value) <= half_unit + 1e-9 for n in CELL_NUMBER.findall(cell))
+
+
+def looked_up_figures(doc: Path, text: str) -> tuple[list[str], set[tuple[int, str]]]:
+    """(messages, the (line, figure)s looked up) for `doc`'s table rows that name a results row and columns:
+    each figure under a named column must be in that row's cell of that column."""
+    files = {line: found for line, unit, found in quoting_units(doc, text) if unit.lstrip().startswith("|")}
+    wrong, looked_up = [], set()
+    for names, rows in markdown_tables(text):
+        for line, cells in rows:
+            theirs = [row for name in sorted(files.get(line, ())) for row in results_rows(name).get(label(cells[0]), [])
+                      if len(set(names[1:]) & set(row)) >= 2]
+            wanted = [(column, f) for column, cell in zip(names[1:], cells[1:]) if any(column in r for r in theirs)
+                      for f in figures(cell)]
+            looked_up |= {(line, f) for _, f in wanted}
+            for column, figure in wanted:
+                if not any(cell_holds(figure, row.get(column, "")) for row in theirs):
+                    wrong.append(f"{doc.relative_to(ROOT)}:{line}: {figure} is not the results row "
+                                 f"{cells[0]!r}'s {column!r} in {sorted(str(n.relative_to(ROOT)) for n in files[line])}")
+    return wrong, looked_up
+
+
 def wrong_figures(doc: Path, text: str) -> list[str]:
-    return [f"{doc.relative_to(ROOT)}:{line}: {figure} is in none of "
-            f"{sorted(str(name.relative_to(ROOT)) for name in files)}"
-            for line, unit, files in quoting_units(doc, text)
-            for figure in figures(unit) if not any(holds(figure, name) for name in files)]
+    misplaced, looked_up = looked_up_figures(doc, text)
+    return misplaced + [f"{doc.relative_to(ROOT)}:{line}: {figure} is in none of "
+                        f"{sorted(str(name.relative_to(ROOT)) for name in files)}"
+                        for line, unit, files in quoting_units(doc, text)
+                        for figure in figures(unit)
+                        if (line, figure) not in looked_up and not any(holds(figure, name) for name in files)]
 
 
 def test_quoted_figures_are_in_their_results_files():
@@ -222,6 +294,24 @@ def test_a_changed_digit_fails_the_figure_check():
     mutated = README.replace(row, row.replace(figure, changed, 1), 1)
     assert not wrong_figures(doc, README)
     assert any(f": {changed} is in none of" in message for message in wrong_figures(doc, mutated)), (figure, changed)
+
+
+def test_a_figure_from_another_row_or_column_fails_the_table_lookup():
+    """docs/islands.md's measured table names bench/results/islands.md's rows and columns: the straggler row's
+    goodput by time (64.8%) put under goodput by work, or sync-slow's goodput (33.0%) in async-slow's row, is
+    in the results file (the check by value alone passes it) but not in that row and column."""
+    doc = ROOT / "docs" / "islands.md"
+    text = PAGES[doc]
+    row = next(line for line in text.splitlines() if line.startswith("| async-slow |"))
+    cells = table_cells(row)
+    assert cells[3:6] == ["60.0%", "32.3%", "64.8%"]  # goodput (by work), simulator (by work), goodput by time
+    swapped = row.replace("| 60.0% | 32.3% | 64.8% |", "| 64.8% | 32.3% | 60.0% |")
+    moved = row.replace("| 60.0% |", "| 33.0% |")
+    assert not wrong_figures(doc, text)
+    for mutated, figure in ((swapped, "64.8"), (moved, "33.0")):
+        assert holds(figure, ROOT / "bench" / "results" / "islands")  # by value alone it would pass
+        wrong = wrong_figures(doc, text.replace(row, mutated))
+        assert any(f": {figure} is not the results row 'async-slow''s 'goodput (by work)'" in w for w in wrong), wrong
 
 
 # Quoted from a tree with local changes: the results files below were recorded from a tree with local changes

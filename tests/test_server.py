@@ -6,13 +6,14 @@ The mixture is conftest's `tiny_mixture`, the tiny run's export."""
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 import dipaco
-from dipaco.cli import main
+from dipaco.cli import build_parser, dispatch
 from dipaco.inference.server import CompletionServer
 
 
@@ -92,8 +93,36 @@ def test_malformed_bodies_and_unknown_endpoints_get_json_errors(server):
     assert request(server, "/health")[1]["status"] == "ok"
 
 
-def test_dipaco_serve_help_names_its_options(capsys):
-    with pytest.raises(SystemExit):
-        main(["serve", "--help"])
-    text = capsys.readouterr().out
-    assert all(option in text for option in ("--port", "--max-loaded", "--route", "/v1/completions"))
+def test_dipaco_serve_runs_with_the_options_it_is_given(exported, capsys, monkeypatch):
+    """`dipaco serve DIR --port 0 --route likelihood --max-loaded 1` through the command line's parser and
+    dispatch: it listens on a free port, answers as the mixture routed by likelihood does and keeps one path."""
+    from dipaco.stages import serve
+
+    started = []
+
+    class Recorded(CompletionServer):  # the real server, remembered so the test can reach and stop it
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(serve, "CompletionServer", Recorded)
+    args = build_parser().parse_args(["serve", str(exported), "--port", "0", "--route", "likelihood",
+                                      "--max-loaded", "1", "--device", "cpu"])
+    thread = threading.Thread(target=dispatch, args=(args,), daemon=True)
+    thread.start()
+    for _ in range(600):
+        if started or not thread.is_alive():
+            break
+        time.sleep(0.05)
+    server = started[0]
+    try:
+        assert server.server_address[1] != 0 and f":{server.server_address[1]}/v1/completions" in capsys.readouterr().out
+        prompt = "def fibonacci(n):"
+        answer = request(server, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})[1]
+        expected = dipaco.load(exported, route="likelihood").complete(prompt, max_new_tokens=4)
+        assert (answer["choices"][0]["text"], answer["choices"][0]["dipaco_path"]) == (expected.continuation,
+                                                                                       expected.path)
+        assert server.mixture.route == "likelihood" and len(server.mixture.paths.loaded) == 1
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)

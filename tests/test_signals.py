@@ -7,7 +7,6 @@ abort (rc 134, `terminate called without an active exception`) nor by SIGINT aft
 never raised inside an import (a half-initialised C++ extension aborted the exit), and no thread of the
 island's is left running when the interpreter exits."""
 
-import importlib
 import os
 import random
 import signal
@@ -22,7 +21,6 @@ from cli_helpers import ENV, ROOT, TINY, copy_run, dipaco, start_dipaco
 
 from dipaco.islands.island.faults import no_faults
 from dipaco.islands.island.presence import Presence
-from dipaco.signals import Stopped, exit_code, restore, stop_on_signals
 from dipaco.store.module_store import ModuleStore
 
 
@@ -84,23 +82,32 @@ def test_a_stopped_train_leaves_no_island_running_and_resumes(sig, tiny_routed, 
     assert ModuleStore(str(run.root / "store")).current_round() == done + 1, result.stdout[-2000:]
 
 
-def test_a_signal_during_an_import_is_raised_once_the_import_is_over(tmp_path, monkeypatch):
+def test_a_signal_during_an_import_is_raised_once_the_import_is_over(tmp_path):
     """The island's start imports torch and transformers for seconds; a SIGTERM then raised KeyboardInterrupt
     inside their (C++) module initialisation, and the exit that followed could abort (rc 134) or end by
-    SIGINT. Now the signal waits for the import to finish, then stops the command with 143."""
+    SIGINT. Now the signal waits for the import to finish, then stops the command with 143. In a fresh
+    interpreter, as a command runs: a pytest-xdist worker runs its tests under code execnet ran from a string,
+    which defers every signal."""
     (tmp_path / "slow_import_29.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
                                                 "time.sleep(0.15)\nDONE = True\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    installed = stop_on_signals()
-    try:
-        with pytest.raises(Stopped) as stop:
-            importlib.import_module("slow_import_29")  # written above, in tmp_path
-            time.sleep(5)  # the signal, deferred, is raised here
-        assert sys.modules["slow_import_29"].DONE
-        assert exit_code(stop.value) == 143 and str(stop.value) == "stopped by SIGTERM"
-    finally:
-        restore(installed)
-        sys.modules.pop("slow_import_29", None)
+    script = tmp_path / "stopped.py"  # a file: code run from a string (`python -c`) defers every signal
+    script.write_text("""
+import importlib, sys, time
+from dipaco.signals import Stopped, exit_code, restore, stop_on_signals
+installed = stop_on_signals()
+try:
+    importlib.import_module("slow_import_29")  # written by the test, in its folder
+    time.sleep(5)  # the signal, deferred, is raised here
+    print("not stopped")
+except Stopped as stop:
+    print(sys.modules["slow_import_29"].DONE, exit_code(stop), str(stop))
+finally:
+    restore(installed)
+""")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join((str(tmp_path), str(ROOT)))}
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.strip() == "True 143 stopped by SIGTERM", result.stdout + result.stderr
 
 
 def test_the_heartbeat_thread_is_joined_when_the_island_stops(tmp_path):

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from dipaco.codec.compress import compress
+from dipaco.codec.sparse import TopK
 from dipaco.config import OuterConfig, ResilienceConfig, RoundsConfig, SimulateConfig
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
 from dipaco.optim.weighting import PathSizes
@@ -325,9 +327,56 @@ def test_bad_simulate_settings_are_refused_naming_the_field(override, message):
         load_config(None, [override])
 
 
-def test_a_topk_upload_is_its_density_times_the_value_and_offset_bits():
-    sim = SimulateConfig()
-    dense = Settings(sim=sim, codec="none").upload_bytes
-    assert dense == sim.model_parameters * 4
-    topk = Settings(sim=sim, codec="topk", density=0.03, bits=2).upload_bytes
-    assert topk == pytest.approx(sim.model_parameters * 0.03 * (2 + 16) / 8)  # 2 value bits + a 16-bit offset each
+@pytest.mark.parametrize("codec, bits", [("none", 32), ("int8", 8), ("int4", 4), ("topk", 2), ("topk", 4), ("topk", 8)])
+def test_an_upload_is_sized_as_the_real_codec_encodes_it(codec, bits):
+    """The simulator's upload bytes against the bytes `compression.codec` writes for a pseudo-gradient of
+    the same size (random normal): the dense codecs' bits per value, less the 1% the file's header adds, up
+    to 20% over what zstd leaves of quantised values; top-k an upper estimate (a 16-bit offset per kept
+    value, where the codec's zstd packs the real gaps tighter) within 2x."""
+    parameters = 1 << 16
+    delta = {"module/w": torch.randn(parameters // 256, 256, generator=torch.Generator().manual_seed(0))}
+    spec = TopK(density=0.03, bits=bits, chunk=4096) if codec == "topk" else None
+    encoded = len(compress(delta, method=codec, topk=spec)[0])
+    simulated = Settings(sim=SimulateConfig(model_parameters=parameters), codec=codec, density=0.03,
+                         bits=bits if codec == "topk" else 2).upload_bytes
+    if codec == "topk":
+        assert encoded <= simulated <= 2 * encoded, (encoded, simulated)
+    else:
+        assert 0.99 * encoded <= simulated <= 1.2 * encoded, (encoded, simulated)
+
+
+# --- goodput by work --------------------------------------------------------------------------------------
+class OneSlowLearner(FailureModel):
+    """No failures; learner 0 `slowdown` times slower on every task (the rest as the seed draws)."""
+
+    def __init__(self, slowdown: float, *, speed_sigma: float = 0.0) -> None:
+        super().__init__(chip_mtbi_hours=1e12, speed_sigma=speed_sigma, seed=4)
+        self.slowdown = slowdown
+
+    def speed_factor(self, learner: int | None = None) -> float:
+        return super().speed_factor(learner) * (self.slowdown if learner == 0 else 1.0)
+
+
+def test_a_stragglers_slow_seconds_count_as_time_but_not_as_work():
+    # 4 learners of 10 chips, tasks of 10 steps of 2 s (20 s); learner 0 takes 60 s. Sync: a round every
+    # 60 s, closed at 60, ..., 600; the tasks started at 600 are unfinished at the horizon 610. Work: 10
+    # rounds x 4 tasks x 20 s x 10 chips; time: 10 rounds x (3 x 20 + 60) s x 10 chips; of 4 x 10 x 610.
+    settings = hand_settings(horizon_hours=610 / 3600, inner_steps=10, learners=4, chip_mtbi_hours=1e12)
+    sim = RoundsSimulation(settings, OneSlowLearner(3.0), mode="sync")
+    ledger = sim.run()
+    assert len(sim.rounds) == 10
+    assert ledger.goodput == pytest.approx(8000 / 24400, abs=1e-9)
+    assert ledger.goodput_by_time == pytest.approx(12000 / 24400, abs=1e-9)
+    assert ledger.summary()["goodput"] == ledger.goodput
+
+
+def test_the_work_goodput_counts_is_the_applied_results_steps_at_nominal_speed():
+    """Async, speeds drawn per task and a straggler: the ledger's work equals the steps of every result the
+    rounds applied (their verdicts) x the nominal step x the chips, recomputed from the round log."""
+    settings = hand_settings(horizon_hours=900 / 3600, inner_steps=10, learners=4, chip_mtbi_hours=1e12)
+    sim = RoundsSimulation(settings, OneSlowLearner(2.5, speed_sigma=0.3), mode="async")
+    ledger = sim.run()
+    steps = sum(v.steps or settings.inner_steps for log in sim.rounds for v in log.plan.applied)
+    assert steps > 0 and ledger.useful_work == pytest.approx(steps * 2.0 * 10, rel=1e-9)
+    assert ledger.goodput == pytest.approx(steps * 2.0 * 10 / (4 * 10 * 900), rel=1e-9)
+    assert ledger.useful != pytest.approx(ledger.useful_work)  # the speeds moved the time booked

@@ -5,7 +5,7 @@ as one object that owns its tensors, checks them, and decides when they cross th
     state.load_into(optimizer, params)                                          # the path's next task continues it
     reason = UploadPlan(every=10, inner_steps=H, total_steps=R * H).reason(step_offset=s, steps=H)
     tensors, meta = state.to_tensors(moments=MOMENTS_OF[reason])               # "checkpoint": moments in bf16
-    state = CarriedState.from_tensors(tensors, meta, where=file); state.check(shapes, where=file)
+    state = CarriedState.from_tensors(tensors, meta, where=file); state.check(shapes, where=file, max_step=n, betas=(0.9, 0.95))
 
 The state belongs to the path and lives on the island that trains it (`docs/islands.md#carried-state`). It
 crosses the wire only when `UploadPlan.reason` says so: every `resilience.inner_checkpoint_every` tasks of
@@ -19,7 +19,8 @@ On disk (one safetensors file, `dipaco.store.board.inner_ref`): AdamW's `<param>
 instead (`dipaco.optim.muon`) (float32 or bf16; bf16 rounding keeps exp_avg_sq ≥ 0), `residual/<module>/<param>` and
 `drift/<module>/<param>` (float32 always: training not sent yet), and in the header's metadata the AdamW
 step counts (`{"step": {param: n}}`) and the moments' dtype. An island writes it, so everything read back is
-checked (`check`) and refused naming the file and the tensor.
+checked (`check`, through the one validator `dipaco.carried.validate`) and refused naming the file and
+the tensor.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dipaco.carried.validate import carried_norms, check_inner_state
 from dipaco.optim.inner import load_optimizer_state, optimizer_state
 from dipaco.store.module_store import StoreError
 
@@ -35,8 +37,7 @@ RESIDUAL = "residual/"  # prefix of the error-feedback residual's entries on dis
 DRIFT = "drift/"  # prefix of the drift's entries on disk
 MOMENTS = {"float32": torch.float32, "bf16": torch.bfloat16}  # the dtypes moments are stored in
 MOMENTS_OF = {"checkpoint": "bf16", "last": "float32", "hand-off": "float32"}  # by upload reason
-MOMENT_KINDS = {"exp_avg": "AdamW moment", "exp_avg_sq": "AdamW moment",  # the optimizers' per-parameter state
-                "momentum_buffer": "Muon momentum"}
+
 
 
 @dataclass
@@ -47,6 +48,7 @@ class CarriedState:
     steps: dict[str, int] = field(default_factory=dict)  # AdamW's step count per parameter
     residual: dict[str, torch.Tensor] = field(default_factory=dict)  # "module/param" -> e (empty: zeros)
     drift: dict[str, torch.Tensor] = field(default_factory=dict)  # "module/param" -> θ_base − θ_local of modules not sent
+    stored: str = "float32"  # the dtype its moments were read from the store in (`MOMENTS`; bf16: a checkpoint's)
 
     @classmethod
     def of_optimizer(cls, optimizer: torch.optim.Optimizer, names: dict[torch.nn.Parameter, str], *,
@@ -61,7 +63,7 @@ class CarriedState:
     def stale(self) -> CarriedState:
         """The state a path moved from an older checkpoint continues: its moments (the residual and the
         drift were measured against the modules of that time, which have moved on since)."""
-        return CarriedState(adam=self.adam, steps=self.steps)
+        return CarriedState(adam=self.adam, steps=self.steps, stored=self.stored)
 
     def to_tensors(self, *, moments: str = "float32") -> tuple[dict[str, torch.Tensor], dict]:
         """(tensors, metadata) as stored; `moments` "bf16" halves the moments' bytes."""
@@ -77,7 +79,8 @@ class CarriedState:
         steps = meta.get("step") if isinstance(meta, dict) else None
         if not isinstance(steps, dict) or not all(isinstance(v, int) and v >= 0 for v in steps.values()):
             raise StoreError(f"{where}: inner state metadata has no valid AdamW step counts")
-        state = cls(steps=dict(steps))
+        stored = "bf16" if any(t.dtype == torch.bfloat16 for t in tensors.values()) else "float32"
+        state = cls(steps=dict(steps), stored=stored)
         for name, tensor in tensors.items():
             if name.startswith(RESIDUAL):
                 state.residual[name.removeprefix(RESIDUAL)] = tensor
@@ -94,39 +97,27 @@ class CarriedState:
         return sum(t.numel() * t.element_size()
                    for part in (self.adam, self.residual, self.drift) for t in part.values())
 
-    def check(self, shapes: dict[str, list[int]], *, where: str) -> None:
+    def check(self, shapes: dict[str, list[int]], *, where: str, max_step: int,
+              betas: tuple[float, float]) -> None:
         """Refuse (StoreError naming `where` and the tensor) a state that does not fit the path whose
-        parameters `shapes` gives (`{"module/param": shape}`): moments (AdamW's, Muon's momentum buffers)
-        of unknown parameters or of another shape, not finite, or exp_avg_sq < 0; a residual that is not every parameter's (or none); drift of
-        unknown parameters; a residual or drift not float32 or not finite."""
-        params = {name.partition("/")[2]: shape for name, shape in shapes.items()}
-        for name, tensor in self.adam.items():
-            param, _, kind = name.rpartition(".")
-            if kind not in MOMENT_KINDS or param not in params:
-                raise StoreError(f"{where}: inner state entry {name} is not a moment of the path's parameters")
-            _check_tensor(tensor, params[param], label=MOMENT_KINDS[kind], name=name, where=where)
-            if kind == "exp_avg_sq" and bool((tensor < 0).any()):
-                raise StoreError(f"{where}: AdamW moment {name} has {int((tensor < 0).sum())} negative values")
+        parameters `shapes` gives (`{"module/param": shape}`) after at most `max_step` AdamW steps with
+        `betas`: the one validator (`dipaco.carried.validate.check_inner_state`: names, shapes, finite
+        values, AdamW's consistency, with the slack of the dtype the moments were stored in), and a residual
+        that is not every parameter's (or none)."""
+        tensors, meta = self.to_tensors()
+        check_inner_state(tensors, meta | {"moments": self.stored}, file=where, expected_shapes=shapes,
+                          max_step=max_step, betas=betas)
         if self.residual:
             missing, unexpected = sorted(set(shapes) - set(self.residual)), sorted(set(self.residual) - set(shapes))
             if missing or unexpected:
                 raise StoreError(f"{where}: error-feedback residual does not match the path's parameters "
                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        unexpected = sorted(set(self.drift) - set(shapes))
-        if unexpected:
-            raise StoreError(f"{where}: drift {unexpected[:3]} is not of the path's parameters")
-        for label, entries in (("error-feedback residual", self.residual), ("drift", self.drift)):
-            for name, tensor in entries.items():
-                _check_tensor(tensor, shapes[name], label=label, name=name, where=where)
-                if tensor.dtype != torch.float32:
-                    raise StoreError(f"{where}: {label} {name} is {tensor.dtype}, not float32")
 
-
-def _check_tensor(tensor: torch.Tensor, shape: list[int], *, label: str, name: str, where: str) -> None:
-    if list(tensor.shape) != list(shape):
-        raise StoreError(f"{where}: {label} {name} has shape {list(tensor.shape)}, the parameter's is {list(shape)}")
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        raise StoreError(f"{where}: {label} {name} has {int((~torch.isfinite(tensor)).sum())} NaN or infinite values")
+    def norms(self) -> dict[str, float]:
+        """{module: ‖residual‖ + ‖drift‖} (`dipaco.carried.validate.carried_norms`): how far the path's next
+        result may move a module beyond its own training (the poison bound's c_m, `ResultMeta.carried_norms`)."""
+        return carried_norms({RESIDUAL + k: t for k, t in self.residual.items()}
+                             | {DRIFT + k: t for k, t in self.drift.items()})
 
 
 @dataclass(frozen=True)

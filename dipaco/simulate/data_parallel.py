@@ -34,6 +34,7 @@ def simulate_data_parallel(settings: Settings, failures: FailureModel, *, elasti
     work = job.finish_horizon()
     partial = (work.done - work.complete_steps()) * job.up_chips  # the step cut by the horizon
     ledger.useful += work.chip_seconds - partial
+    ledger.useful_work = ledger.useful  # the job's steps run at nominal speed
     ledger.lost += partial
     steps_computed = (ledger.useful + ledger.lost) / settings.total_chips / sim.step_seconds
     ledger.bytes_per_link = steps_computed * settings.data_parallel_step_bytes

@@ -7,7 +7,8 @@ Each learner is an island pinned to its path: it downloads its task's base versi
 `inner_steps` steps (its speed drawn per task), uploads the pseudo-gradient, then waits for the policy's
 next task (sync: after the round closes; async: as the policy says). A cancelled task stops at once; a
 failure rolls the task back to its last checkpoint (`restart`) or costs a step and a pause (`elastic`).
-Applied results are useful; dropped, cancelled, unfinished or unapplied work is lost (docs/simulate.md).
+Applied results are useful (their work at nominal speed counts for goodput); dropped, cancelled,
+unfinished or unapplied work is lost (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class RoundsSimulation:
         self.ledger = Ledger(chips=settings.total_chips, horizon=settings.horizon)
         self.syncer = Syncer(topology or replica_topology(settings.sim.learners), self.closing,
                              inner_steps=settings.inner_steps, rounds=rounds)
-        self.chip_seconds: dict[str, float] = {}  # received results not yet decided: key -> chip-seconds
+        self.chip_seconds: dict[str, tuple[float, float]] = {}  # received results not yet decided: key -> (chip-seconds, work)
         self.uploading: set[int] = set()
         self.wake_scheduled: set[float] = set()
         self.on_round = on_round
@@ -87,7 +88,7 @@ class RoundsSimulation:
             work = learner.finish_horizon()
             if work is not None:
                 self.ledger.lost += work.chip_seconds  # unfinished at the horizon
-        self.ledger.lost += sum(self.chip_seconds.values())  # received, never applied
+        self.ledger.lost += sum(seconds for seconds, _ in self.chip_seconds.values())  # received, never applied
         self.ledger.bytes_per_link = self.bytes_moved / len(self.learners)
         return self.ledger
 
@@ -120,7 +121,8 @@ class RoundsSimulation:
         steps = max(1, round(work.seconds / work.step))  # fewer than asked when it was cut
         self.trace.append(("result", self.queue.now, task, tokens, steps))
         if self.syncer.received(task.key, tokens=tokens, steps=steps, now=self.queue.now):
-            self.chip_seconds[task.key] = work.chip_seconds
+            nominal = self.settings.sim.step_seconds / work.step  # < 1 on a slow learner
+            self.chip_seconds[task.key] = (work.chip_seconds, work.chip_seconds * nominal)
         else:  # cancelled while it was uploading: ignored
             self.ledger.lost += work.chip_seconds
         self._tick()
@@ -182,11 +184,12 @@ class RoundsSimulation:
 
     def _account(self, plan: RoundPlan, now: float) -> None:
         for verdict in plan.verdicts:
-            chip_seconds = self.chip_seconds.pop(verdict.key)
+            chip_seconds, work = self.chip_seconds.pop(verdict.key)
             if verdict.factor is None:
                 self.ledger.lost += chip_seconds
             else:
                 self.ledger.useful += chip_seconds
+                self.ledger.useful_work += work
         log = RoundLog(time=now, plan=plan)
         self.rounds.append(log)
         if self.on_round:

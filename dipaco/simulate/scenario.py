@@ -63,8 +63,9 @@ def sweep(settings: Settings) -> list[dict]:
 
 
 def format_comparison(results: dict[str, dict[str, float]]) -> str:
-    rows = [[name, f"{r['goodput']:.1%}", f"{r['lost_chip_seconds'] / r['allocated_chip_seconds']:.1%}",
+    rows = [[name, f"{r['goodput']:.1%}", f"{r['goodput_by_time']:.1%}",
+             f"{r['lost_chip_seconds'] / r['allocated_chip_seconds']:.1%}",
              f"{r['idle_chip_seconds'] / r['allocated_chip_seconds']:.1%}",
              f"{r['bytes_per_link_per_training_second'] * 8 / 1e9:.3g}"]
             for name, r in results.items()]
-    return format_table(["strategy", "goodput", "lost", "idle", "Gbit/s per link while training"], rows)
+    return format_table(["strategy", "goodput (by work)", "by time", "lost", "idle", "Gbit/s per link while training"], rows)

@@ -8,11 +8,13 @@
 It shows the committed round and whether the run is finished, the lease holder, the module versions
 kept, every island's last heartbeat and task, the queue of tasks, and from the round manifests the
 results applied, their island-seconds and bytes and every path's latest losses (validation losses from
-best.json); the outer step each span of rounds took (train.json's rows, as applied); goodput is
-train.json's at the end of a run, an estimate while it runs. Bytes: the applied pseudo-gradients as
+best.json); the outer step each span of rounds took (train.json's rows, as applied); goodput (by work:
+applied tokens over the islands' failure-free capacity, the time-based share beside it) is train.json's
+at the end of a run, an estimate while it runs. Bytes: the applied pseudo-gradients as
 sent, against what float32 DiLoCo (the same results in float32) and data parallel (a ring all-reduce of a
 float32 gradient per inner step of the same training among the run's islands) would have sent, by island and by module. Traffic: every byte and
 request each process measured at the store, by direction, kind and process (`dipaco.store.ledger`).
+A heartbeat file that is not an island's valid heartbeat is shown as malformed and left out.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dipaco.eval.early_stopping import best_rounds, read_history
 from dipaco.optim.outer_history import describe_rows, describe_step
 from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_heartbeats, read_manifest
+from dipaco.store.goodput import by_work, median_rate
 from dipaco.store.lease import read_holder
 from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore, StoreError
@@ -92,8 +95,8 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
             moved.add(entry)
         dropped += len(manifest.dropped)
 
-    islands = []
-    for name, beat in sorted(read_heartbeats(store).items()):
+    islands, malformed = [], {}  # malformed: heartbeat files that are not an island's valid heartbeat (shown, ignored)
+    for name, beat in sorted(read_heartbeats(store, malformed=malformed).items()):
         assigned = [t.key for t in tasks.values() if t.status in ("assigned", "cut") and t.island == name]
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
@@ -116,19 +119,10 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                       "best_version": best.get(path)})
 
     summary = _train_summary(src.run)
-    islands_seen = len(islands)
-    if summary.get("goodput"):
-        goodput = {"value": summary["goodput"]["goodput"], "how": "train.json, at the end of the run"}
-    else:
-        elapsed, how = None, ""
-        if summary.get("rounds"):
-            elapsed, how = sum(r.get("seconds", 0.0) for r in summary["rounds"]), "train.json's round seconds"
-        elif holder is not None:
-            elapsed, how = now - holder.started, "since the coordinator started"
-        value = useful / (islands_seen * elapsed) if elapsed and islands_seen else None
-        unknown = "recorded in the run's train.json (pass --run)" if state.get("finished") else "not known yet"
-        goodput = {"value": value, "how": f"estimate: applied island-seconds / ({islands_seen} islands x {how})"
-                   if value is not None else unknown}
+    entries = [entry for path_entries in applied.values() for _, entry in path_entries]
+    goodput = _goodput(summary, entries, islands=len(islands), config=config if src.config else None,
+                       since_start=None if holder is None else now - holder.started,
+                       finished=bool(state.get("finished")))
     counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in TASK_STATUSES}
     cancelled = _cancelled(summary, last_stats)
     target = config.run.rounds * n_paths if src.config else None
@@ -147,7 +141,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         "cancelled": cancelled,
         "useful_island_seconds": useful,
         "bytes_up": bytes_up,
-        "bytes": moved.to_json(workers=summary.get("data_parallel_workers") or max(1, islands_seen)),
+        "bytes": moved.to_json(workers=summary.get("data_parallel_workers") or max(1, len(islands))),
         "traffic": read_summary(store),
         "goodput": goodput,
         "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
@@ -156,6 +150,7 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                                                         "outer_step": describe_step(last_stats.outer, last_stats.outer_step)},
         "outer_steps": _outer_steps(summary, src.run),
         "islands": islands,
+        "malformed_heartbeats": [{"file": file, "reason": reason} for file, reason in sorted(malformed.items())],
         "queue": counts,
         "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
                   for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
@@ -192,6 +187,35 @@ class ByteCounts:
 
 def _times(than: int, sent: int) -> str:
     return f"{than / sent:.1f}x" if than and sent else "-"
+
+
+def _goodput(summary: dict, entries: list[ManifestEntry], *, islands: int, config: Config | None,
+             since_start: float | None, finished: bool) -> dict[str, Any]:
+    """{"value": goodput by work, "by_time": the time-based share, "how"}: train.json's at the end of a run;
+    while it runs an estimate: applied tokens / (islands x the run's seconds x an island's failure-free
+    tokens/s: the pace's where `config` paces the islands, else the median applied result's)."""
+    recorded = summary.get("goodput")
+    if recorded:
+        if "applied_tokens" not in recorded:  # train.json written before goodput by work
+            return {"value": None, "by_time": recorded["goodput"],
+                    "how": "by work not recorded (train.json written before it)"}
+        return {"value": recorded["goodput"], "by_time": recorded.get("goodput_by_time"),
+                "how": "train.json, at the end of the run"}
+    elapsed, how = None, ""
+    if summary.get("rounds"):
+        elapsed, how = sum(r.get("seconds", 0.0) for r in summary["rounds"]), "train.json's round seconds"
+    elif since_start is not None:
+        elapsed, how = since_start, "since the coordinator started"
+    if not elapsed or not islands:
+        return {"value": None, "by_time": None,
+                "how": "recorded in the run's train.json (pass --run)" if finished else "not known yet"}
+    pace = config.faults.step_seconds if config else 0.0
+    speed, speed_how = ((config.inner.batch_size * config.sharding.seq_len / pace, "the pace's")
+                        if pace else (median_rate((e.tokens, e.seconds) for e in entries), "the median result's"))
+    value = by_work(tokens=sum(e.tokens for e in entries), seconds=elapsed, islands=islands, tokens_per_second=speed)
+    return {"value": None if math.isnan(value) else value,
+            "by_time": sum(e.seconds for e in entries) / (islands * elapsed),
+            "how": f"estimate: applied tokens / ({islands} islands x {how} x {speed_how} tokens/s)"}
 
 
 def _cancelled(summary: dict[str, Any], last: RoundStats | None) -> dict[str, Any] | None:
@@ -244,8 +268,9 @@ def format_status(status: dict[str, Any]) -> str:
                  f"{status['dropped']} dropped{cut}); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
                  f"applied island time {status['useful_island_seconds']:.1f}s")
     goodput = status["goodput"]
-    lines.append(f"goodput: {100 * goodput['value']:.1f}% ({goodput['how']})"
-                 if goodput["value"] is not None else f"goodput: {goodput['how']}")
+    by_time = f"; by time {100 * goodput['by_time']:.1f}%" if goodput.get("by_time") is not None else ""
+    lines.append(f"goodput: {100 * goodput['value']:.1f}% by work ({goodput['how']}){by_time}"
+                 if goodput["value"] is not None else f"goodput: {goodput['how']}{by_time}")
     moved = status["bytes"]
     if moved["sent"]:
         lines.append(f"bytes applied: {moved['sent'] / 1e6:.2f} MB sent; float32 DiLoCo would send "
@@ -267,6 +292,8 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],
                                     [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
                                       "yes" if i["alive"] else "no", i["failures"]] for i in status["islands"]]))
+    for bad in status["malformed_heartbeats"]:
+        lines.append(f"malformed heartbeat, ignored: {bad['reason']}")
     queue = status["queue"]
     lines.append(f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
                  f"(waiting for their round), {queue['lost']} lost, {queue['cancelled']} cancelled "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.metrics import RunMetrics
 from dipaco.islands.coordinator.pruning import finish_run
 from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+from dipaco.islands.coordinator.update_bound import InnerRun
 from dipaco.islands.processes import Task, WorkerPool, plan_parallelism
 from dipaco.optim.outer_history import describe_outer_steps, describe_rows, describe_step, outer_spans
 from dipaco.pipeline.context import PathFactory
@@ -41,9 +43,9 @@ from dipaco.pipeline.fingerprints import check, index_digest, record
 from dipaco.pipeline.published import publish_run
 from dipaco.pipeline.version_zero import start_or_resume_store
 from dipaco.run_dir import RunDir
+from dipaco.store.goodput import by_work, goodput, median_rate
 from dipaco.store.lease import Lease
 from dipaco.store.records import RoundStats
-from dipaco.store.run_state import goodput
 from dipaco.store.traffic import ring_allreduce_bytes
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
     checks = ResultChecks(store, topology, resilience=config.resilience, inner_steps=config.inner.steps,
-                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len)
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
     service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
                           sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
@@ -104,6 +106,8 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         summary["code"] = code_sessions(summary.get("code", []), code_version(), first_round=service.committed + 1)
     islands = None
     metrics = RunMetrics(run.tensorboard, enabled=config.run.tensorboard)
+    nominal = _paced_speed(config, seq_len=factory.reader.seq_len)
+    trained: list[tuple[int, float]] = []  # (tokens, inner-loop seconds) of every result received so far
     if local_islands and more():
         tasks = pull_island_tasks(run, processes)
         islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.launcher.ray_island_gpus,
@@ -119,9 +123,12 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
             stats = service.run_round(round, check=islands.check_any_alive if islands else None)
             rounds.append(stats)
             _write_summary(run.train_summary, summary)
+            trained += [(meta.tokens, meta.seconds) for meta in service.last_metas.values()]
             metrics.round(store, stats, norms=service.last_norms, metas=service.last_metas,
                           goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
-                                                  first_beat=service.first_beat), traffic=service.traffic,
+                                                  first_beat=service.first_beat,
+                                                  tokens_per_second=nominal or median_rate(trained)),
+                          traffic=service.traffic,
                           workers=processes if local_islands else max(1, len(service.seen)))
             bar.update(stats.applied)
             bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
@@ -165,7 +172,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     log.info("outer steps: %s", describe_outer_steps(outer_spans(rounds)))
     if islands:
         island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
-        summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds)
+        summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds, tokens_per_second=nominal)
     return _write_summary(run.train_summary, summary)
 
 
@@ -181,14 +188,25 @@ def _train_on_ray(config: Config, run: RunDir, *, force: bool) -> dict:
     return json.loads(run.train_summary.read_text())
 
 
-def _goodput_so_far(rounds: list[RoundStats], *, islands: int, first_beat: float | None) -> float | None:
-    """Applied island-seconds of `rounds` / (islands × seconds since the first heartbeat), as train.json's
-    goodput counts at the end (the coordinator's clock: time.monotonic); None before any heartbeat."""
-    if first_beat is None or not islands:
+def _paced_speed(config: Config, *, seq_len: int) -> float | None:
+    """An island's failure-free tokens per second where it is known: islands paced to `faults.step_seconds`
+    (inner.batch_size x seq_len tokens a step, every data-parallel rank's together); None otherwise (goodput
+    by work then takes the median result's speed: `dipaco.store.goodput`)."""
+    pace = config.faults.step_seconds
+    return config.inner.batch_size * seq_len / pace if pace else None
+
+
+def _goodput_so_far(rounds: list[RoundStats], *, islands: int, first_beat: float | None,
+                    tokens_per_second: float | None) -> float | None:
+    """Goodput by work so far: applied tokens of `rounds` / (islands x seconds since the first heartbeat x an
+    island's failure-free `tokens_per_second`), as train.json's counts at the end (the coordinator's clock:
+    time.monotonic); None before any heartbeat or any speed known."""
+    if first_beat is None or not islands or not tokens_per_second:
         return None
     elapsed = time.monotonic() - first_beat
-    useful = sum(sum(r.island_seconds.values()) for r in rounds)
-    return useful / (islands * elapsed) if elapsed > 0 else None
+    value = by_work(tokens=sum(r.tokens for r in rounds), seconds=elapsed, islands=islands,
+                    tokens_per_second=tokens_per_second)
+    return None if math.isnan(value) else value
 
 
 def code_sessions(sessions: list[dict], code: dict | None, *, first_round: int) -> list[dict]:

@@ -103,41 +103,82 @@ def write_heartbeat(store: ModuleStore, beat: Heartbeat) -> None:
     store.write_json(_heartbeat_file(beat.island), beat.to_json())
 
 
-def read_heartbeats(store: ModuleStore, *, cache: HeartbeatCache | None = None) -> dict[str, Heartbeat]:
+def read_heartbeats(store: ModuleStore, *, cache: HeartbeatCache | None = None,
+                    malformed: dict[str, str] | None = None) -> dict[str, Heartbeat]:
     """Every island's latest heartbeat, by island name. With a `cache` (a coordinator polling every tick),
     a heartbeat file whose listing stamp (size, modification time, inode / ETag) is the one it had when
-    last read is not read again: one listing per poll, plus one read per island that beat since."""
+    last read is not read again: one listing per poll, plus one read per island that beat since.
+
+    An island writes its heartbeat, so it is untrusted: a file that is not a valid heartbeat of the island its
+    name names (not JSON, not a `Heartbeat`, another island's name) is left out, its reason put in `malformed`
+    (`{store file: reason}`) when given, and kept in the cache as such (`HeartbeatCache.malformed`)."""
     beats = {}
     stamps = store.listdir_stamped("heartbeats") if cache is not None else dict.fromkeys(store.listdir("heartbeats"))
     for name, stamp in stamps.items():
         if not name.endswith(".json"):
             continue  # a temporary file of a write in progress
         relative = f"heartbeats/{name}"
-        known = cache.beats.get(name) if cache is not None else None
-        if known is not None and stamp is not None and any(v is not None for v in stamp) and known[0] == stamp:
-            beats[known[1].island] = known[1]
-            continue
-        try:
-            obj = store.read_json(relative)
-        except StoreError:
-            continue  # removed or half-visible on an eventually consistent store: next poll
-        beat = Heartbeat.from_json(obj, file=store.location(relative))
-        beats[beat.island] = beat
-        if cache is not None:
-            cache.beats[name] = (stamp, beat)
-            cache.reads += 1
+        known = cache.known(name, stamp) if cache is not None else None
+        if known is None:
+            try:
+                known = _read_heartbeat(store, relative, island=name.removesuffix(".json"))
+            except StoreError as err:
+                if not store.exists(relative):
+                    continue  # removed since the listing
+                known = str(err)
+            if cache is not None:
+                cache.keep(name, stamp, known)
+        if isinstance(known, Heartbeat):
+            beats[known.island] = known
+        elif malformed is not None:
+            malformed[store.location(relative)] = known
     if cache is not None:
-        for gone in set(cache.beats) - set(stamps):
-            del cache.beats[gone]
+        cache.drop(set(stamps))
     return beats
 
 
+def _read_heartbeat(store: ModuleStore, relative: str, *, island: str) -> Heartbeat:
+    """The heartbeat in `relative`, which must be island `island`'s own; a StoreError naming the file otherwise."""
+    beat = Heartbeat.from_json(store.read_json(relative), file=store.location(relative))
+    if beat.island != island or not ISLAND_NAME.fullmatch(island):
+        raise StoreError(f"{store.location(relative)}: the heartbeat of island {beat.island[:80]!r} in another "
+                         f"island's file (an island writes only heartbeats/<its name>.json)")
+    return beat
+
+
 class HeartbeatCache:
-    """The heartbeat files `read_heartbeats` last read, each with its listing stamp then."""
+    """The heartbeat files `read_heartbeats` last read, each with its listing stamp then (a stamp with no
+    field set, as some stores list, never matches: such a file is read every poll)."""
 
     def __init__(self) -> None:
         self.beats: dict[str, tuple[tuple, Heartbeat]] = {}  # file name -> (stamp, heartbeat)
+        self.malformed: dict[str, tuple[tuple, str]] = {}  # file name -> (stamp, why it is not a heartbeat)
         self.reads = 0  # files read so far (the others were unchanged)
+
+    def known(self, name: str, stamp: tuple | None) -> Heartbeat | str | None:
+        """What file `name` held when last read, if its `stamp` is unchanged since (else None: read it)."""
+        if stamp is None or not any(v is not None for v in stamp):
+            return None
+        for entries in (self.beats, self.malformed):
+            if name in entries and entries[name][0] == stamp:
+                return entries[name][1]
+        return None
+
+    def keep(self, name: str, stamp: tuple | None, read: Heartbeat | str) -> None:
+        """File `name` as just read: a heartbeat, or why it is not one."""
+        self.reads += 1
+        self.beats.pop(name, None)
+        self.malformed.pop(name, None)
+        if isinstance(read, Heartbeat):
+            self.beats[name] = (stamp, read)
+        else:
+            self.malformed[name] = (stamp, read)
+
+    def drop(self, listed: set[str]) -> None:
+        """Forget the files no longer listed."""
+        for entries in (self.beats, self.malformed):
+            for gone in set(entries) - listed:
+                del entries[gone]
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -314,14 +355,15 @@ class ResultReader:
     Opening it reads only the file's header (its index); `module(name)` then reads that module's
     byte range alone (a ranged GET on object stores) and decodes it, so memory holds one module of
     one result, never the whole pseudo-gradient. With `digests` (`read_result_as_stored`'s, taken when
-    the result was checked) every byte it reads must be the byte that was checked: `ResultChanged` otherwise."""
+    the result was checked) every byte it reads must be the byte that was checked: `ResultChanged` otherwise,
+    also when the file is gone or now ends before the bytes checked (truncated after its receipt)."""
 
     def __init__(self, store: ModuleStore, meta: ResultMeta, *, digests: dict[str, str] | None = None):
         self.store, self.meta, self.digests = store, meta, digests
         self.name = f"results/{round_dir(meta.round)}/{meta.file}"
         try:
-            size = header_size(store.read_range(self.name, 0, 8))
-            head = store.read_range(self.name, 0, size)
+            size = header_size(self._read(HEADER, 0, 8))
+            head = self._read(HEADER, 0, size)
             self._verify(HEADER, head)
             self.index: Index = read_index(head, method=meta.compression)
         except StoreError:
@@ -335,18 +377,31 @@ class ResultReader:
             raise StoreError(f"store file {self.store.location(self.name)} has no module {name!r} "
                              f"(it has {sorted(self.index.spans)[:6]})")
         start, end = self.index.spans[name]
-        chunk = self.store.read_range(self.name, start, end)
+        chunk = self._read(name, start, end)
         self._verify(name, chunk)
         try:
             return decode_module(self.index, name, chunk)
         except Exception as err:  # zstd / safetensors raise their own error types
             raise self._invalid(err) from None
 
+    def _read(self, part: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the file; with `digests`, a file that cannot give them (removed, truncated) is
+        a `ResultChanged`: its checked bytes are not there any more."""
+        try:
+            return self.store.read_range(self.name, start, end)
+        except StoreError as err:
+            if self.digests is None:
+                raise
+            raise self._changed(part, str(err)) from None
+
     def _verify(self, part: str, data: bytes) -> None:
         if self.digests is not None and self.digests.get(part) != _sha256(data):
-            raise ResultChanged(f"store file {self.store.location(self.name)} changed after it was checked "
-                                f"({'its header' if part == HEADER else f'module {part}'}): it is not applied",
-                                key=self.meta_key)
+            raise self._changed(part, "its bytes differ")
+
+    def _changed(self, part: str, how: str) -> ResultChanged:
+        return ResultChanged(f"store file {self.store.location(self.name)} changed after it was checked "
+                             f"({'its header' if part == HEADER else f'module {part}'}: {how}): it is not applied",
+                             key=self.meta_key)
 
     @property
     def meta_key(self) -> tuple[int, int, int, int]:

@@ -123,6 +123,9 @@ class StoreFiles:
         except FileNotFoundError:
             self.traffic.add("down", relative, 0)
             raise StoreError(f"store file {path} does not exist") from None
+        except IsADirectoryError:  # a folder where a file should be (one an island made)
+            self.traffic.add("down", relative, 0)
+            raise StoreError(f"store file {path} is a folder, not a file") from None
         self.traffic.add("down", relative, len(data))
         return data
 
@@ -164,6 +167,9 @@ class StoreFiles:
         except FileNotFoundError:
             self.traffic.add("down", relative, 0)
             raise StoreError(f"store file {self._path(relative)} does not exist") from None
+        except IsADirectoryError:
+            self.traffic.add("down", relative, 0)
+            raise StoreError(f"store file {self._path(relative)} is a folder, not a file") from None
         self.traffic.add("down", relative, len(data))
         if len(data) != end - start:
             raise StoreError(f"store file {self._path(relative)} ends before byte {end} (read {len(data)} "
@@ -184,8 +190,8 @@ class StoreFiles:
     def _json(self, data: bytes, relative: str) -> Any:
         try:
             return json.loads(data)
-        except json.JSONDecodeError as err:
-            raise StoreError(f"store file {self._path(relative)} is not valid JSON: {err}") from None
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8 (UnicodeDecodeError), nested too deep
+            raise StoreError(f"store file {self._path(relative)} is not valid JSON: {str(err)[:200]}") from None
 
     def listdir(self, relative: str) -> list[str]:
         """The names in a store folder, sorted ([] when it does not exist). One listing call (on object

@@ -213,8 +213,9 @@ class PathState(Record):
     checkpoint: str | None = None  # the latest state uploaded (== inner when that one was), None: none yet
     holder: str | None = None  # the island holding `inner` in memory only (None: it is in the store)
     holder_incarnation: str | None = None  # ... that island's incarnation (a restarted island holds nothing)
+    update_scales: dict[str, float] | None = None  # its last accepted result's update scale per module (the poison bound's reference)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("checkpoint", "holder", "holder_incarnation")
+    ADDED: ClassVar[tuple[str, ...]] = ("checkpoint", "holder", "holder_incarnation", "update_scales")
 
 
 @dataclass(frozen=True)
@@ -282,8 +283,10 @@ class ResultMeta(Record):
     link: int = 0  # the task's link (`Task.link`)
     bytes_residual: int = 0  # the error-feedback residual's bytes in the path's carried state, uploaded or not (codec topk)
     inner_upload: str = "checkpoint"  # why its carried state was uploaded (dipaco.carried.state.UploadPlan): checkpoint | last | hand-off, "" = kept on the island
+    inner_refused: str = ""  # why the carried state its task named was refused, so it started from fresh moments ("" = it was not)
+    carried_norms: dict[str, float] | None = None  # per module, ‖residual‖ + ‖drift‖ of the carried state the task started from (the poison bound's c_m; None: not reported)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload", "inner_refused", "carried_norms")
 
     @property
     def steps(self) -> int:

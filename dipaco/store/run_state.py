@@ -1,17 +1,16 @@
 """The run's state in the store: version 0, the committed round and what its commit holds, whether the
-run is finished, and what the round manifests add up to (goodput).
+run is finished, and the tokens the round manifests applied (goodput: `dipaco.store.goodput`).
 
     initialise_store(store, topology, {module: tensors}, inner=None)   # version 0, committed as round 0
     committed_round(store, topology)          # None for an empty store; another grid's store is refused
     commit_round(store, topology, 3, board=..., stats=...)            # state.json: the commit point
     board, stats = committed_record(store); run_finished(store); reopen_run(store); first_inner(store)
-    goodput(store, islands=4, seconds=600.0)
+    applied_tokens(store, n_paths=8)
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -93,18 +92,6 @@ def first_inner(store: ModuleStore) -> str | None:
     """The inner state a path's first task starts from: the warm start's when `initialise_store` wrote one."""
     ref = warm_start_inner_ref()
     return ref if inner_exists(store, ref) else None
-
-
-def goodput(store: ModuleStore, *, islands: int, seconds: float) -> dict[str, float]:
-    """Share of the islands' time (islands × wall seconds) spent on inner steps whose results were applied
-    (by every committed round)."""
-    useful = 0.0
-    for r in range(1, store.current_round() + 1):
-        manifest = read_manifest(store, r)
-        if manifest is not None:
-            useful += sum(e.seconds for e in manifest.applied)
-    total = islands * seconds
-    return {"useful_island_seconds": useful, "island_seconds": total, "goodput": useful / total if total else math.nan}
 
 
 def applied_tokens(store: ModuleStore, n_paths: int) -> list[int] | None:

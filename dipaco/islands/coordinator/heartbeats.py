@@ -1,16 +1,21 @@
 """Which islands are alive: each island's heartbeat as the coordinator last saw it change, and when.
 
 An island whose `seq` has not changed for `resilience.heartbeat_timeout` seconds (coordinator clock)
-is lost; one that came back as a new incarnation has lost its task (`TaskBoard.reassign_lost`).
+is lost; one that came back as a new incarnation has lost its task (`TaskBoard.reassign_lost`). A heartbeat
+file that is not a valid heartbeat of its island (`read_heartbeats`) is ignored, with a warning naming it once
+per version of the file: its island, if any, is then lost as when it stops beating.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from dipaco.store.board import HeartbeatCache, read_heartbeats
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Heartbeat
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,12 @@ class Liveness:
 
     def read(self, now: float) -> None:
         """Read the heartbeats (one listing; only the files that changed since are read)."""
-        for name, beat in read_heartbeats(self.store, cache=self.cache).items():
+        before = dict(self.cache.malformed)
+        beats = read_heartbeats(self.store, cache=self.cache)
+        for name, entry in self.cache.malformed.items():
+            if before.get(name) != entry:  # a new version of the file (or a new reason): said once
+                log.warning("ignored a heartbeat that is not valid (%s); the coordinator goes on without it", entry[1])
+        for name, beat in beats.items():
             if self.first_beat is None:
                 self.first_beat = now
             seen = self.seen.get(name)

@@ -6,7 +6,10 @@ next attempt (`acceptance.ResultChecks.requeue`), from the newest version when v
 since its base. Each result's JSON is read once, by the checks, and handed to the policy and the outer
 step, with the sha256 of the bytes checked (the outer step applies exactly those). A coordinator that
 starts checks the results its board holds as received again (`recheck`); a received result found bad
-later (`redo`) is withdrawn, and its path goes back to where it stood before it.
+later (`redo`) is withdrawn, and its path goes back to where it stood before it. A result the poison bound
+holds (no honest result of its modules' roles to compare with yet, `acceptance`) is received, but no
+round closes while it is held: it is judged again, within the same pass when another path's result gives
+it a reference (`judge_held`), and redone when refused then.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import replace
 
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.task_board import RUNNING, TaskBoard, open_view
+from dipaco.islands.coordinator.update_bound import HELD
 from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Result
 from dipaco.rounds.policy import RoundPolicy
@@ -35,9 +39,12 @@ class ResultIntake:
         self.fragments = fragments or FragmentSchedule.every_round()
         self.metas: dict[str, ResultMeta] = {}  # task key -> its received result's metadata, until applied
         self.digests: dict[str, dict[str, str]] = {}  # task key -> the sha256 of the bytes its checks read
+        self.held: dict[str, float] = {}  # task key -> when its result arrived, received but held (`judge_held`)
 
     def receive(self, board: TaskBoard, policy: RoundPolicy) -> None:
-        """Every open or assigned task's result that has arrived: received, or its attempt handed out again."""
+        """Every open or assigned task's result that has arrived: received, or its attempt handed out again.
+        A result the poison bound holds for want of a reference (`acceptance`) is received too (its island is
+        free, the policy counts it) but no round closes while it is held (`judge_held`)."""
         reported: dict[int, dict[tuple[int, int], set[int]]] = {}  # round -> (path, link) -> attempts: one listing per round
         for key, task in list(board.tasks.items()):
             if task.status not in ("open", *RUNNING):
@@ -49,22 +56,54 @@ class ResultIntake:
             for attempt in range(task.attempt, -1, -1):  # the current attempt first, then late older ones
                 if attempt in attempts:
                     reason = self.checks.check(task, attempt, modules=self.carried(task))
-                    if reason is not None:  # rejected: never applied; the current attempt is handed out again
+                    if reason is not None and reason is not HELD:  # rejected: never applied; the current attempt is handed out again
                         if attempt == task.attempt:
                             board.tasks[key] = task = self.checks.requeue(task, reason)
                             requeued = True
                         continue
-                    board.tasks[key] = replace(task, status="received", result_attempt=attempt)
-                    meta = self.checks.accepted_meta(task, attempt)
-                    if meta is not None:  # the JSON the checks read: not read again here nor by the outer step
-                        self.metas[key] = meta
-                    self.digests[key] = self.checks.accepted_digests(task, attempt)
-                    self.tell(policy, board.tasks[key], started=board.started.get(key), arrived=self.clock())
-                    board.paths[task.path] = path_after(board.paths[task.path], task, self.meta(board.tasks[key]))
-                    log.info("received %s (attempt %d)", key, attempt)
+                    self._receive(board, policy, task, attempt, held=reason is HELD)
                     break
             if requeued and board.tasks[key].status == "open" and policy.rebase([open_view(task)]):
                 self.checks.moved(task, board.move_to_newest(task, policy))  # versions were committed since its base
+        self.judge_held(board, policy)
+
+    def _receive(self, board: TaskBoard, policy: RoundPolicy, task: Task, attempt: int, *, held: bool) -> None:
+        """Attempt `attempt` of `task` received: on the board and told to the policy (`held`: judged later)."""
+        key = task.key
+        board.tasks[key] = replace(task, status="received", result_attempt=attempt)
+        meta = self.checks.accepted_meta(task, attempt)
+        if meta is not None:  # the JSON the checks read: not read again here nor by the outer step
+            self.metas[key] = meta
+        if held:
+            self.held[key] = self.clock()
+        else:
+            self.digests[key] = self.checks.accepted_digests(task, attempt)
+        self.tell(policy, board.tasks[key], started=board.started.get(key), arrived=self.clock())
+        board.paths[task.path] = replace(path_after(board.paths[task.path], task, self.meta(board.tasks[key])),
+                                         update_scales=self.checks.accepted_scales(task, attempt))
+        log.info("received %s (attempt %d)%s", key, attempt, " held for the poison bound's reference" if held else "")
+
+    def judge_held(self, board: TaskBoard, policy: RoundPolicy) -> None:
+        """Judge again each held result: within the bound, its digests kept for the outer step (and its scales
+        in its path's state); refused, redone (`redo`); still without a reference, held on."""
+        for key in list(self.held):
+            task = board.tasks.get(key)
+            if task is None or task.status != "received":
+                del self.held[key]
+                continue
+            reason = self.checks.check(task, task.result_attempt, modules=self.carried(task))
+            if reason is HELD:
+                continue
+            del self.held[key]
+            if reason is not None:
+                self.redo(board, policy, task, reason)
+                continue
+            self.metas[key] = self.checks.accepted_meta(task, task.result_attempt) or self.meta(task)
+            self.digests[key] = self.checks.accepted_digests(task, task.result_attempt)
+            scales = self.checks.accepted_scales(task, task.result_attempt)
+            state = board.paths[task.path]
+            if state.inner == inner_ref(path=task.path, round=task.round, attempt=task.result_attempt, link=task.link):
+                board.paths[task.path] = replace(state, update_scales=scales)
 
     def meta(self, task: Task) -> ResultMeta:
         """A received task's result metadata: as the checks read it, else read (once) from the store."""
@@ -95,7 +134,7 @@ class ResultIntake:
         for key, task in list(board.tasks.items()):
             if task.status != "received" or key in board.used:
                 continue
-            reason = self.checks.check(task, task.result_attempt, modules=self.carried(task))
+            reason = self.checks.check(task, task.result_attempt, modules=self.carried(task), hold=False)
             if reason is None:
                 self.metas[key] = self.checks.accepted_meta(task, task.result_attempt) or self.meta(task)
                 self.digests[key] = self.checks.accepted_digests(task, task.result_attempt)
@@ -125,6 +164,7 @@ class ResultIntake:
 
     def forget(self, keys: list[str]) -> None:
         for key in keys:
+            self.held.pop(key, None)
             self.metas.pop(key, None)
             self.digests.pop(key, None)
 

@@ -35,6 +35,7 @@ from dipaco.islands.coordinator.heartbeats import Liveness, Seen
 from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.pruning import retain
 from dipaco.islands.coordinator.task_board import resume_board
+from dipaco.islands.coordinator.update_bound import InnerRun
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import path_decay_from
 from dipaco.optim.weighting import PathSizes, needs_sizes
@@ -62,6 +63,7 @@ class CoordinatorSettings:
     inner_steps: int  # steps per task
     keep_versions: int = 2  # module versions retention keeps (store.keep_versions)
     decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
+    inner: InnerRun | None = None  # the islands' AdamW and lr schedule: inner states checked, the poison bound per unit of lr
 
     @classmethod
     def from_config(cls, config: Config) -> CoordinatorSettings:
@@ -69,7 +71,8 @@ class CoordinatorSettings:
                    run_rounds=config.run.rounds, inner_steps=config.inner.steps,
                    keep_versions=config.store.keep_versions,
                    decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
-                                              warm_start_steps=config.warm_start_steps))
+                                              warm_start_steps=config.warm_start_steps),
+                   inner=InnerRun.of(config))
 
 
 class Coordinator:
@@ -95,7 +98,7 @@ class Coordinator:
         store.fence(self.lease.token)  # before reading the committed state: an older token can no longer commit
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock
         self.checks = checks or ResultChecks(store, topology, resilience=settings.resilience,
-                                                   inner_steps=settings.inner_steps)
+                                             inner_steps=settings.inner_steps, inner=settings.inner, clock=clock)
         self.board, self.last_stats, applied = resume_board(store, n_paths=topology.n_paths,
                                                             inner_steps=settings.inner_steps)
         self.intake = ResultIntake(store, self.checks, inner_steps=settings.inner_steps, clock=clock,
@@ -112,6 +115,7 @@ class Coordinator:
         elif not self.policy.done and run_finished(store):  # finished, but run.rounds grew: before any island looks
             self.lease.check()
             reopen_run(store)
+        self.checks.seed(self.board.paths)  # the poison bound's reference, as committed
         self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
@@ -164,7 +168,7 @@ class Coordinator:
         if not self.done:
             self.board.open_paths(self.policy)
             self.board.reassign_lost(self.policy, self.liveness, now)
-            if self.closer.due(self.board, self.policy, now):
+            if not self.intake.held and self.closer.due(self.board, self.policy, now):  # held: the poison bound's wait
                 self._close()
                 if not self.done:
                     self.board.open_paths(self.policy)  # the paths that reported train on from the new version

@@ -1,7 +1,8 @@
 """Where a task's carried state comes from, and the one path's state an island holds in memory.
 
     held = HeldState(store)                        # the island's memory: the path it trained last
-    if not awaiting_handoff(store, task, held=held): state, where, local = fetch_carried(store, task, held=held)
+    if not awaiting_handoff(store, task, held=held):
+        state, where, local, refused = fetch_carried(store, task, held=held, shapes=shapes, max_step=n, betas=betas)
     held.keep(ref, task.path, state, uploaded=False)
     held.hand_off()                                # the path moves on: upload what only memory holds
 
@@ -11,6 +12,13 @@ checkpoint, the last task, a hand-off; when the board names a live island that h
 `Task.handoff_from`, the island does not start the task until that island's hand-off is there, or
 `resilience.heartbeat_timeout` has passed); else from the path's last checkpoint (moments only: the
 path moved after its island died), or fresh moments when it has none.
+
+A state read from the store is checked (`CarriedState.check`, the one validator
+`dipaco.carried.validate.check_inner_state`). The coordinator checks each uploaded one when it receives the
+result beside it, so a bad one is rare here (a file changed or truncated in the store after its receipt);
+an island that still finds one bad logs why, naming the file and the tensor, and the path resumes from
+fresh moments (no residual, no drift): it loses only what the state held, and the result says so
+(`ResultMeta.inner_refused`), where an island that exited would leave the coordinator waiting for ever.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 
 from dipaco.carried.state import CarriedState
 from dipaco.store.board import inner_exists, read_inner, write_inner
-from dipaco.store.module_store import ModuleStore
+from dipaco.store.module_store import ModuleStore, StoreError
 from dipaco.store.records import Task
 
 log = logging.getLogger(__name__)
@@ -65,24 +73,33 @@ def awaiting_handoff(store: ModuleStore, task: Task, *, held: HeldState | None) 
     return (held is None or held.get(task.inner_from) is None) and not inner_exists(store, task.inner_from)
 
 
-def fetch_carried(store: ModuleStore, task: Task, *, held: HeldState | None) -> tuple[CarriedState, str, bool]:
-    """The carried state `task` continues → (the state, where it came from ("" for fresh), from memory)."""
+def fetch_carried(store: ModuleStore, task: Task, *, held: HeldState | None, shapes: dict[str, list[int]],
+                  max_step: int, betas: tuple[float, float]) -> tuple[CarriedState, str, bool, str]:
+    """The carried state `task` continues → (the state, where it came from ("" for fresh), from memory, why
+    the stored one was refused ("": it was not)). One read from the store is checked (`CarriedState.check`
+    against the path's `shapes`, at most `max_step` AdamW steps with `betas`); a bad one is logged and the
+    path starts from fresh moments, no residual and no drift."""
     ref = task.inner_from
     if ref is None:
-        return CarriedState(), "", False
+        return CarriedState(), "", False, ""
     local = held.get(ref) if held is not None else None
     if local is not None:
-        return local, "memory", True
+        return local, "memory", True, ""
     if inner_exists(store, ref):
-        return _read(store, ref), store.location(ref), False
-    if task.inner_checkpoint is not None:
+        source, stale = ref, False
+    elif task.inner_checkpoint is not None:
         log.warning("%s: its carried state %s was lost with its island; resuming from the checkpoint %s "
                     "(moments only)", task.key, ref, task.inner_checkpoint)
-        return _read(store, task.inner_checkpoint).stale(), store.location(task.inner_checkpoint), False
-    log.warning("%s: its carried state %s was lost with its island and it has no checkpoint; fresh moments",
-                task.key, ref)
-    return CarriedState(), "", False
-
-
-def _read(store: ModuleStore, ref: str) -> CarriedState:
-    return CarriedState.from_tensors(*read_inner(store, ref), where=store.location(ref))
+        source, stale = task.inner_checkpoint, True
+    else:
+        log.warning("%s: its carried state %s was lost with its island and it has no checkpoint; fresh moments",
+                    task.key, ref)
+        return CarriedState(), "", False, ""
+    where = store.location(source)
+    try:
+        state = CarriedState.from_tensors(*read_inner(store, source), where=where)
+        state.check(shapes, where=where, max_step=max_step, betas=betas)
+    except StoreError as err:
+        log.warning("%s: its carried state is refused (%s); the path resumes from fresh moments", task.key, err)
+        return CarriedState(), "", False, str(err)
+    return (state.stale() if stale else state), where, False, ""

@@ -139,6 +139,7 @@ class TaskStart:
     optimizer: torch.optim.Optimizer
     carried: CarriedState  # the path's carried state at the task's start (residual and drift used at the end)
     local: bool  # ... from the island's memory
+    refused: str  # why the stored carried state was refused, so it started fresh ("": it was not)
     resume: InnerCheckpoint | None  # the island's inner checkpoint of this task, when it resumes one
     device: torch.device
     read_before: int  # the store's bytes read before the task
@@ -179,6 +180,9 @@ def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
     if resume is not None and not resume.matches(task):
         resume = None  # another task's: this one starts afresh and replaces it
+    shapes = residual_shapes(params, setup.topology, path=task.path)
+    max_step, betas = setup.warm_start_steps + task.step_offset, (setup.inner.beta1, setup.inner.beta2)
+    refused = ""  # why the stored carried state was refused ("": it was not)
     with timed(timings, "restore_inner", device):
         optimizer = make_optimizer(model, setup.inner, fused=setup.inner.fused)
         if resume is not None:
@@ -188,15 +192,16 @@ def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
             carried, where, local = CarriedState(adam=resume.adam, steps=resume.adam_meta["step"],
                                                  residual=resume.residual), f"inner checkpoint {checkpoint}", False
             log.info("%s: resuming from the inner checkpoint after %d steps", task.key, resume.steps)
+            carried.check(shapes, where=where, max_step=max_step + resume.steps, betas=betas)
         else:
-            carried, where, local = fetch_carried(store, task, held=held)
-        if not local:
-            carried.check(residual_shapes(params, setup.topology, path=task.path), where=where)
+            carried, where, local, refused = fetch_carried(store, task, held=held, shapes=shapes, max_step=max_step,
+                                                           betas=betas)
         if not setup.compression.feeds_back:
             carried = dataclasses.replace(carried, residual={})
         carried.load_into(optimizer, params)
     return TaskStart(start=start, model=model, trained=trained, params=params, optimizer=optimizer, carried=carried,
-                     local=local, resume=resume, device=device, read_before=read_before, module_bytes=module_bytes)
+                     local=local, refused=refused, resume=resume, device=device, read_before=read_before,
+                     module_bytes=module_bytes)
 
 
 def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: ddp_mod.DDPContext | None,
@@ -304,7 +309,10 @@ def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *
                       bytes_down_modules=begun.module_bytes,
                       bytes_down_inner=store.bytes_read - begun.read_before - begun.module_bytes,
                       inner_state_local=begun.local, data_parallel_ranks=ctx.world if ctx else 1,
-                      bytes_residual=residual_bytes(residual))
+                      bytes_residual=residual_bytes(residual), inner_refused=begun.refused,
+                      carried_norms=None if begun.resume is not None else begun.carried.norms())
+    # resumed from its own inner checkpoint, the drift it started from is in the checkpoint's parameters, not
+    # in `begun.carried`: the coordinator then reads the norms from the state `task.inner_from` names
     with timed(timings, "save_inner", device):
         names = {param: name for name, param in begun.params.items()}
         carried = CarriedState.of_optimizer(begun.optimizer, names, residual=residual, drift=drift)
