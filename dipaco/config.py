@@ -180,7 +180,7 @@ class CompressionConfig(Section):
     density: Annotated[float, Range(above=0, max=1)] = 0.03  # topk: fraction of each chunk's entries sent (SparseLoCo: 0.01-0.03)
     bits: Literal[2, 4, 8] = 2  # topk: bits per sent value, one of them its sign (2: the sign and the chunk's smallest or largest sent magnitude)
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
-    error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual travels with the path's inner state)
+    error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual is kept in the path's carried state)
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
@@ -247,6 +247,7 @@ class ResilienceConfig(Section):
     heartbeat_timeout: Positive = 30.0  # a task whose island has not heart-beaten for this long is handed to another
     lease_timeout: Positive = 60.0  # a coordinator's store lease not renewed for this long may be taken over (docs/islands.md#crash-safety)
     checkpoint_steps: Count = 0  # islands save their task's inner state locally every this many inner steps (a restart resumes); 0 = never
+    inner_checkpoint_every: Count = 0  # upload a path's carried state (moments, residual, drift) every this many of its tasks, moments in bf16, for a path moved after a crash to resume from; 0 = only on hand-offs and its last task (a moved path starts fresh moments: as good on tiny, experiments/results/carried-move.md)
     max_norm_ratio: Annotated[float, Range(above=1, off=0)] = 50.0  # reject a result whose pseudo-gradient norm exceeds this times the median of its path's accepted norms; 0 = off
     max_update_ratio: Annotated[float, Range(above=0, off=0)] = 1.0  # sanity bound: reject a result that would move one of its modules by more than this times the module's norm at the version it started from (a path's first result too); 0 = off
     max_update_scale: Annotated[float, Range(above=1, off=0)] = 4.0  # poison bound: reject a result that moves a module more than this times the median of what honest results move modules of its role, per unit of lr and module norm (docs/islands.md#poison); 0 = off

@@ -45,16 +45,16 @@ def last_update(store: Path) -> dict[str, float]:
 
 def final_residual(store: Path) -> dict[str, float] | None:
     """Per kind of module, the norm of the residuals in every path's last inner state (None without any)."""
-    from safetensors.torch import load_file
-
-    from dipaco.optim.error_feedback import split_inner
+    from dipaco.carried.state import CarriedState
+    from dipaco.store.module_store import ModuleStore
 
     squares: dict[str, float] = {}
     for path in sorted((store / "islands").glob("path-*")):
         states = sorted(path.glob("inner-round-*.safetensors"))
         if not states:
             continue
-        _, residual = split_inner(load_file(str(states[-1])))  # {"module/param": tensor}
+        ref = states[-1].relative_to(store).as_posix()
+        residual = CarriedState.from_tensors(*ModuleStore(str(store)).read_tensors_with_meta(ref), where=ref).residual
         for name, tensor in residual.items():
             module = name.split("/")[0]
             squares[kind(module)] = squares.get(kind(module), 0.0) + float(tensor.double().square().sum())

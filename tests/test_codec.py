@@ -15,6 +15,7 @@ import torch
 from test_sparse import reference_topk
 from tiny_runs import Clock, drive, make_run
 
+from dipaco.carried.state import CarriedState
 from dipaco.codec.codec import Codec
 from dipaco.codec.compress import Q_MAX
 from dipaco.codec.feedback import encode_with_feedback, with_residual
@@ -23,7 +24,6 @@ from dipaco.codec.sparse import TopK
 from dipaco.config import CompressionConfig, load_config
 from dipaco.islands.coordinator.service import CoordinatorSettings
 from dipaco.islands.island.training import push_result, train_task
-from dipaco.optim.error_feedback import split_inner
 from dipaco.store.board import read_inner, read_manifest, read_result, write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
@@ -124,12 +124,12 @@ def test_the_decaying_accumulator_matches_a_numpy_recursion_over_three_rounds():
 
 
 def test_the_island_sends_its_update_plus_the_decayed_residual(tiny, tmp_path):
-    """Path 0's second task, with `compression.ef_decay` 0.8, sends Δ + 0.8 e: e from its first task's inner
-    state in the store, Δ what the same task trains without error feedback."""
+    """Path 0's second task, with `compression.ef_decay` 0.8, sends Δ + 0.8 e: e from the carried state its
+    first task handed off through the store, Δ what the same task trains without error feedback."""
     run = make_run(tiny, tmp_path / "run", SPARSELOCO)
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
-    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a")
-    _, residual = split_inner(read_inner(run.store, ref)[0])
+    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a", handing_off=True)
+    residual = CarriedState.from_tensors(*read_inner(run.store, ref), where=ref).residual
     second = Task.open(path=0, base=0, step_offset=run.config.inner.steps, inner_from=ref)
     decayed = train_task(run.setup, second)
     without = train_task(dataclasses.replace(run.setup, compression=replace(

@@ -259,9 +259,9 @@ def test_an_island_reusing_its_path_model_trains_like_a_freshly_built_one(tiny, 
         assert list(reused.pseudo_gradient) == list(fresh.pseudo_gradient)
         for key, expected in fresh.pseudo_gradient.items():
             torch.testing.assert_close(reused.pseudo_gradient[key], expected, rtol=0, atol=0)
-        assert reused.inner[1] == fresh.inner[1] and reused.inner[0].keys() == fresh.inner[0].keys()
-        for key, expected in fresh.inner[0].items():
-            torch.testing.assert_close(reused.inner[0][key], expected, rtol=0, atol=0)
+        assert reused.carried.steps == fresh.carried.steps and reused.carried.adam.keys() == fresh.carried.adam.keys()
+        for key, expected in fresh.carried.adam.items():
+            torch.testing.assert_close(reused.carried.adam[key], expected, rtol=0, atol=0)
         assert reused.meta.losses == fresh.meta.losses and reused.meta.val_loss_start == fresh.meta.val_loss_start
 
 
@@ -358,7 +358,7 @@ def test_with_continue_optimizer_every_paths_first_task_continues_the_warm_start
     task = next(t for t in coordinator.tasks.values() if t.path == 2)
     assert task.inner_from == warm_start_inner_ref()
     out = train_task(setup, task)
-    assert set(out.inner[1]["step"].values()) == {3 + config.inner.steps}
+    assert set(out.carried.steps.values()) == {3 + config.inner.steps}
     # without the setting, the paths start a fresh AdamW as before
     plain = make_run(tiny, tmp_path / "plain", [])
     assert {s.inner for s in plain.coordinator(Clock()).paths.values()} == {None}

@@ -1,6 +1,6 @@
 """Error feedback (`compression.error_feedback` with `codec: topk`): nothing is lost over rounds, the residual
 is the path's (it survives an island's restart through the inner checkpoint and moves to another island
-through the inner state in the store), a bad residual is refused by name, and a tiny run applies top-k
+through a hand-off of its carried state), a bad residual is refused by name, and a tiny run applies top-k
 results end to end."""
 
 import dataclasses
@@ -11,12 +11,12 @@ import torch
 from test_decoupled import assert_same_last_modules, killed_in_round_two
 from tiny_runs import Clock, drive, make_run
 
+from dipaco.carried.state import RESIDUAL, CarriedState
 from dipaco.codec.codec import Codec
 from dipaco.codec.compress import decompress
 from dipaco.codec.feedback import encode_with_feedback, with_residual
 from dipaco.codec.sparse import TopK
 from dipaco.islands.island.training import push_result, train_task
-from dipaco.optim.error_feedback import RESIDUAL, check_residual, split_inner
 from dipaco.stages.island import island_setup
 from dipaco.store.board import all_inner_states, read_inner, read_manifest, read_result, write_inner
 from dipaco.store.module_store import StoreError
@@ -57,26 +57,31 @@ def test_over_three_rounds_what_was_dropped_comes_back():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"a/w": torch.zeros(20, 31)}, r"a/w has shape \[20, 31\], the parameter's is \[20, 30\]"),
-    ({"a/w": torch.zeros(20, 30, dtype=torch.float64)}, "a/w is torch.float64, not float32"),
-    ({"a/w": torch.full((20, 30), float("nan"))}, "a/w has 600 NaN or infinite values"),
-    ({"a/x": torch.zeros(20, 30)}, r"missing \['a/w'\], unexpected \['a/x'\]"),
+    ({"a/w": torch.zeros(20, 31)}, r"residual/a/w has shape \[20, 31\], its parameter's is \[20, 30\]"),
+    ({"a/w": torch.zeros(20, 30, dtype=torch.float64)}, "residual/a/w is torch.float64, not float32"),
+    ({"a/w": torch.full((20, 30), float("nan"))}, "residual/a/w has 600 NaN or infinite values"),
+    ({"a/x": torch.zeros(20, 30)}, r"residual/a/x is not a moment, residual or drift of the path's parameters"),
 ])
 def test_a_residual_that_does_not_fit_the_path_is_refused_by_name(bad, message):
-    check_residual({}, {"a/w": [20, 30]}, where="f")  # none: zeros
-    check_residual({"a/w": torch.zeros(20, 30)}, {"a/w": [20, 30]}, where="f")
-    with pytest.raises(StoreError, match=f"store/x.safetensors: error-feedback residual .*{message}"):
-        check_residual(bad, {"a/w": [20, 30]}, where="store/x.safetensors")
+    bound = dict(max_step=1, betas=(0.9, 0.95))  # no moments here: the AdamW bound is not reached
+    CarriedState().check({"a/w": [20, 30]}, where="f", **bound)  # none: zeros
+    CarriedState(residual={"a/w": torch.zeros(20, 30)}).check({"a/w": [20, 30]}, where="f", **bound)
+    with pytest.raises(StoreError, match=f"store/x.safetensors: .*{message}"):
+        CarriedState(residual=bad).check({"a/w": [20, 30]}, where="store/x.safetensors", **bound)
+    shapes = {"a/w": [20, 30], "a/b": [20]}  # a residual of some parameters only
+    with pytest.raises(StoreError, match=r"store/x.safetensors: error-feedback residual .*missing \['a/b'\]"):
+        CarriedState(residual={"a/w": torch.zeros(20, 30)}).check(shapes, where="store/x.safetensors", **bound)
 
 
 def test_the_residual_moves_to_another_island_through_the_store_and_is_added_to_the_next_update(tiny, tmp_path):
-    """Path 0's first task on one island leaves its residual in the inner state it uploads; the path's next
+    """Path 0's first task on one island leaves its residual in the carried state it hands off; the path's next
     task on a fresh island (nothing in memory) reads it from the store and sends Δ + e."""
     run = make_run(tiny, tmp_path / "run", TOPK)
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
     out = train_task(run.setup, first)
-    meta, _, ref = push_result(run.setup, first, out, island="a")
-    adam, residual = split_inner(read_inner(run.store, ref)[0])
+    meta, _, ref = push_result(run.setup, first, out, island="a", handing_off=True)
+    stored = CarriedState.from_tensors(*read_inner(run.store, ref), where=ref)
+    adam, residual = stored.adam, stored.residual
     decoded, _ = read_result(run.store, round=1, path=0, attempt=0)
     assert set(residual) == set(decoded) and adam and meta.bytes_residual == sum(t.numel() * 4 for t in residual.values())
     for name, delta in out.pseudo_gradient.items():
@@ -90,7 +95,7 @@ def test_the_residual_moves_to_another_island_through_the_store_and_is_added_to_
         run.config.compression, error_feedback=False)), second)
     assert not with_feedback.meta.inner_state_local and with_feedback.meta.bytes_down_inner > 0
     assert without.encoded is None and without.meta.bytes_residual == 0
-    assert not any(k.startswith(RESIDUAL) for k in without.inner[0])
+    assert not without.carried.residual and not any(k.startswith(RESIDUAL) for k in without.carried.to_tensors()[0])
     for name, delta in without.pseudo_gradient.items():
         torch.testing.assert_close(with_feedback.pseudo_gradient[name], delta + residual[name], rtol=0, atol=0)
 
@@ -100,7 +105,7 @@ def test_a_residual_in_the_store_that_is_not_finite_is_refused_naming_the_file(t
     task from fresh moments and no residual, saying so in its result (issue 36: the run never stalls)."""
     run = make_run(tiny, tmp_path / "run", TOPK)
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
-    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a")
+    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a", handing_off=True)
     tensors, meta = read_inner(run.store, ref)
     name = next(k for k in tensors if k.startswith(RESIDUAL))
     tensors[name] = torch.full_like(tensors[name], float("inf"))
@@ -121,7 +126,8 @@ def test_an_island_killed_mid_task_resumes_with_the_residual_its_task_started_fr
     straight, killed, island, saved = killed_in_round_two(tiny, tmp_path, TOPK, monkeypatch)
     resumed = next(c for c in saved if c.task["key"] == island.resumed[0][0])
     assert resumed.task["inner_from"] is not None and resumed.residual  # a round-2 task starts from a residual
-    _, stored = split_inner(read_inner(killed.store, resumed.task["inner_from"])[0])
+    ref = resumed.task["inner_from"]  # handed off when the island took the round's next path
+    stored = CarriedState.from_tensors(*read_inner(killed.store, ref), where=ref).residual
     assert resumed.residual.keys() == stored.keys()
     assert all(torch.equal(resumed.residual[k], stored[k]) for k in stored)
     assert_same_last_modules(killed, straight)
@@ -152,5 +158,6 @@ def test_a_tiny_run_with_the_topk_codec_applies_its_results(tiny, tmp_path):
         before, after = fresh.store.read_module(0, name), run.store.read_module(rounds, name)
         assert all(torch.isfinite(after[p]).all() and not torch.equal(after[p], before[p]) for p in before)
     for path, states in all_inner_states(run.store).items():
-        _, residual = split_inner(read_inner(run.store, max(states)[1])[0])
+        ref = max(states)[1]  # the path's last task uploads its state
+        residual = CarriedState.from_tensors(*read_inner(run.store, ref), where=ref).residual
         assert residual and all(torch.isfinite(t).all() for t in residual.values()), path

@@ -13,11 +13,10 @@ import torch
 from test_decoupled import assert_same_last_modules, killed_in_round_two
 from tiny_runs import Clock, drive, make_run
 
+from dipaco.carried.state import DRIFT, CarriedState
 from dipaco.config import ResilienceConfig, RoundsConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.island.training import push_result, train_task
-from dipaco.optim.drift import DRIFT, split_drift
-from dipaco.optim.error_feedback import split_inner
 from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Grid, Result, Running
 from dipaco.rounds.policy import RoundPolicy
@@ -31,6 +30,11 @@ FRAGMENTS = ["outer.fragments=2", "store.keep_versions=0"]
 @pytest.fixture(scope="module")
 def tiny(tiny_routed):
     return tiny_routed
+
+
+def stored(store, ref: str) -> CarriedState:
+    """The carried state `ref` in the store."""
+    return CarriedState.from_tensors(*read_inner(store, ref), where=ref)
 
 
 def random_sizes(n: int, seed: int) -> dict[str, int]:
@@ -90,7 +94,8 @@ def test_a_tiny_run_sends_the_scheduled_modules_and_a_module_moves_only_when_syn
     With top-k and error feedback a module not sent keeps its residual (the residual covers every parameter)."""
     clock = Clock()
     topk = ["compression.codec=topk", "compression.density=0.05", "compression.chunk=256"] if codec == "topk" else []
-    run = make_run(tiny, tmp_path / "run", [*FRAGMENTS, "run.rounds=3", *topk])
+    every_task = "resilience.inner_checkpoint_every=1"  # each path's state in the store after each round
+    run = make_run(tiny, tmp_path / "run", [*FRAGMENTS, "run.rounds=3", every_task, *topk])
     coordinator = run.coordinator(clock)
     schedule = coordinator.fragments
     assert schedule.count == 2 and {len(f) > 0 for f in schedule.fragments()} == {True}
@@ -107,10 +112,9 @@ def test_a_tiny_run_sends_the_scheduled_modules_and_a_module_moves_only_when_syn
             assert {name.partition("/")[0] for name in tensors} == set(expected) == set(entry.module_bytes)
             assert entry.float32_bytes == 4 * sum(run.store.module_sizes(modules).values())  # float32 DiLoCo: all
             synced_any |= set(expected)
-            inner, _ = read_inner(run.store, coordinator.paths[entry.path].inner)
-            rest, drift = split_drift(inner)
+            state = stored(run.store, coordinator.paths[entry.path].inner)
+            drift, residual = state.drift, state.residual
             assert {name.partition("/")[0] for name in drift} == set(modules) - set(expected)
-            residual = split_inner(rest)[1]
             assert {n.partition("/")[0] for n in residual} == (set(modules) if codec == "topk" else set())
         for name in run.topology.modules:
             before, after = run.store.read_module(round - 1, name), run.store.read_module(round, name)
@@ -129,14 +133,14 @@ def test_the_drift_continues_the_paths_trajectory_across_islands_as_one_fragment
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
     out = {k: train_task(run.setup, first) for k, run in runs.items()}
     synced = {n.partition("/")[0] for n in out[2].pseudo_gradient}
-    drift = split_drift(out[2].inner[0])[1]
-    assert synced and drift and not split_drift(out[1].inner[0])[1]
+    drift = out[2].carried.drift
+    assert synced and drift and not out[1].carried.drift
     assert out[2].pseudo_gradient.keys() | drift.keys() == out[1].pseudo_gradient.keys()
     for name, delta in out[1].pseudo_gradient.items():
         assert torch.equal(out[2].pseudo_gradient.get(name, drift.get(name)), delta)
     second = {}
     for k, run in runs.items():
-        _, _, ref = push_result(run.setup, first, out[k], island="a")
+        _, _, ref = push_result(run.setup, first, out[k], island="a", handing_off=True)
         for module in run.topology.modules:  # version 1: path 0's round-1 result applied by plain averaging
             params = run.store.read_module(0, module)
             if k == 1 or module in synced:
@@ -151,7 +155,7 @@ def test_the_drift_continues_the_paths_trajectory_across_islands_as_one_fragment
     for name, delta in second[2].pseudo_gradient.items():
         torch.testing.assert_close(delta, out[1].pseudo_gradient[name] + second[1].pseudo_gradient[name],
                                    rtol=0, atol=1e-6)
-    for name, delta in split_drift(second[2].inner[0])[1].items():  # sent in round 1: only round 2's training
+    for name, delta in second[2].carried.drift.items():  # sent in round 1: only round 2's training
         assert torch.equal(delta, second[1].pseudo_gradient[name])
 
 
@@ -160,7 +164,7 @@ def test_a_drift_in_the_store_that_is_not_finite_is_refused_naming_the_file(tiny
     from fresh moments and no drift, saying so in its result (issue 36: the run never stalls)."""
     run = make_run(tiny, tmp_path / "run", FRAGMENTS)
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
-    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a")
+    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a", handing_off=True)
     tensors, meta = read_inner(run.store, ref)
     name = next(k for k in tensors if k.startswith(DRIFT))
     tensors[name] = torch.full_like(tensors[name], float("nan"))
@@ -179,7 +183,7 @@ def test_an_island_killed_mid_task_resumes_its_paths_drift_bit_for_bit(tiny, tmp
     included) are bit-identical to a run never killed."""
     straight, killed, island, saved = killed_in_round_two(tiny, tmp_path, FRAGMENTS, monkeypatch)
     resumed = next(c for c in saved if c.task["key"] == island.resumed[0][0])
-    assert split_drift(read_inner(killed.store, resumed.task["inner_from"])[0])[1]  # it started from a drift
+    assert stored(killed.store, resumed.task["inner_from"]).drift  # it started from a drift (handed off at the switch)
     assert_same_last_modules(killed, straight)
     last = {name: {p: max(states)[1] for p, states in all_inner_states(run.store).items()}
             for name, run in (("straight", straight), ("killed", killed))}  # the killed path's is attempt 1's
@@ -252,7 +256,7 @@ def test_an_async_tiny_run_with_fragments_syncs_each_result_s_fragment_and_ends_
             assert sorted(entry.module_bytes) == sorted(schedule.synced(modules, round=entry.base + 1)), entry.key
         assert sorted(ours[-1].module_bytes) == sorted(modules)  # the path's last task: every module
     for path, states in all_inner_states(run.store).items():
-        assert not split_drift(read_inner(run.store, max(states)[1])[0])[1], path
+        assert not stored(run.store, max(states)[1]).drift, path
 
 
 def test_more_fragments_than_the_grids_modules_are_refused_when_the_coordinator_starts(tiny, tmp_path):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from dipaco.carried.state import CarriedState
 from dipaco.carried.validate import InnerStateInvalid, carried_norms, check_inner_state, moment_bound
-from dipaco.islands.island.inner_source import starting_inner
+from dipaco.islands.island.held import HeldState, fetch_carried
 from dipaco.optim.inner import optimizer_state
 from dipaco.store.board import write_inner
 from dipaco.store.module_store import ModuleStore
@@ -127,14 +128,16 @@ def task(inner_from: str | None) -> Task:
 
 @pytest.mark.parametrize("damage", ["truncated", "moments x1000", "missing"])
 def test_the_island_starts_fresh_from_a_bad_inner_state_and_says_why(tmp_path, damage, caplog):
-    """A truncated, tampered or missing state in the store: the island's `starting_inner` refuses it naming
-    the file (no exception), so the task trains from fresh moments; a good one is used as it is."""
+    """A truncated or tampered state in the store: the island's `fetch_carried` refuses it naming the file
+    (no exception), so the task trains from fresh moments and says why; a missing one (it stayed on an
+    island that died, no checkpoint) is fresh moments too, logged; a good one is used as it is."""
     store = ModuleStore(tmp_path.as_uri())
     tensors, meta = honest_state()
     write_inner(store, REF, tensors, meta)
-    (saved, local, refused) = starting_inner(store, task(REF), cached=None, shapes=SHAPES, max_step=6, betas=BETAS)
-    assert not refused and not local and saved[1] == meta
-    assert all(torch.equal(saved[0][k], tensors[k]) for k in tensors)
+    options = dict(held=None, shapes=SHAPES, max_step=6, betas=BETAS)
+    state, where, local, refused = fetch_carried(store, task(REF), **options)
+    assert not refused and not local and state.steps == meta["step"]
+    assert all(torch.equal(state.adam[k], tensors[k]) for k in tensors)
     file = tmp_path / REF
     if damage == "truncated":
         file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
@@ -142,12 +145,32 @@ def test_the_island_starts_fresh_from_a_bad_inner_state_and_says_why(tmp_path, d
         file.unlink()
     else:
         write_inner(store, REF, *scaled_moments(tensors, meta))
-    saved, local, refused = starting_inner(store, task(REF), cached=None, shapes=SHAPES, max_step=6, betas=BETAS)
-    assert saved is None and not local
-    assert str(file) in refused or REF in refused
-    assert "resumes from fresh moments" in caplog.text
-    cached = (REF, tensors, meta)  # what this island wrote itself is used as it is
-    assert starting_inner(store, task(REF), cached=cached, shapes=SHAPES, max_step=6, betas=BETAS)[1] is True
+    state, where, local, refused = fetch_carried(store, task(REF), **options)
+    assert not state.adam and not state.residual and not state.drift and not local and where == ""
+    if damage == "missing":
+        assert refused == "" and "no checkpoint; fresh moments" in caplog.text
+    else:
+        assert str(file) in refused or REF in refused
+        assert "resumes from fresh moments" in caplog.text
+    held = HeldState(store)  # what this island holds itself is used as it is
+    held.keep(REF, 0, CarriedState.from_tensors(tensors, meta, where=REF), uploaded=True)
+    assert fetch_carried(store, task(REF), **(options | {"held": held}))[2] is True
+
+
+def test_a_bf16_checkpoint_passes_and_its_decoded_moments_too():
+    """A checkpoint stores the moments in bf16 (`CarriedState.to_tensors(moments="bf16")`): honest moments
+    pass the validator as stored and decoded back to float32 (`CarriedState.check`), within bf16's slack;
+    moments scaled by 1000 still fail."""
+    tensors, meta = honest_state()
+    stored, stored_meta = CarriedState.from_tensors(tensors, meta, where=FILE).to_tensors(moments="bf16")
+    assert stored["weight.exp_avg"].dtype == torch.bfloat16
+    check(stored, stored_meta)
+    decoded = CarriedState.from_tensors(stored, stored_meta, where=FILE)
+    assert decoded.stored == "bf16" and decoded.adam["weight.exp_avg"].dtype == torch.float32
+    decoded.check(SHAPES, where=FILE, max_step=6, betas=BETAS)
+    scaled = CarriedState.from_tensors(*scaled_moments(*decoded.to_tensors()), where=FILE)
+    with pytest.raises(InnerStateInvalid, match="exp_avg"):
+        scaled.check(SHAPES, where=FILE, max_step=6, betas=BETAS)
 
 
 def test_carried_norms_add_each_modules_residual_and_drift_norms():

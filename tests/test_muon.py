@@ -2,19 +2,18 @@
 on the rest, a tiny path trains, its state survives a trip through the path's inner state and training
 continues exactly, and a torch without torch.optim.Muon is refused by name when the config is checked."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 from tiny_runs import make_run
 
+from dipaco.carried.state import MOMENTS_OF, CarriedState
 from dipaco.config import InnerConfig, ModelConfig, load_config
-from dipaco.islands.island.training import push_result, train_task
+from dipaco.islands.island.held import HeldState
+from dipaco.islands.island.training import push_result, residual_shapes, train_task
 from dipaco.model.path_model import build_path_model, path_parameters
 from dipaco.optim.inner import load_optimizer_state, make_optimizer, optimizer_state, train_steps
 from dipaco.stages.island import island_setup
-from dipaco.store.board import read_inner
 from dipaco.store.records import Task
 
 MODEL = ModelConfig(hidden_size=16, n_layers=2, n_heads=2)
@@ -85,18 +84,42 @@ def test_muon_is_refused_by_name_on_a_torch_without_it(monkeypatch):
     assert InnerConfig(optimizer="adamw").optimizer == "adamw"
 
 
-def test_a_path_trained_with_muon_carries_its_momentum_in_its_inner_state(tiny_routed, tmp_path):
-    """On the island: the first task's inner state in the store holds Muon's buffers; the path's next task on
-    another island restores them (every block matrix, checked strictly by shape) and trains on."""
+def test_a_path_trained_with_muon_carries_its_momentum_in_its_carried_state(tiny_routed, tmp_path):
+    """On the island: the first task's carried state holds Muon's buffers (every block matrix, and no AdamW
+    moments for them); given back to its island the path's next task continues it from memory (nothing
+    read); handed off through the store, a fresh island continues it bit for bit the same; a bf16
+    checkpoint of it passes the carried state's checks and restores every buffer strictly."""
     run = make_run(tiny_routed, tmp_path / "run", ["inner.optimizer=muon"])
     first = Task.open(path=0, base=0, step_offset=0, inner_from=None)
-    _, _, ref = push_result(run.setup, first, train_task(run.setup, first), island="a")
-    tensors, meta = read_inner(run.store, ref)
-    buffers = {k for k in tensors if k.endswith(".momentum_buffer")}
-    assert buffers and all(".layers." in k for k in buffers) and meta["step"]
+    out = train_task(run.setup, first)
+    model = run.setup.spec.new_model()
+    params = path_parameters(model)
+    matrices = {name for name, p in params.items() if p.dim() == 2 and name.startswith("model.layers.")}
+    buffers = {k for k in out.carried.adam if k.endswith(".momentum_buffer")}
+    assert buffers == {f"{name}.momentum_buffer" for name in matrices}
+    assert not any(k.removesuffix(".exp_avg") in matrices for k in out.carried.adam) and out.carried.steps
+
+    held = HeldState(run.store)
+    meta, _, ref = push_result(run.setup, first, out, island="a")
+    assert meta.inner_upload == "" and meta.bytes_up_inner == 0 and not (run.dir.store / ref).exists()
+    held.keep(ref, 0, out.carried, uploaded=False)
     second = Task.open(path=0, base=0, step_offset=run.config.inner.steps, inner_from=ref)
-    other = island_setup(run.config, run.dir)
-    out = train_task(other, second)
-    assert not out.meta.inner_state_local and all(np.isfinite(out.meta.losses))
-    assert {k for k in out.inner[0] if k.endswith(".momentum_buffer")} == buffers
-    assert dataclasses.asdict(out.meta)["bytes_down_inner"] > 0
+    memory = train_task(run.setup, second, held=held)
+    assert memory.meta.inner_state_local and memory.meta.bytes_down_inner == 0
+
+    assert held.hand_off() == (run.dir.store / ref).stat().st_size
+    moved = train_task(island_setup(run.config, run.dir), second)
+    assert not moved.meta.inner_state_local and moved.meta.bytes_down_inner == (run.dir.store / ref).stat().st_size
+    assert {k for k in moved.carried.adam if k.endswith(".momentum_buffer")} == buffers
+    for name, delta in memory.pseudo_gradient.items():
+        assert torch.equal(moved.pseudo_gradient[name], delta), name
+
+    tensors, meta = out.carried.to_tensors(moments=MOMENTS_OF["checkpoint"])
+    assert all(tensors[k].dtype == torch.bfloat16 for k in buffers)
+    light = CarriedState.from_tensors(tensors, meta, where="c")
+    light.check(residual_shapes(params, run.setup.topology, path=0), where="c", max_step=max(light.steps.values()),
+                betas=(run.config.inner.beta1, run.config.inner.beta2))
+    optimizer = make_optimizer(model, run.setup.inner)
+    load_optimizer_state(optimizer, params, light.adam, {"step": light.steps}, strict=True)
+    assert all(torch.equal(light.adam[f"{n}.momentum_buffer"], out.carried.adam[f"{n}.momentum_buffer"]
+                           .to(torch.bfloat16).float()) for n in matrices)

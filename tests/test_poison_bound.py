@@ -95,14 +95,14 @@ def test_a_tampered_inner_state_is_refused_and_the_run_finishes(tiny, tmp_path, 
         meta, stats, ref = push(setup, task, out, **kwargs)
         if task.path == 1 and task.base == 0 and task.attempt == 0:
             tensors = {k: v * 1000 if ".exp_avg" in k else v for k, v in load_file(f"{root}/{ref}").items()}
-            save_file(tensors, f"{root}/{ref}", metadata={"meta": '{"step": ' + str(out.inner[1]["step"]).replace("'", '"') + "}"})
+            save_file(tensors, f"{root}/{ref}", metadata={"meta": '{"step": ' + str(out.carried.steps).replace("'", '"') + "}"})
         return meta, stats, ref
 
     def train_after_truncation(setup, task, **kwargs):
         if task.inner_from == truncated:
             data = open(f"{root}/{truncated}", "rb").read()
             open(f"{root}/{truncated}", "wb").write(data[: len(data) // 2])
-            kwargs["cached_inner"] = None  # read from the store, as another island would
+            kwargs["held"] = None  # read from the store, as another island would
         return train(setup, task, **kwargs)
 
     monkeypatch.setattr(polling, "push_result", push_tampered)

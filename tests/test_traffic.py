@@ -118,6 +118,34 @@ def test_counts_equal_the_bytes_of_the_files_written_and_read(tiny_routed, tmp_p
     assert total.bytes("down", "module") > 0 and total.bytes("up", "inner_state") > 0
 
 
+def test_a_carried_state_that_stays_on_its_island_moves_no_inner_state_bytes(tiny_routed, tmp_path, monkeypatch):
+    """One island per path for 3 rounds, a checkpoint every 2 tasks: the counts still equal the bytes `open`
+    moved, the inner-state bytes up are the sizes (os.stat) of the carried-state files the islands wrote
+    (rounds 2 and 3: a checkpoint, the last task) and each result's `bytes_up_inner`; no island reads one, the
+    coordinator reads each once (its check, `acceptance`)."""
+    run = make_run(tiny_routed, tmp_path / "run", ["run.rounds=3", "resilience.inner_checkpoint_every=2",
+                                                   "store.keep_versions=0"])
+    islands_dir = run.dir.store / "islands"
+    before = {f for f in islands_dir.rglob("*") if f.is_file()} if islands_dir.exists() else set()
+    meter = FileMeter(str(run.dir.store))
+    meter.install(monkeypatch)
+    clock = Clock()
+    coordinator, islands = _clients(run, clock, run.topology.n_paths)
+    drive(coordinator, islands, clock)
+    total = ByteCounts.total([c.store.traffic.counts() for c in (coordinator, *islands)])
+    assert total.bytes("up") == meter.written and total.bytes("down") == meter.read
+    written = sorted(f for f in islands_dir.rglob("*") if f.is_file() and f not in before)
+    assert len(written) == 2 * run.topology.n_paths  # rounds 2 and 3 of each path
+    assert total.bytes("up", "inner_state") == sum(f.stat().st_size for f in written) > 0
+    # every task continued its path's state from memory; the coordinator read each uploaded one once to check it
+    assert total.bytes("down", "inner_state") == total.bytes("up", "inner_state")
+    assert coordinator.store.traffic.counts().bytes("down", "inner_state") == total.bytes("up", "inner_state")
+    metas = [board_mod.read_result_meta(run.store, round=r, path=p, attempt=0)
+             for r in (1, 2, 3) for p in range(run.topology.n_paths)]
+    assert sum(m.bytes_up_inner for m in metas) == total.bytes("up", "inner_state")
+    assert all(m.bytes_down_inner == 0 for m in metas)
+
+
 def test_the_coordinator_collects_every_session_across_a_restart(tiny_routed, tmp_path):
     run = make_run(tiny_routed, tmp_path / "run", [])
     clock = Clock()

@@ -15,7 +15,8 @@ holds, per parameter `p` of module `m` ("m/p" in `expected_shapes`):
   update, so no ratio to another moment bounds it);
 - `residual/m/p`: the error-feedback residual; `drift/m/p`: the drift of a module its tasks did not send.
 
-Each is float32, finite and of its parameter's shape; no other name is allowed. Then:
+Each is finite and of its parameter's shape, float32 (the moments may be bf16: a checkpoint,
+`dipaco.carried.state`); no other name is allowed. Then:
 
 **AdamW consistency.** torch's AdamW keeps the moments without bias correction, from m_0 = v_0 = 0:
 m_t = β1 m_{t-1} + (1-β1) g_t and v_t = β2 v_{t-1} + (1-β2) g_t² (weight decay is decoupled: it never
@@ -30,7 +31,9 @@ c_∞ = 1.165) c_t grows to (1-β1)/√((1-β2)(1-r)); with r ≥ 1 it grows wit
 count is checked against the path's. Moments scaled by 1000 break it by √1000 ≈ 31.6 times the honest
 ratio (moments scaled by k: √k), a negative `exp_avg_sq` breaks v ≥ 0, and both would make the next
 steps' updates m/√v larger than AdamW can ever take. A relative slack of 1e-3 and an absolute one of 1e-18
-(a squared gradient that underflowed in float32) absorb the rounding.
+(a squared gradient that underflowed in float32) absorb the rounding. Moments stored in bf16 (their
+tensors bf16, or `meta["moments"] == "bf16"` when decoded back to float32) are each rounded by at most
+2^-8 relative, so |m|/√v can grow by (1+2^-8)/√(1-2^-8) ≈ 1.006: their relative slack is 1e-2.
 
 **Residual and drift.** Each is bounded by the path's own progress: its norm (all its tensors together) is at
 most `max_ratio` × the largest of `delta_norms`, the norms of the path's accepted pseudo-gradients (the
@@ -52,6 +55,7 @@ MOMENTS = (".exp_avg", ".exp_avg_sq")  # suffixes of AdamW's entries (dipaco.opt
 MUON = ".momentum_buffer"  # the suffix of Muon's entry (dipaco.optim.muon)
 CARRIED = ("residual/", "drift/")  # prefixes of the residual's and the drift's entries
 RELATIVE_SLACK, ABSOLUTE_SLACK = 1e-3, 1e-18  # float32 rounding in |m| ≤ c √v
+BF16_SLACK = 1e-2  # bf16-stored moments (a checkpoint): m and v each rounded by ≤ 2^-8, |m|/√v by ≤ ~0.6%
 
 
 class InnerStateInvalid(StoreError):
@@ -75,13 +79,15 @@ def check_inner_state(tensors: dict[str, torch.Tensor], meta: dict, *, file: str
     params = {name.partition("/")[2]: list(shape) for name, shape in expected_shapes.items()}  # param -> shape
     moments, carried, shapes = _sort_entries(tensors, params, expected_shapes, file=file)
     for name, tensor in tensors.items():
-        _check_tensor(name, tensor, shapes[name], file=file)
+        _check_tensor(name, tensor, shapes[name], file=file, bf16=name not in carried)
     steps = meta.get("step", {}) if isinstance(meta, dict) else None
     if not isinstance(steps, dict):
         raise InnerStateInvalid(f"{file}: its metadata has no AdamW step counts ({str(meta)[:80]})")
+    stored_bf16 = meta.get("moments") == "bf16" or any(tensors[k].dtype == torch.bfloat16 for k in moments)
+    slack = BF16_SLACK if stored_bf16 else RELATIVE_SLACK
     for param in sorted(set(moments.values())):
         _check_moments(param, tensors[f"{param}.exp_avg"], tensors[f"{param}.exp_avg_sq"], steps.get(param),
-                       file=file, max_step=max_step, betas=betas)
+                       file=file, max_step=max_step, betas=betas, slack=slack)
     unused = sorted(set(steps) - set(moments.values()))
     if unused:
         raise InnerStateInvalid(f"{file}: step counts for {unused[:3]}, which have no moments")
@@ -135,18 +141,20 @@ def _sort_entries(tensors: dict[str, torch.Tensor], params: dict[str, list[int]]
     return moments, carried, shapes
 
 
-def _check_tensor(name: str, tensor: torch.Tensor, shape: list[int], *, file: str) -> None:
+def _check_tensor(name: str, tensor: torch.Tensor, shape: list[int], *, file: str, bf16: bool) -> None:
+    """Its shape, its dtype (float32; bf16 too where `bf16`: a moment), finite values."""
     if list(tensor.shape) != shape:
         raise InnerStateInvalid(f"{file}: {name} has shape {list(tensor.shape)}, its parameter's is {shape}")
-    if tensor.dtype != torch.float32:
-        raise InnerStateInvalid(f"{file}: {name} is {tensor.dtype}, not float32")
+    if tensor.dtype != torch.float32 and not (bf16 and tensor.dtype == torch.bfloat16):
+        raise InnerStateInvalid(f"{file}: {name} is {tensor.dtype}, not float32" + (" or bfloat16" if bf16 else ""))
     if not bool(torch.isfinite(tensor).all()):
         raise InnerStateInvalid(f"{file}: {name} has {int((~torch.isfinite(tensor)).sum())} NaN or infinite values")
 
 
 def _check_moments(param: str, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: object, *, file: str,
-                   max_step: int, betas: tuple[float, float]) -> None:
-    """One parameter's moments are ones AdamW leaves after `step` ≤ `max_step` steps (module docstring)."""
+                   max_step: int, betas: tuple[float, float], slack: float) -> None:
+    """One parameter's moments are ones AdamW leaves after `step` ≤ `max_step` steps (module docstring), up to
+    a relative `slack` for their rounding."""
     if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= max_step:
         raise InnerStateInvalid(f"{file}: {param} has AdamW step count {step!r}, the path has trained "
                                 f"{max_step} steps")
@@ -155,7 +163,7 @@ def _check_moments(param: str, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, 
         raise InnerStateInvalid(f"{file}: {param}.exp_avg_sq has {negative} negative values "
                                 f"(min {float(exp_avg_sq.min()):.3g}); AdamW's second moment is a sum of squares")
     c = moment_bound(*betas, step)
-    excess = exp_avg.double().abs() - (c * (1 + RELATIVE_SLACK) * exp_avg_sq.double().sqrt() + ABSOLUTE_SLACK)
+    excess = exp_avg.double().abs() - (c * (1 + slack) * exp_avg_sq.double().sqrt() + ABSOLUTE_SLACK)
     if bool((excess > 0).any()):
         i = int(excess.flatten().argmax())
         m, v = float(exp_avg.flatten()[i]), float(exp_avg_sq.flatten()[i])

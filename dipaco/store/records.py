@@ -175,15 +175,18 @@ class Task(Record):
     link: int = 0  # 0, or n: the path's n-th further task from the same base (async)
     chain: tuple[str, ...] = ()  # the path's received results not in `base` (references): it starts from base − their Δ
     steps: int = 0  # inner steps to train; 0 = inner.steps
+    inner_checkpoint: str | None = None  # the path's last carried state in the store, when `inner_from` is not there
+    handoff_from: str | None = None  # the live island holding `inner_from` in memory, which uploads it (a move)
+    keep_inner: bool = True  # the island keeps the path's carried state after the task (False: it hands it off)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "chain", "steps")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "chain", "steps", "inner_checkpoint", "handoff_from", "keep_inner")
 
     @classmethod
     def open(cls, *, path: int, base: int, step_offset: int, inner_from: str | None, link: int = 0,
-             chain: tuple[str, ...] = (), steps: int = 0) -> Task:
+             chain: tuple[str, ...] = (), steps: int = 0, inner_checkpoint: str | None = None) -> Task:
         return cls(path=path, base=base, attempt=0, status="open", island=None, incarnation=None,
                    step_offset=step_offset, inner_from=inner_from, result_attempt=None, link=link, chain=chain,
-                   steps=steps)
+                   steps=steps, inner_checkpoint=inner_checkpoint)
 
     @property
     def round(self) -> int:
@@ -202,13 +205,17 @@ def task_key(path: int, base: int, link: int = 0) -> str:
 
 @dataclass(frozen=True)
 class PathState(Record):
-    """Where a path's training stands: inner steps done and its latest inner AdamW state."""
+    """Where a path's training stands: inner steps done, its latest carried state (`dipaco.carried.state`:
+    in the store, or only in the memory of the island that trained it) and its last one in the store."""
 
     steps_done: int
-    inner: str | None  # a store reference (dipaco.store.board.inner_ref), None before the first task
+    inner: str | None  # its reference (dipaco.store.board.inner_ref), None before the first task
+    checkpoint: str | None = None  # the latest state uploaded (== inner when that one was), None: none yet
+    holder: str | None = None  # the island holding `inner` in memory only (None: it is in the store)
+    holder_incarnation: str | None = None  # ... that island's incarnation (a restarted island holds nothing)
     update_scales: dict[str, float] | None = None  # its last accepted result's update scale per module (the poison bound's reference)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("update_scales",)
+    ADDED: ClassVar[tuple[str, ...]] = ("checkpoint", "holder", "holder_incarnation", "update_scales")
 
 
 @dataclass(frozen=True)
@@ -274,10 +281,12 @@ class ResultMeta(Record):
     compression: str = "none"
     file: str = ""  # the pseudo-gradient file, next to this one
     link: int = 0  # the task's link (`Task.link`)
-    bytes_residual: int = 0  # of the inner state uploaded, the error-feedback residual's bytes (codec topk)
-    inner_refused: str = ""  # why the inner state its task named was refused, so it started from fresh moments ("" = it was not)
+    bytes_residual: int = 0  # the error-feedback residual's bytes in the path's carried state, uploaded or not (codec topk)
+    inner_upload: str = "checkpoint"  # why its carried state was uploaded (dipaco.carried.state.UploadPlan): checkpoint | last | hand-off, "" = kept on the island
+    inner_refused: str = ""  # why the carried state its task named was refused, so it started from fresh moments ("" = it was not)
+    carried_norms: dict[str, float] | None = None  # per module, ‖residual‖ + ‖drift‖ of the carried state the task started from (the poison bound's c_m; None: not reported)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_refused")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload", "inner_refused", "carried_norms")
 
     @property
     def steps(self) -> int:

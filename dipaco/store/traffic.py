@@ -36,7 +36,7 @@ KINDS = (
     "module",  # modules/round-t/<module>.safetensors: a whole module version (written by the coordinator, read by islands)
     "module_update",  # a published per-module update (none is written yet: islands download whole modules)
     "outer_state",  # outer/round-t/: the outer optimiser's momentum (the coordinator's)
-    "inner_state",  # islands/: a path's inner optimiser state (AdamW moments, residual, drift)
+    "inner_state",  # islands/: a path's carried state (optimizer moments, residual, drift) uploaded as a checkpoint, on its last task or a hand-off
     "manifests",  # rounds/ (round manifests), results' .json (result metadata), checksums.json, best.json
     "board",  # tasks.json, state.json, lease.json
     "heartbeats",  # heartbeats/ and traffic/ (each process's byte counts): the islands' reports

@@ -17,8 +17,8 @@ and the first after a restart, are bounded too); and its norm is at most `resili
 the median of the path's last accepted norms (of results that synced the same modules). No module may move
 more than `resilience.max_update_scale` × what honest results of its role move (the poison bound,
 `update_bound.UpdateBound`: a run's first results are held until another path's result gives a reference).
-The inner state the task left (its AdamW moments, residual, drift) is read and checked too
-(`dipaco.carried.validate.check_inner_state`: names, shapes, finiteness, AdamW consistency, the residual and
+The carried state the task uploaded, when it did (`ResultMeta.inner_upload`: most tasks leave it on their
+island; its moments, residual, drift), is read and checked too (`dipaco.carried.validate.check_inner_state`: names, shapes, finiteness, AdamW consistency, the residual and
 drift bounded by `resilience.max_carried_ratio` × the path's accepted norms): a result whose inner state is
 bad is refused like a bad result, so no island ever starts from it. After `resilience.max_rejections` rejections of one task
 the run stops with the reasons. The tensors a file declares (its header, each module frame's header) are
@@ -166,31 +166,43 @@ class ResultChecks:
         tensors = stored.decode(shapes=expected)  # each frame decompresses to at most what these shapes take
         norm = self._check_tensors(tensors, expected, where=stored.location)
         moved = self._check_bounded(tensors, task.base, where=stored.location)
-        self._check_inner(task, attempt, steps=meta.steps, norm=norm)
-        carried = self._carried_from(task.inner_from)
+        self._check_inner(task, attempt, meta, norm=norm)
+        carried = self._carried_from(task, meta, norm=norm)
         return norm, meta, stored.digests, {m: (*norms, carried.get(m, 0.0)) for m, norms in moved.items()}
 
-    def _check_inner(self, task: Task, attempt: int, *, steps: int, norm: float) -> None:
-        """The inner state the attempt left is one its AdamW and codec could leave (`check_inner_state`)."""
-        if self.inner is None:
+    def _path_norms(self, task: Task, norm: float) -> list[float]:
+        """The norms of the path's accepted pseudo-gradients, and this result's (`norm`)."""
+        return [*(n for key, norms in self.norms.items() if (key if isinstance(key, int) else key[0]) == task.path
+                  for n in norms), norm]
+
+    def _check_inner(self, task: Task, attempt: int, meta: ResultMeta, *, norm: float) -> None:
+        """The carried state the attempt uploaded (`meta.inner_upload`; most tasks upload none: it stays on
+        their island) is one its AdamW and codec could leave (`check_inner_state`)."""
+        if self.inner is None or not meta.inner_upload:
             return
         ref = inner_ref(path=task.path, round=task.round, attempt=attempt, link=task.link)
-        tensors, meta = read_inner(self.store, ref)  # a missing or truncated file: StoreError naming it
+        tensors, stored = read_inner(self.store, ref)  # a missing or truncated file: StoreError naming it
         shapes = {f"{module}/{param}": shape for module in self.topology.modules_of_path(task.path)
                   for param, (shape, _) in self._module_shapes(module).items()}
-        accepted = [n for key, norms in self.norms.items() if (key if isinstance(key, int) else key[0]) == task.path
-                    for n in norms]
-        check_inner_state(tensors, meta, file=self.store.location(ref), expected_shapes=shapes,
-                          max_step=self.inner.optimizer_steps + task.step_offset + steps, betas=self.inner.betas,
-                          delta_norms=[*accepted, norm], max_ratio=self.resilience.max_carried_ratio)
+        check_inner_state(tensors, stored, file=self.store.location(ref), expected_shapes=shapes,
+                          max_step=self.inner.optimizer_steps + task.step_offset + meta.steps, betas=self.inner.betas,
+                          delta_norms=self._path_norms(task, norm), max_ratio=self.resilience.max_carried_ratio)
         self._carried[ref] = carried_norms(tensors)
 
-    def _carried_from(self, ref: str | None) -> dict[str, float]:
-        """{module: ‖residual‖ + ‖drift‖} of the inner state a task started from (noted when its result was
-        checked, else read once: after a restart, the warm start's); {} when none, unread or unreadable (the
-        island then starts fresh) or inner states are not checked."""
+    def _carried_from(self, task: Task, meta: ResultMeta, *, norm: float) -> dict[str, float]:
+        """{module: ‖residual‖ + ‖drift‖} of the carried state the task started from: as its island reports it
+        (`meta.carried_norms`; untrusted, so each at most `resilience.max_carried_ratio` × the largest of the
+        path's accepted norms, the validator's bound), else (an older result) from the file when it is in the
+        store (noted when its result was checked, else read once); {} when none, unreadable (the island then
+        starts fresh) or inner states are not checked."""
+        ref = task.inner_from
         if ref is None or self.inner is None:
             return {}
+        if meta.carried_norms is not None:
+            ratio = self.resilience.max_carried_ratio
+            bound = ratio * max(self._path_norms(task, norm)) if ratio else math.inf
+            bound = bound if bound > 0 else math.inf  # no module sent yet: the validator does not bound it either
+            return {module: min(float(n), bound) for module, n in meta.carried_norms.items()}
         if ref not in self._carried:
             try:
                 self._carried[ref] = carried_norms(read_inner(self.store, ref)[0])

@@ -79,10 +79,8 @@ class ResultIntake:
         else:
             self.digests[key] = self.checks.accepted_digests(task, attempt)
         self.tell(policy, board.tasks[key], started=board.started.get(key), arrived=self.clock())
-        steps = self.meta(board.tasks[key]).steps
-        board.paths[task.path] = PathState(steps_done=task.step_offset + steps,
-                                           inner=inner_ref(path=task.path, round=task.round, attempt=attempt, link=task.link),
-                                           update_scales=self.checks.accepted_scales(task, attempt))
+        board.paths[task.path] = replace(path_after(board.paths[task.path], task, self.meta(board.tasks[key])),
+                                         update_scales=self.checks.accepted_scales(task, attempt))
         log.info("received %s (attempt %d)%s", key, attempt, " held for the poison bound's reference" if held else "")
 
     def judge_held(self, board: TaskBoard, policy: RoundPolicy) -> None:
@@ -158,7 +156,8 @@ class ResultIntake:
                 policy.withdraw(t.key)
                 self.forget([t.key])
             board.tasks[t.key] = replace(t, status="lost")
-        board.paths[task.path] = PathState(steps_done=task.step_offset, inner=task.inner_from)
+        board.paths[task.path] = PathState(steps_done=task.step_offset, inner=task.inner_from,
+                                           checkpoint=task.inner_checkpoint)
         board.tasks[task.key] = redone = self.checks.requeue(replace(task, status="assigned"), reason)
         if policy.rebase([open_view(redone)]):
             self.checks.moved(redone, board.move_to_newest(redone, policy))
@@ -168,3 +167,14 @@ class ResultIntake:
             self.held.pop(key, None)
             self.metas.pop(key, None)
             self.digests.pop(key, None)
+
+
+def path_after(state: PathState, task: Task, meta: ResultMeta) -> PathState:
+    """A path's state once `task`'s result (`meta`) is received: its steps on, its carried state the one the
+    task left, in the store when the island uploaded it (`meta.inner_upload`), else held by that island."""
+    ref = inner_ref(path=task.path, round=task.round, attempt=meta.attempt, link=task.link)
+    if meta.inner_upload:
+        return PathState(steps_done=task.step_offset + meta.steps, inner=ref, checkpoint=ref)
+    held = meta.island == task.island  # the incarnation the board gave it to (a late older attempt: unknown)
+    return PathState(steps_done=task.step_offset + meta.steps, inner=ref, checkpoint=state.checkpoint,
+                     holder=meta.island, holder_incarnation=task.incarnation if held else None)

@@ -54,7 +54,8 @@ def retain(store: ModuleStore, topology: Topology, *, board: TaskBoard, policy: 
     if keep is None:
         return
     prune_keeping_best(store, topology, keep_from=keep)
-    referenced = {s.inner for s in board.paths.values()} | {t.inner_from for t in board.tasks.values()}
+    referenced = ({s.inner for s in board.paths.values()} | {s.checkpoint for s in board.paths.values()}
+                  | {t.inner_from for t in board.tasks.values()} | {t.inner_checkpoint for t in board.tasks.values()})
     prune_inner_states(store, n_paths=topology.n_paths, keep_from=keep, referenced=referenced)
 
 

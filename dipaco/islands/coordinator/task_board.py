@@ -75,7 +75,8 @@ class TaskBoard:
         owed = policy.outstanding(path)
         steps = self.inner_steps if owed is None else max(1, min(self.inner_steps, owed))
         task = Task.open(path=path, base=self.committed, step_offset=state.steps_done, inner_from=state.inner,
-                         link=link, chain=chain, steps=0 if steps == self.inner_steps else steps)
+                         link=link, chain=chain, steps=0 if steps == self.inner_steps else steps,
+                         inner_checkpoint=state.checkpoint)
         self.tasks[task.key] = task
         return task
 
@@ -149,9 +150,31 @@ class TaskBoard:
         for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now)):
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
-                                      incarnation=liveness.seen[island].beat.incarnation)
+                                      incarnation=liveness.seen[island].beat.incarnation,
+                                      handoff_from=self.handoff_from(task, island, liveness, now),
+                                      keep_inner=self.keeps_inner(task.path, island, liveness, now))
             self.started[key] = now
             log.info("%s attempt %d -> island %s", key, task.attempt, island)
+
+    def keeps_inner(self, path: int, island: str, liveness: Liveness, now: float) -> bool:
+        """Whether `island` keeps `path`'s carried state in memory after its task, the path's next task being
+        expected back on it: it is pinned to that path alone, or every path can have a live island of its own.
+        Otherwise (fewer islands than paths: they take the paths in turn) it hands the state off with its result."""
+        if tuple(liveness.seen[island].beat.pinned) == (path,):
+            return True
+        working = [n for n, seen in liveness.seen.items() if liveness.alive(n, now) and seen.beat.status != "done"]
+        return len(working) >= len(self.paths)
+
+    def handoff_from(self, task: Task, island: str, liveness: Liveness, now: float) -> str | None:
+        """The island that must hand `task`'s carried state over to `island` (`dipaco.carried.state`): the
+        one holding it in memory only, when it is another island and still alive as the same incarnation;
+        None when the state is in the store, held by `island` itself, or lost with its holder (the task
+        then resumes from the path's last checkpoint)."""
+        state = self.paths[task.path]
+        holder = state.holder
+        if holder is None or holder == island or state.inner != task.inner_from or not liveness.alive(holder, now):
+            return None
+        return holder if liveness.seen[holder].beat.incarnation == state.holder_incarnation else None
 
     def settle(self, used: set[str]) -> list[str]:
         """After a commit: `used` tasks (applied or dropped) and lost or cancelled ones leave the board (the
@@ -206,7 +229,7 @@ def resume_board(store: ModuleStore, *, n_paths: int,
     tasks = dict(board.tasks) if board else {}
     known = board.paths if board else {}
     first = first_inner(store) if len(known) < n_paths else None  # one look, not one per path
-    paths = {p: known.get(p) or PathState(steps_done=0, inner=first) for p in range(n_paths)}
+    paths = {p: known.get(p) or PathState(steps_done=0, inner=first, checkpoint=first) for p in range(n_paths)}
     used: set[str] = set()
     applied: list[tuple[int, int, int | None]] = []
     for r in range(1, committed + 1):

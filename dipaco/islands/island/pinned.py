@@ -35,8 +35,9 @@ def run_pinned_task(setup: IslandSetup, *, path: int, island: str) -> ResultMeta
         state = PathState(steps_done=committed * setup.inner.steps,
                           inner=previous if inner_exists(store, previous) else
                           first_inner(store) if committed == 0 else None)
-    task = Task.open(path=path, base=committed, step_offset=state.steps_done, inner_from=state.inner)
-    meta, _, _ = push_result(setup, task, train_task(setup, task), island=island)
+    task = Task.open(path=path, base=committed, step_offset=state.steps_done, inner_from=state.inner,
+                     inner_checkpoint=state.checkpoint)
+    meta, _, _ = push_result(setup, task, train_task(setup, task), island=island, handing_off=True)  # the process ends
     return meta
 
 

@@ -8,8 +8,11 @@ In Python (the `dipaco island` stage builds the `IslandSetup` from the config):
 
     IslandWorker(setup, name="island-0").run()
 
-The island writes only its heartbeat (`presence`), its results, its inner states and its byte counts
-(`report_traffic`: after each task, every `ledger.IDLE_EVERY` heartbeats while idle, when it stops); it runs the task
+The island writes only its heartbeat (`presence`), its results, its paths' carried states (kept in
+memory, `held`: uploaded as a checkpoint every few tasks, on a path's last task, and handed off when it
+lets the path go: it takes another path, the board gives the path to another island, or it stops before
+the run's end) and its byte counts (`report_traffic`: after each task, every `ledger.IDLE_EVERY` heartbeats
+while idle, when it stops); it runs the task
 the board assigns to its name and incarnation, stops a task the board no longer wants
 (`cancellation`), lives through injected failures (`faults`), and stops when the store has committed
 the run's last round.
@@ -19,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from dipaco.islands.island import ddp as ddp_mod
 from dipaco.islands.island.cancellation import BoardWatch, TaskCancelled
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_path_of
 from dipaco.islands.island.faults import FaultClock, IslandFailure, check_faults, no_faults
+from dipaco.islands.island.held import HeldState, awaiting_handoff
 from dipaco.islands.island.presence import Presence
 from dipaco.islands.island.training import IslandSetup, push_result, train_task
 from dipaco.store.board import read_board
@@ -46,7 +50,8 @@ class IslandWorker:
         watching = setup.cancellable and ctx is None  # async only; DDP ranks must not part ways
         self.board = BoardWatch(setup.store, island=name, clock=clock,
                                 every=setup.resilience.heartbeat_seconds if watching else None)
-        self.cached_inner: tuple[str, dict, dict] | None = None  # the inner state it wrote last, by reference
+        self.held = HeldState(setup.store)  # the carried state of the path it trained last (dipaco.carried.state)
+        self.waiting: dict[str, float] = {}  # "key#attempt" -> since when (island clock) it waits for a hand-off
         self.down_until: float | None = None  # an injected death: back then (island clock)
         self.tasks_done = 0
         self.checkpoint = (setup.checkpoints / f"{name}.safetensors"
@@ -76,6 +81,7 @@ class IslandWorker:
         board = read_board(self.store)
         if board is None:
             return None
+        self._hand_off_if_asked(board.tasks.values())
         me = self.presence
         for task in sorted(board.tasks.values(), key=lambda t: (t.base, t.path)):
             if (task.status in ("assigned", "cut") and task.island == me.name and task.incarnation == me.incarnation
@@ -99,9 +105,10 @@ class IslandWorker:
             check_faults(self.faults, self.presence)
             watch()
 
+        if self.held.path != task.path:
+            self.held.hand_off()  # it lets its last path go: another island may take it on
         try:
-            out = train_task(self.setup, task, ctx=self.ctx, cached_inner=self.cached_inner, check=check,
-                             checkpoint=self.checkpoint)
+            out = train_task(self.setup, task, ctx=self.ctx, held=self.held, check=check, checkpoint=self.checkpoint)
         except IslandFailure:
             self._go_down()
             return None
@@ -111,10 +118,13 @@ class IslandWorker:
             if self.board.wanted(task):
                 raise
             return self._drop(task, f"{err}; the board no longer wants it")
-        meta, stats, ref = push_result(self.setup, task, out, island=self.name)
+        # handed off with the result when the path will move (the board says so), or inside a DDP island (its
+        # other ranks read it from the store)
+        meta, stats, ref = push_result(self.setup, task, out, island=self.name,
+                                       handing_off=not task.keep_inner or self.ctx is not None)
         if self.checkpoint is not None:
             self.checkpoint.unlink(missing_ok=True)  # the result is in the store
-        self.cached_inner = (ref, *out.inner)
+        self.held.keep(ref, task.path, out.carried, uploaded=bool(meta.inner_upload))
         self.presence.finished_task(task)
         self.tasks_done += 1
         self.heartbeat()
@@ -143,6 +153,8 @@ class IslandWorker:
             if self.reported is None or self.clock() - self.reported[0] >= IDLE_EVERY * self.setup.resilience.heartbeat_seconds:
                 self.report_traffic(only_if_changed=True)
             return False
+        if self._awaiting_handoff(task):
+            return False
         return self.execute(task) is not None
 
     def report_traffic(self, *, only_if_changed: bool = False) -> None:
@@ -159,6 +171,7 @@ class IslandWorker:
 
     def run(self, *, poll_seconds: float = 0.1, max_tasks: int | None = None) -> int:
         """Work until the run's last round is committed (or `max_tasks` are done); returns tasks done."""
+        stopped = False
         try:
             with self.presence.beating(self.setup.resilience.heartbeat_seconds):
                 while not run_finished(self.store):
@@ -166,8 +179,11 @@ class IslandWorker:
                         break
                     if not self.poll():
                         time.sleep(poll_seconds)
-            self.report_traffic()  # after the last heartbeat ("done")
+            stopped = True
         finally:
+            self._hand_off_on_stop()
+            if stopped:
+                self.report_traffic()  # after the last heartbeat ("done") and the hand-off's upload
             if self.ctx is not None:
                 ddp_mod.broadcast(self.ctx, None)
         return self.tasks_done
@@ -195,7 +211,37 @@ class IslandWorker:
         self.presence.silent = True
         self.down_until = self.clock() + self.faults.return_after
         self.presence.reincarnate()
-        self.cached_inner = None
+        self.held.forget()
+
+    def _hand_off_on_stop(self) -> None:
+        """Stopping before the run's end (`max_tasks`, SIGTERM, SIGINT): hand the held state off, so its path
+        moves on exactly (a failing store is logged: the path then resumes from its last checkpoint)."""
+        try:
+            if not run_finished(self.store):
+                self.held.hand_off()
+        except (StoreError, OSError) as err:
+            log.warning("island %s: could not hand path %s's carried state off (%s)", self.name, self.held.path, err)
+
+    def _awaiting_handoff(self, task: Task) -> bool:
+        """Whether `task` waits for the live island holding its carried state to hand it off (at most
+        `resilience.heartbeat_timeout` on this island's clock; then it resumes from the path's checkpoint)."""
+        key = f"{task.key}#{task.attempt}"
+        if not awaiting_handoff(self.store, task, held=self.held):
+            self.waiting.pop(key, None)
+            return False
+        since = self.waiting.setdefault(key, self.clock())
+        if self.clock() - since < self.setup.resilience.heartbeat_timeout:
+            return True
+        del self.waiting[key]
+        log.warning("island %s: %s's carried state was not handed off by island %s within %.1fs; it resumes from "
+                    "the path's checkpoint", self.name, task.key, task.handoff_from, self.clock() - since)
+        return False
+
+    def _hand_off_if_asked(self, tasks: Iterable[Task]) -> None:
+        """Upload the held carried state when the board gives its path's next task to another island."""
+        if any(t.handoff_from == self.name and t.inner_from == self.held.ref and t.status in ("assigned", "cut")
+               for t in tasks):
+            self.held.hand_off()
 
 
 def follow_leader(setup: IslandSetup, ctx: ddp_mod.DDPContext) -> int:

@@ -1,26 +1,29 @@
 """The island's training loop: one task's inner steps from its base modules, then its upload.
 
-    meta, stats, ref = push_result(setup, task, train_task(setup, task), island="island-0")
+    meta, stats, ref = push_result(setup, task, train_task(setup, task, held=held), island="island-0")
 
-`train_task` pulls the task's modules at its base version and the inner AdamW state it names (from
-memory when this island wrote it, else from the store), starts from θ_start = the base modules minus
-the Δ of its path's results that version does not hold yet (`Task.chain`, async: the path goes on from
-its own latest parameters, merged with the newest version by this rebase), trains the task's steps on
-the path's shard continuing its data order and lr schedule at `step_offset` (fewer when the board cuts
-it), and returns the pseudo-gradient Δ = θ_start − θ_end with its metadata and the new inner state. `push_result` uploads the inner state,
-then Δ compressed per `compression.codec`, then the result JSON (the commit).
+A task is three named steps. `start_task` pulls the task's modules at its base version, starts from
+θ_start = the base modules minus the Δ of its path's results that version does not hold yet (`Task.chain`,
+async: the path goes on from its own latest parameters, merged with the newest version by this rebase),
+and restores the path's carried state (`dipaco.carried.state`: AdamW moments, error-feedback residual,
+drift) from the island's memory when it trained the path last, else from the store (`held.fetch_carried`).
+`run_steps` scores the base version on validation and trains the task's steps on the path's shard,
+continuing its data order and lr schedule at `step_offset` (fewer when the board cuts it). `finish_task`
+returns the pseudo-gradient Δ = θ_start − θ_end with its metadata and the path's new carried state.
+`push_result` uploads the carried state only when `UploadPlan` says so (a checkpoint every
+`resilience.inner_checkpoint_every` tasks, the path's last task, a hand-off), then Δ compressed per
+`compression.codec`, then the result JSON (the commit).
 
 With fragments (`outer.fragments` K > 1, `dipaco.rounds.fragments`) a task sends only the modules its round
 syncs (every module in the path's last task). Its path keeps training the others: their drift
-d = θ_base − θ_end stays in the path's inner state (`dipaco.optim.drift`), and the path's next task starts
+d = θ_base − θ_end stays in the path's carried state (`dipaco.optim.drift`), and the path's next task starts
 each module from its base − d (after scoring the base version on validation), so what a module sends when
 its round comes holds all the training since its last sync.
 
-With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also reads the
-path's residual e from its inner state (or its inner checkpoint), checked by `check_residual`, and ends by
-encoding Δ + e: the residual of that encoding joins the new inner state, so it moves with the path
-(`dipaco.codec.feedback`), and `push_result` uploads the bytes it encoded; a module not sent keeps
-its residual.
+With error feedback (`compression.codec: topk`, `compression.error_feedback`) the task also continues the
+path's residual e from its carried state (or its inner checkpoint) and ends by encoding Δ + e: the residual
+of that encoding is carried on with the path (`dipaco.codec.feedback`), and `push_result` uploads the
+bytes it encoded; a module not sent keeps its residual.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dipaco.carried.state import MOMENTS_OF, CarriedState, UploadPlan
 from dipaco.codec.codec import Codec
 from dipaco.codec.feedback import encode_with_feedback, with_residual
 from dipaco.codec.sparse import TopK
@@ -46,39 +50,24 @@ from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands.island import ddp as ddp_mod
 from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
-from dipaco.islands.island.inner_source import starting_inner
+from dipaco.islands.island.held import HeldState, fetch_carried
 from dipaco.islands.island.model_slot import ModelSlot
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
-from dipaco.optim.drift import check_drift, join_drift, split_drift, split_sent
-from dipaco.optim.error_feedback import check_residual, join_inner, residual_bytes, split_inner
-from dipaco.optim.inner import (
-    load_optimizer_state,
-    make_optimizer,
-    optimizer_state,
-    phase_steps,
-    train_steps,
-)
+from dipaco.optim.drift import split_sent
+from dipaco.optim.error_feedback import residual_bytes
+from dipaco.optim.inner import make_optimizer, optimizer_state, phase_steps, train_steps
 from dipaco.optim.prefetch import Prefetcher
 from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Grid
-from dipaco.store.board import (
-    inner_ref,
-    read_result_ref,
-    write_encoded_result,
-    write_inner,
-    write_result,
-)
+from dipaco.store.board import inner_ref, read_result_ref, write_encoded_result, write_inner, write_result
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
-
-InnerState = tuple[dict[str, torch.Tensor], dict]  # an AdamW state: tensors and metadata (dipaco.optim.inner)
-
 
 @dataclass(frozen=True)
 class IslandSetup:
@@ -108,6 +97,12 @@ class IslandSetup:
         return ValidationData(reader=self.reader, batch_size=self.inner.batch_size,
                               max_batches=self.inner.val_batches, precision=self.hardware.precision)
 
+    @property
+    def uploads(self) -> UploadPlan:
+        """When the path's carried state is uploaded (`resilience.inner_checkpoint_every`)."""
+        return UploadPlan(every=self.resilience.inner_checkpoint_every, inner_steps=self.inner.steps,
+                          total_steps=self.run.rounds * self.inner.steps)
+
     @cached_property
     def schedule(self) -> FragmentSchedule:
         """Which modules each task sends (`outer.fragments`; the module sizes read once from the store)."""
@@ -123,7 +118,7 @@ class TrainedTask:
     """One task's outcome before it is uploaded."""
 
     pseudo_gradient: dict[str, torch.Tensor]  # "module/param" -> θ_base − θ_end of the modules it sends (+ the residual it started from, with error feedback)
-    inner: InnerState  # the AdamW state after the task (and the new error-feedback residual, the drift of the modules not sent)
+    carried: CarriedState  # the path's carried state after the task (moments, new residual, drift of the modules not sent)
     meta: ResultMeta  # without the upload fields (island, bytes, ...)
     encoded: tuple[bytes, dict] | None = None  # with error feedback: the compressed pseudo-gradient and its stats
 
@@ -133,141 +128,195 @@ def data_seed(seed: int, *, path: int) -> int:
     return seed * 1_000_003 + path * 7919 + 17
 
 
-def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
-               cached_inner: tuple[str, dict, dict] | None = None,
-               check: Callable[[], None] | None = None, timings: dict[str, float] | None = None,
-               checkpoint: Path | None = None) -> TrainedTask:
-    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the new inner state.
+@dataclass
+class TaskStart:
+    """A task at its first inner step: its model and optimizer, and what it continues."""
 
+    start: dict[str, dict[str, torch.Tensor]]  # θ_start by module (base − chain); consumed by `pseudo_gradient_of`
+    model: torch.nn.Module
+    trained: torch.nn.Module  # what the steps run on (the model, or its DDP wrapper)
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    carried: CarriedState  # the path's carried state at the task's start (residual and drift used at the end)
+    local: bool  # ... from the island's memory
+    refused: str  # why the stored carried state was refused, so it started fresh ("": it was not)
+    resume: InnerCheckpoint | None  # the island's inner checkpoint of this task, when it resumes one
+    device: torch.device
+    read_before: int  # the store's bytes read before the task
+    module_bytes: int  # ... of which its modules
+
+
+def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
+               held: HeldState | None = None, check: Callable[[], None] | None = None,
+               timings: dict[str, float] | None = None, checkpoint: Path | None = None) -> TrainedTask:
+    """Run one task's inner steps; returns the pseudo-gradient, its metadata and the path's new carried state.
+
+    Three steps: `start_task` (modules, rebase, carried state: from `held` when this island holds it),
+    `run_steps` (validation, then the inner steps), `finish_task` (Δ, error feedback, metadata).
     `checkpoint`: the island's inner checkpoint file (`checkpoint.InnerCheckpoint`), resumed from when it
     holds this task and written every `resilience.checkpoint_steps` steps (not inside a DDP island).
-    Each step is paced (`pacing.Pacer`): padded to `setup.step_seconds` by sleeping, then `setup.slowdown` F
-    times its time (an injected straggler); the compute and the padding are logged once per task.
     `timings`, when given, receives the seconds of each phase (`timing.PHASES`; bench/bench_speed.py)."""
-    store, inner, hardware, resilience = setup.store, setup.inner, setup.hardware, setup.resilience
+    if ctx is not None or not setup.resilience.checkpoint_steps:
+        checkpoint = None
+    begun = start_task(setup, task, ctx=ctx, held=held, timings=timings, checkpoint=checkpoint)
+    stats, val_loss = run_steps(setup, task, begun, ctx=ctx, check=check, timings=timings, checkpoint=checkpoint)
+    return finish_task(setup, task, begun, stats, val_loss=val_loss, ctx=ctx, timings=timings)
+
+
+def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None, held: HeldState | None,
+               timings: dict[str, float] | None, checkpoint: Path | None) -> TaskStart:
+    """Pull the task's modules at its base version, rebase them on its chain, load them into the path model,
+    and restore the optimizer: from the island's inner checkpoint of this task, else the path's carried state."""
+    store, hardware = setup.store, setup.hardware
     read_before = store.bytes_read
     device = _device(hardware, ctx)
-    path = task.path
     with timed(timings, "load_modules", device):
-        start = store.read_modules(task.base, setup.topology.modules_of_path(path))
+        start = store.read_modules(task.base, setup.topology.modules_of_path(task.path))
         module_bytes = store.bytes_read - read_before
         rebase_on_chain(store, start, task)
         model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
                                            wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
     params = path_parameters(model)
-    names = {param: name for name, param in params.items()}
-    if ctx is not None or not resilience.checkpoint_steps:
-        checkpoint = None
     resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
     if resume is not None and not resume.matches(task):
         resume = None  # another task's: this one starts afresh and replaces it
-    feeds_back = setup.compression.feeds_back
-    residual: dict[str, torch.Tensor] = {}  # the path's error-feedback residual at the task's start
-    drift: dict[str, torch.Tensor] = {}  # the path's drift at the task's start (a checkpoint's parameters hold it)
-    where = ""  # where it was read from
-    saved, refused = None, ""  # the inner state it starts from (None: fresh), why the stored one was refused
-    shapes = residual_shapes(params, setup.topology, path=path)
+    shapes = residual_shapes(params, setup.topology, path=task.path)
+    max_step, betas = setup.warm_start_steps + task.step_offset, (setup.inner.beta1, setup.inner.beta2)
+    refused = ""  # why the stored carried state was refused ("": it was not)
     with timed(timings, "restore_inner", device):
-        optimizer = make_optimizer(model, inner, fused=inner.fused)
-        inner_local = False
+        optimizer = make_optimizer(model, setup.inner, fused=setup.inner.fused)
         if resume is not None:
             with torch.no_grad():
                 for name, param in params.items():
                     param.copy_(resume.params[name])
-            load_optimizer_state(optimizer, params, resume.adam, resume.adam_meta)
-            residual, where = resume.residual, f"inner checkpoint {checkpoint}"
-        elif task.inner_from:
-            saved, inner_local, refused = starting_inner(store, task, cached=cached_inner, shapes=shapes,
-                                                         max_step=setup.warm_start_steps + task.step_offset,
-                                                         betas=(inner.beta1, inner.beta2))
-        if saved is not None:
-            rest, drift = split_drift(saved[0])
-            adam, residual = split_inner(rest)
-            load_optimizer_state(optimizer, params, adam, saved[1])
-            where = store.location(task.inner_from)
-            check_drift(drift, shapes, where=where)
-        if feeds_back:
-            check_residual(residual, shapes, where=where)
+            carried, where, local = CarriedState(adam=resume.adam, steps=resume.adam_meta["step"],
+                                                 residual=resume.residual), f"inner checkpoint {checkpoint}", False
+            log.info("%s: resuming from the inner checkpoint after %d steps", task.key, resume.steps)
+            carried.check(shapes, where=where, max_step=max_step + resume.steps, betas=betas)
         else:
-            residual = {}
+            carried, where, local, refused = fetch_carried(store, task, held=held, shapes=shapes, max_step=max_step,
+                                                           betas=betas)
+        if not setup.compression.feeds_back:
+            carried = dataclasses.replace(carried, residual={})
+        carried.load_into(optimizer, params)
+    return TaskStart(start=start, model=model, trained=trained, params=params, optimizer=optimizer, carried=carried,
+                     local=local, refused=refused, resume=resume, device=device, read_before=read_before,
+                     module_bytes=module_bytes)
+
+
+def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: ddp_mod.DDPContext | None,
+              check: Callable[[], None] | None, timings: dict[str, float] | None,
+              checkpoint: Path | None) -> tuple[dict, float]:
+    """Score the base version on validation, start from its drift, and train the task's steps on the path's
+    shard (continuing its data order and lr schedule); returns (train_steps' stats, the validation loss).
+    Each step is paced (`pacing.Pacer`): padded to `setup.step_seconds`, then `setup.slowdown` times its time."""
+    inner, resume, device = setup.inner, begun.resume, begun.device
     done = resume.steps if resume is not None else 0
     steps = task.steps or inner.steps
-    if resume is not None:
-        log.info("%s: resuming from the inner checkpoint after %d of %d steps", task.key, done, steps)
-
-    last_seconds = 0.0  # inner-loop seconds at the end of the previous step (its padding included)
-    saving = 0.0  # seconds spent writing inner checkpoints: overhead, not training (docs/islands.md#goodput)
     pacer = Pacer(step_seconds=setup.step_seconds, slowdown=setup.slowdown)
-
-    task_steps = steps
-
-    def after_step(steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
-        nonlocal last_seconds, saving
-        seconds -= saving
-        if pacer.active:  # pad the step to its paced time (a straggler: slowdown x that)
-            seconds += pacer.pad(seconds - last_seconds, check=check, stop=TaskCut)
-        last_seconds = seconds
-        if checkpoint is not None and (done + steps) % resilience.checkpoint_steps == 0 and done + steps < task_steps:
-            save_started = time.perf_counter()
-            adam, adam_meta = optimizer_state(optimizer, names)
-            InnerCheckpoint(task=task_identity(task), steps=done + steps,
-                            params={name: p.detach().cpu().clone() for name, p in params.items()},
-                            adam=adam, adam_meta=adam_meta,
-                            losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
-                            tokens=(resume.tokens if resume else 0) + tokens,
-                            seconds=(resume.seconds if resume else 0.0) + seconds,
-                            val_loss_start=val_loss, residual=residual).save(checkpoint)
-            saving += time.perf_counter() - save_started
-
-    batches: Iterator[np.ndarray] = setup.reader.iter_batches(path, "train", batch_size=inner.batch_size,
-                                                              seed=data_seed(setup.run.seed, path=path),
+    saver = StepSaver(setup, task, begun, checkpoint=checkpoint, steps=steps, pacer=pacer, check=check)
+    batches: Iterator[np.ndarray] = setup.reader.iter_batches(task.path, "train", batch_size=inner.batch_size,
+                                                              seed=data_seed(setup.run.seed, path=task.path),
                                                               skip_batches=task.step_offset + done)
     if ctx is not None:
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
     with Prefetcher(batches, count=steps - done, device=device) as ahead:  # reads the shard during validation
         with timed(timings, "validation", device):
-            val_loss = (resume.val_loss_start if resume is not None else
-                        math.nan if task.chain else setup.validation.loss(model, path=path))  # of version `base` only
-        if drift:
-            start_from_drift(params, drift, setup.topology, path=path)
+            saver.val_loss = (resume.val_loss_start if resume is not None else math.nan if task.chain else
+                              setup.validation.loss(begun.model, path=task.path))  # of version `base` only
+        if begun.carried.drift:
+            start_from_drift(begun.params, begun.carried.drift, setup.topology, path=task.path)
         with timed(timings, "inner_loop", device):
             first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
-            stats = train_steps(trained, optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
+            stats = train_steps(begun.trained, begun.optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
                                 start_step=first + task.step_offset + done, steps=steps - done,
-                                total_steps=total, config=inner, device=device,
-                                precision=hardware.precision,
-                                after_step=after_step if checkpoint is not None or pacer.active else None)
+                                total_steps=total, config=inner, device=device, precision=setup.hardware.precision,
+                                after_step=saver.after_step if checkpoint is not None or pacer.active else None)
     setup.models.release_gradients()
     if pacer.active:
         log.info("%s: %s", task.key, pacer.summary())
-    losses = stats["losses"]
-    tokens, seconds = stats["tokens"], stats["seconds"] - saving
+    stats["seconds"] -= saver.saving
+    return stats, saver.val_loss
+
+
+@dataclass
+class StepSaver:
+    """After each inner step: pad it to its paced time, and write the island's inner checkpoint every
+    `resilience.checkpoint_steps` steps (the seconds that takes are overhead, not training: docs/islands.md#goodput)."""
+
+    setup: IslandSetup
+    task: Task
+    begun: TaskStart
+    checkpoint: Path | None
+    steps: int  # the task's steps
+    pacer: Pacer
+    check: Callable[[], None] | None
+    val_loss: float = math.nan
+    saving: float = 0.0  # seconds spent writing inner checkpoints
+    last_seconds: float = 0.0  # inner-loop seconds at the end of the previous step (its padding included)
+
+    def after_step(self, steps: int, losses: torch.Tensor, seconds: float, tokens: int) -> None:
+        seconds -= self.saving
+        if self.pacer.active:  # pad the step to its paced time (a straggler: slowdown x that)
+            seconds += self.pacer.pad(seconds - self.last_seconds, check=self.check, stop=TaskCut)
+        self.last_seconds = seconds
+        resume, every = self.begun.resume, self.setup.resilience.checkpoint_steps
+        done = (resume.steps if resume is not None else 0) + steps
+        if self.checkpoint is None or done % every != 0 or done >= self.steps:
+            return
+        started = time.perf_counter()
+        names = {param: name for name, param in self.begun.params.items()}
+        adam, adam_meta = optimizer_state(self.begun.optimizer, names)
+        InnerCheckpoint(task=task_identity(self.task), steps=done,
+                        params={name: p.detach().cpu().clone() for name, p in self.begun.params.items()},
+                        adam=adam, adam_meta=adam_meta,
+                        losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
+                        tokens=(resume.tokens if resume else 0) + tokens,
+                        seconds=(resume.seconds if resume else 0.0) + seconds,
+                        val_loss_start=self.val_loss, residual=self.begun.carried.residual).save(self.checkpoint)
+        self.saving += time.perf_counter() - started
+
+
+def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *, val_loss: float,
+                ctx: ddp_mod.DDPContext | None, timings: dict[str, float] | None) -> TrainedTask:
+    """Δ = θ_start − θ_end of the modules the task sends (+ the residual, encoded, with error feedback), the
+    drift of the others, the result's metadata and the path's carried state after the task."""
+    resume, device, path = begun.resume, begun.device, task.path
+    losses, tokens, seconds = stats["losses"], stats["tokens"], stats["seconds"]
     if resume is not None:
         losses, tokens, seconds = list(resume.losses) + losses, resume.tokens + tokens, resume.seconds + seconds
     train_loss = sum(losses[-5:]) / len(losses[-5:])
     if ctx is not None:
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
-    encoded, carried = None, {}
+    encoded, residual = None, {}
     with timed(timings, "pseudo_gradient", device):
         synced = setup.schedule.synced(setup.topology.modules_of_path(path), round=task.round,
                                        step_offset=task.step_offset, steps=task.steps)
-        pseudo_gradient, drift = split_sent(pseudo_gradient_of(start, params, setup.topology, path=path), set(synced))
-        if feeds_back:  # Δ + e, encoded here: the residual it leaves is part of the inner state
-            pseudo_gradient = with_residual(pseudo_gradient, residual, decay=setup.compression.ef_decay)
+        delta = pseudo_gradient_of(begun.start, begun.params, setup.topology, path=path)
+        pseudo_gradient, drift = split_sent(delta, set(synced))
+        if setup.compression.feeds_back:  # Δ + e, encoded here: the residual it leaves is carried on
+            started_from = begun.carried.residual
+            pseudo_gradient = with_residual(pseudo_gradient, started_from, decay=setup.compression.ef_decay)
             codec = Codec("topk", level=setup.compression.zstd_level, topk=topk_of(setup))
-            data, stats, carried = encode_with_feedback(pseudo_gradient, codec=codec)
-            encoded = (data, stats)
-            carried |= {name: residual[name] if name in residual else torch.zeros_like(t) for name, t in drift.items()}
+            data, encoded_stats, residual = encode_with_feedback(pseudo_gradient, codec=codec)
+            encoded = (data, encoded_stats)
+            residual |= {name: started_from[name] if name in started_from else torch.zeros_like(t)
+                         for name, t in drift.items()}
+    store = setup.store
     meta = ResultMeta(path=path, round=task.round, base=task.base, attempt=task.attempt, tokens=tokens,
                       train_loss=train_loss, losses=tuple(losses), val_loss_start=val_loss, seconds=seconds,
-                      bytes_down_modules=module_bytes, bytes_down_inner=store.bytes_read - read_before - module_bytes,
-                      inner_state_local=inner_local, data_parallel_ranks=ctx.world if ctx else 1,
-                      bytes_residual=residual_bytes(carried), inner_refused=refused)
+                      bytes_down_modules=begun.module_bytes,
+                      bytes_down_inner=store.bytes_read - begun.read_before - begun.module_bytes,
+                      inner_state_local=begun.local, data_parallel_ranks=ctx.world if ctx else 1,
+                      bytes_residual=residual_bytes(residual), inner_refused=begun.refused,
+                      carried_norms=None if begun.resume is not None else begun.carried.norms())
+    # resumed from its own inner checkpoint, the drift it started from is in the checkpoint's parameters, not
+    # in `begun.carried`: the coordinator then reads the norms from the state `task.inner_from` names
     with timed(timings, "save_inner", device):
-        adam, adam_meta = optimizer_state(optimizer, names)
-    return TrainedTask(pseudo_gradient=pseudo_gradient, inner=(join_drift(join_inner(adam, carried), drift), adam_meta),
-                       meta=meta, encoded=encoded)
+        names = {param: name for name, param in begun.params.items()}
+        carried = CarriedState.of_optimizer(begun.optimizer, names, residual=residual, drift=drift)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, carried=carried, meta=meta, encoded=encoded)
 
 
 def topk_of(setup: IslandSetup) -> TopK | None:
@@ -323,16 +372,21 @@ def _device(hardware: HardwareConfig, ctx: ddp_mod.DDPContext | None) -> torch.d
     return device
 
 
-def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str,
+def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str, handing_off: bool = False,
                 timings: dict[str, float] | None = None) -> tuple[ResultMeta, dict, str]:
-    """Upload a trained task: its inner state, then the compressed pseudo-gradient, then the result
-    metadata (the commit). Returns (the metadata as written, compression stats, the inner state's reference)."""
+    """Upload a trained task: its carried state when `setup.uploads` says so (a checkpoint, the path's last
+    task, or `handing_off`: the island lets the path go), then the compressed pseudo-gradient, then the
+    result metadata (the commit). Returns (the metadata as written, compression stats, the state's reference)."""
     ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt, link=task.link)
-    with timed(timings, "write_inner"):
-        inner_bytes = write_inner(setup.store, ref, *out.inner)
-    meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, finished=time.time())
+    reason = setup.uploads.reason(step_offset=task.step_offset, steps=out.meta.steps, handing_off=handing_off)
+    inner_bytes = 0
+    if reason is not None:
+        with timed(timings, "write_inner"):
+            inner_bytes = write_inner(setup.store, ref, *out.carried.to_tensors(moments=MOMENTS_OF[reason]))
+    meta = dataclasses.replace(out.meta, island=island, bytes_up_inner=inner_bytes, inner_upload=reason or "",
+                               finished=time.time())
     with timed(timings, "write_result"):
-        if out.encoded is not None:  # error feedback: the bytes whose residual the inner state holds
+        if out.encoded is not None:  # error feedback: the bytes whose residual the carried state holds
             data, stats = out.encoded
             meta = write_encoded_result(setup.store, task, data, meta, compression=setup.compression.codec)
         else:
