@@ -49,7 +49,7 @@ def test_each_rows_train_command_runs_the_settings_it_names(tmp_path):
     def config_of(name: str):
         args = build_parser().parse_args(["train", *train_args(setting, tmp_path / name, rows[name])])
         config, run = config_and_run("train", config_file=args.config, run=args.run, store=None,
-                                     overrides=args.overrides, run_config=True, wait=0.0)
+                                     overrides=args.overrides, wait=0.0)
         assert run.root == tmp_path / name
         return config
 
