@@ -158,3 +158,24 @@ def test_tensorboard_off_writes_no_event_files(tiny_trained, tmp_path):
         metrics.round(store, stats, norms={"embeddings": (1.0, 0.5)}, goodput=0.5)
         metrics.close()
         assert (tmp_path / f"tb-{enabled}").exists() == enabled
+
+
+def test_status_reads_a_run_without_loading_torch(tiny_trained, tmp_path):
+    """`dipaco status --run R --json` (issue 37, item 4) in a fresh interpreter: the committed round, read
+    with neither torch, transformers nor safetensors' torch loader imported, and no file of the run written."""
+    import subprocess
+    import sys
+
+    from cli_helpers import ENV, ROOT
+
+    run = copy_run(tiny_trained, tmp_path / "run", ("config.yaml", "store", "train.json"))
+    files = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.root.rglob("*") if p.is_file()}
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "dipaco", "status", "--run", str(run.root),
+                             "--json"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    status = json.loads(result.stdout)
+    assert status["round"] == load_config(run.config).run.rounds and status["finished"]
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "dipaco.store.board" in imported  # the measure sees the status modules themselves
+    assert not {"torch", "transformers", "safetensors.torch"} & imported
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run.root.rglob("*") if p.is_file()} == files

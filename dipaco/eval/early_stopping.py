@@ -20,16 +20,18 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from dipaco.eval.scoring import mean_loss
-from dipaco.model.path_model import PathSpec, assemble_path
 from dipaco.model.topology import Topology
 from dipaco.store.module_store import ModuleStore
 from sharding.reader import ShardReader
+
+if TYPE_CHECKING:  # the model (torch, transformers) loads where a path is scored: `dipaco status` reads best.json only
+    import torch
+
+    from dipaco.model.path_model import PathSpec
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class ValidationData:
 
     def loss(self, model: torch.nn.Module, *, path: int) -> float:
         """A path model's mean loss on its validation batches, on the device the model is on."""
+        from dipaco.eval.scoring import mean_loss
+
         device = next(model.parameters()).device
         return mean_loss(model, self.batches(path), device=device, precision=self.precision)
 
@@ -114,6 +118,8 @@ def record_kept_bytes(store: ModuleStore, kept: int) -> None:
 def final_val_losses(store: ModuleStore, topology: Topology, spec: PathSpec, validation: ValidationData, *,
                      version: int, device: torch.device, paths: list[int] | None = None) -> dict[int, float]:
     """The validation loss of each of `paths` (default all) at module `version`, one model in memory at a time."""
+    from dipaco.model.path_model import assemble_path
+
     losses = {}
     for path in range(topology.n_paths) if paths is None else paths:
         model = assemble_path(spec, store.read_modules(version, topology.modules_of_path(path)), device=device)

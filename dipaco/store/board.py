@@ -30,23 +30,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load as load_safetensors
-
-from dipaco.codec.compress import (
-    Index,
-    compress,
-    declared_tensors,
-    decode_module,
-    decompress,
-    header_size,
-    read_index,
-)
 from dipaco.codec.registry import REGISTRY
-from dipaco.codec.sparse import TopK
 from dipaco.store.module_store import ModuleStore, StoreError, parse_round, round_dir
 from dipaco.store.records import Board, Heartbeat, ResultMeta, RoundManifest, Task, task_key
+
+if TYPE_CHECKING:  # the codec (torch, safetensors) loads in the functions that handle tensors: `dipaco status` needs neither
+    import torch
+
+    from dipaco.codec.compress import Index
+    from dipaco.codec.sparse import TopK
 
 TASKS = "tasks.json"
 EXTENSIONS = {name: info.suffix for name, info in REGISTRY.items()}  # a pseudo-gradient's file suffix by codec
@@ -187,6 +181,8 @@ def write_result(store: ModuleStore, task: Task, tensors: dict[str, torch.Tensor
     """Upload a pseudo-gradient (compressed; `topk` for compression "topk") then its metadata (the commit).
 
     Returns the metadata as written (with the file, its bytes and the compression) and the compression stats."""
+    from dipaco.codec.compress import compress
+
     data, stats = compress(tensors, method=compression, level=level, topk=topk)
     return write_encoded_result(store, task, data, meta, compression=compression), stats
 
@@ -273,6 +269,8 @@ def read_result(store: ModuleStore, *, round: int, path: int, attempt: int,
 
 
 def _decoded(store: ModuleStore, meta: ResultMeta) -> dict[str, torch.Tensor]:
+    from dipaco.codec.compress import decompress
+
     name = f"results/{round_dir(meta.round)}/{meta.file}"
     data = store.read_bytes(name)
     try:
@@ -296,6 +294,8 @@ class StoredResult:
     @property
     def digests(self) -> dict[str, str]:
         """The sha256 of the bytes `ResultReader` will read: the file's header and each module's span."""
+        from dipaco.codec.compress import header_size
+
         size = header_size(self.data[:8])
         return {HEADER: _sha256(self.data[:size]), **{m: _sha256(self.data[s:e]) for m, (s, e) in self.index.spans.items()}}
 
@@ -303,6 +303,10 @@ class StoredResult:
         """Its tensors as the file holds them (a `none` file's in their own dtypes, the others decoded to float32);
         with `shapes` (`{"module/param": shape}`) a module frame decompresses only when it declares exactly those
         shapes, and to no more bytes than they take. A StoreError naming the file when it cannot be decoded."""
+        from safetensors.torch import load as load_safetensors
+
+        from dipaco.codec.compress import decompress
+
         try:
             if self.compression == "none":
                 return load_safetensors(self.data)
@@ -314,6 +318,8 @@ class StoredResult:
 def open_result(store: ModuleStore, meta: ResultMeta) -> StoredResult:
     """A result's file read and its headers parsed, no tensor decoded (a frame's header is the first bytes it
     decompresses to); a StoreError naming the file when they are not valid."""
+    from dipaco.codec.compress import declared_tensors, header_size, read_index
+
     name = f"results/{round_dir(meta.round)}/{meta.file}"
     data = store.read_bytes(name)
     try:
@@ -361,6 +367,8 @@ class ResultReader:
     def __init__(self, store: ModuleStore, meta: ResultMeta, *, digests: dict[str, str] | None = None):
         self.store, self.meta, self.digests = store, meta, digests
         self.name = f"results/{round_dir(meta.round)}/{meta.file}"
+        from dipaco.codec.compress import header_size, read_index
+
         try:
             size = header_size(self._read(HEADER, 0, 8))
             head = self._read(HEADER, 0, size)
@@ -379,6 +387,8 @@ class ResultReader:
         start, end = self.index.spans[name]
         chunk = self._read(name, start, end)
         self._verify(name, chunk)
+        from dipaco.codec.compress import decode_module
+
         try:
             return decode_module(self.index, name, chunk)
         except Exception as err:  # zstd / safetensors raise their own error types

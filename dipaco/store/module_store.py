@@ -41,16 +41,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
-
-import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
+from typing import TYPE_CHECKING, Any
 
 from dipaco.store.checksums import CHECKSUMS, VersionChecksums
 from dipaco.store.errors import LeaseLost, StoreError
 from dipaco.store.files import StoreFiles
 from dipaco.store.version_names import VersionNames, parse_version, version_dir
+
+if TYPE_CHECKING:  # torch and safetensors load in the methods that handle tensors: `dipaco status` needs neither
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +77,8 @@ class ModuleStore(StoreFiles):
     # --- tensors ---------------------------------------------------------------------------------
     def write_tensors(self, relative: str, tensors: dict[str, torch.Tensor],
                       metadata: dict[str, str] | None = None) -> int:
+        from safetensors.torch import save as save_safetensors
+
         data = save_safetensors({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
         self.write_bytes(relative, data)
         return len(data)
@@ -86,6 +87,8 @@ class ModuleStore(StoreFiles):
         return self._decode_tensors(self.read_bytes(relative), relative)
 
     def _decode_tensors(self, data: bytes, relative: str) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load as load_safetensors
+
         try:
             return load_safetensors(data)
         except Exception as err:  # safetensors raises its own error types
@@ -213,6 +216,8 @@ class ModuleStore(StoreFiles):
     def write_module(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
         """Stage module `name` of version `round` (under this object's lease token: nothing a reader opens
         until the commit names it)."""
+        from safetensors.torch import save as save_safetensors
+
         data = save_safetensors({k: v.contiguous() for k, v in tensors.items()})
         self.write_bytes(f"{self._folder('modules', round, self.token)}/{name}.safetensors", data)
         self.checksums.wrote(round, f"{name}.safetensors", data)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dipaco.store.board import inner_exists, read_manifest, warm_start_inner_ref, write_inner
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Board, RoundStats
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
