@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="the recipe")
     parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                         help=f"override for every variant (default {REDUCED})")
-    parser.add_argument("--only", nargs="+", help="these variants only (of {})".format(list(VARIANTS)).replace("%", "%%"))
+    parser.add_argument("--only", nargs="+", help=f"these variants only (of {list(VARIANTS)})".replace("%", "%%"))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="run.seed; variants other than "
                         "float32 and the chosen one train at the first only")
     parser.add_argument("--chosen", nargs="*", default=None, help="the variants every seed trains (besides float32)")
