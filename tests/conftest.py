@@ -154,12 +154,14 @@ def tiny_trained(tiny_routed, tmp_path_factory) -> RunDir:
 
 @pytest.fixture(scope="session")
 def tiny_mixture(tiny_trained, tmp_path_factory):
-    """`tiny_trained` as one mixture directory with its dense baselines, moved after the export (read only)."""
+    """`tiny_trained` as one mixture directory with its dense baselines, moved after the export (read only);
+    exported once for all xdist workers (`built_once`)."""
     from dipaco.cli import main
 
-    out = tmp_path_factory.mktemp("export") / "mixture"
-    assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines", "--per-path"]) == 0
-    moved = tmp_path_factory.mktemp("moved") / "mixture"
-    shutil.copytree(out, moved)
-    shutil.rmtree(out)
-    return moved
+    def export(folder: Path) -> None:
+        out = tmp_path_factory.mktemp("export") / "mixture"
+        assert main(["export", str(out), "--run", str(tiny_trained.root), "--baselines", "--per-path"]) == 0
+        shutil.copytree(out, folder / "mixture")
+        shutil.rmtree(out)
+
+    return built_once(tmp_path_factory, "tiny-mixture", export) / "mixture"

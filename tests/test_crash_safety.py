@@ -299,6 +299,7 @@ def crash_on_s3(tiny, tmp_path: Path, crash_at: int) -> dict:
     return outcome(run)
 
 
+@pytest.mark.slow  # 7 s; the directory store's version and S3's fenced commit stay in make test
 def test_a_coordinator_killed_at_the_commit_on_s3_resumes_to_the_same_run(tiny, straight, s3_env, tmp_path):
     """make test's share (one S3 run is ~3 s): killed in place of the last round's commit (state.json), the
     write the directory store's run makes at the same place (`straight_s3` checks the two logs agree)."""

@@ -56,7 +56,7 @@ def test_the_streamed_outer_step_gives_the_same_modules_bit_for_bit(tmp_path, co
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
-@pytest.mark.parametrize("compression", ["none", "int8"])
+@pytest.mark.parametrize("compression", ["none", pytest.param("int8", marks=pytest.mark.slow)])  # int8: make test-slow
 def test_a_4x4_outer_step_peaks_below_one_module_times_its_paths(tmp_path, compression):
     topology = synthetic_topology([4, 4])  # 16 paths; the embeddings are shared by all 16
     store_dir = tmp_path / "store"

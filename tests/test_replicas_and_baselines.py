@@ -92,6 +92,7 @@ def test_dense_large_is_about_eight_times_a_path():
     assert isinstance(large, ModelConfig)
 
 
+@pytest.mark.slow  # 12 s of make test's 2 minutes: make test-slow
 def test_a_warm_started_runs_baselines_count_the_pretraining(tmp_path):
     """With a warm start of P steps the paths start from a dense model trained P steps, and every budget counts
     them: by default (`eval.baselines_init: warm-start`) a baseline continues from that very model for the

@@ -157,6 +157,7 @@ def finish(proc: subprocess.Popen, log: Path, *, timeout: float) -> None:
     assert code == 0, f"{log.name} failed:\n{log.read_text()[-3000:]}"
 
 
+@pytest.mark.slow  # 24 s of make test's 2 minutes; the store on S3, its lease and fenced commits stay in make test
 def test_a_run_on_s3_with_only_the_url_survives_a_killed_island_and_equals_a_local_run(s3_env, tiny_routed,
                                                                                          tiny_straight, tmp_path,
                                                                                          monkeypatch):
