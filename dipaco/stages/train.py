@@ -152,13 +152,7 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
                                                   tokens_per_second=nominal or median_rate(trained)),
                           traffic=service.traffic,
                           workers=processes if local_islands else max(1, len(service.seen)))
-            bar.update(stats.applied)
-            bar.set_postfix(round=round, train_loss=f"{stats.mean_train_loss:.3f}")
-            log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients (%.2f MB in float32), "
-                     "%d results applied (%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step: %s, %.1fs",
-                     round, stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.bytes_float32 / 1e6,
-                     stats.applied, stats.stale, stats.dropped, stats.in_flight, stats.cancelled,
-                     describe_step(stats.outer, stats.outer_step), stats.seconds)
+            _show_round(bar, stats)
         finished_at = time.monotonic()
         bar.close()
         if islands and service.done:
@@ -172,14 +166,36 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         if islands:
             islands.terminate()
     workers = processes if local_islands else max(1, len(service.seen))  # the run's islands
-    summary.update(
-        n_paths=topology.n_paths,
-        rounds_completed=store.current_round(),
-        inner_steps_per_path=min(service.policy.applied_results(p) for p in range(topology.n_paths)) * config.inner.steps,
-        results_applied=sum(service.policy.applied_results(p) for p in range(topology.n_paths)),
+    summary.update(_totals(rounds, service, n_paths=topology.n_paths, inner_steps=config.inner.steps, workers=workers),
+                   rounds_completed=store.current_round(), last_session_seconds=time.perf_counter() - started)
+    log.info("outer steps: %s", describe_outer_steps(outer_spans(rounds)))
+    if islands:
+        island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
+        summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds, tokens_per_second=nominal)
+    return _write_summary(run.train_summary, summary)
+
+
+
+def _show_round(bar: tqdm, stats: RoundStats) -> None:
+    """A committed round on the progress bar and in the log."""
+    bar.update(stats.applied)
+    bar.set_postfix(round=stats.round, train_loss=f"{stats.mean_train_loss:.3f}")
+    log.info("round %d: mean train loss %.3f, %d tokens, %.2f MB pseudo-gradients (%.2f MB in float32), "
+             "%d results applied (%d stale, %d dropped), %d tasks in flight, %d cancelled, outer step: %s, %.1fs",
+             stats.round, stats.mean_train_loss, stats.tokens, stats.bytes_up / 1e6, stats.bytes_float32 / 1e6,
+             stats.applied, stats.stale, stats.dropped, stats.in_flight, stats.cancelled,
+             describe_step(stats.outer, stats.outer_step), stats.seconds)
+
+
+def _totals(rounds: list[RoundStats], service: Coordinator, *, n_paths: int, inner_steps: int, workers: int) -> dict:
+    """train.json's totals over the run's rounds: results, tokens, bytes each way, the outer steps, the traffic."""
+    policy = service.policy
+    return dict(
+        n_paths=n_paths,
+        inner_steps_per_path=min(policy.applied_results(p) for p in range(n_paths)) * inner_steps,
+        results_applied=sum(policy.applied_results(p) for p in range(n_paths)),
         tokens=sum(r.tokens for r in rounds),
         seconds=sum(r.seconds for r in rounds),
-        last_session_seconds=time.perf_counter() - started,
         bytes_up=sum(r.bytes_up for r in rounds),
         bytes_up_peak_round=max((r.bytes_up for r in rounds), default=0),  # the most one round uploaded
         bytes_up_peak_round_excluding_final=max((r.bytes_up - r.bytes_up_final for r in rounds), default=0),  # the steady state: paths' last tasks (which sync every module) left out
@@ -191,11 +207,6 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         outer_steps=[span.to_json() for span in outer_spans(rounds)],  # what each round applied
         traffic=service.report_traffic(),  # measured at the store: every process's counts (islands stopped: their last)
     )
-    log.info("outer steps: %s", describe_outer_steps(outer_spans(rounds)))
-    if islands:
-        island_seconds = finished_at - (service.first_beat or finished_at)  # first heartbeat to last commit
-        summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds, tokens_per_second=nominal)
-    return _write_summary(run.train_summary, summary)
 
 
 def _train_on_ray(config: Config, run: RunDir, *, force: bool) -> dict:
