@@ -31,8 +31,9 @@ from dipaco.config import Config
 from dipaco.eval.early_stopping import best_rounds, read_history
 from dipaco.optim.outer_history import describe_rows, describe_step
 from dipaco.run_dir import RunDir
-from dipaco.store.board import read_board, read_heartbeats, read_manifest
+from dipaco.store.board import read_board, read_manifest
 from dipaco.store.goodput import by_work, median_rate
+from dipaco.store.heartbeat_files import read_heartbeats
 from dipaco.store.lease import read_holder
 from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore, StoreError

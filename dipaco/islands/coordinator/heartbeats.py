@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from dipaco.store.board import HeartbeatCache, read_heartbeats
+from dipaco.store.heartbeat_files import HeartbeatCache, read_heartbeats
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Heartbeat
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Protocol
 
-from dipaco.store.board import check_island_name, write_heartbeat
+from dipaco.store.heartbeat_files import check_island_name, write_heartbeat
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import Heartbeat, Task
 
