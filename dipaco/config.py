@@ -168,6 +168,7 @@ class RoundsConfig(Section):
     staleness_power: NonNegative = 0.0  # async: a result s versions stale is weighted by (1 + s) ** -staleness_power; 0 = not at all (islands overlap the commit, so most results are one version behind)
     max_staleness: Count = 4  # async: results more than this many versions behind are dropped (a running task that has run a median task time is cut one version before; one that could only be dropped is cancelled)
     cut_after: Annotated[float, Range(min=1, off=0)] = 1.5  # async: a running task past this many median task times is cut (it reports the steps it trained), so its path moves on; 0 = never
+    move_margin: Annotated[float, Range(min=0.1, off=0)] = 1.0  # async: an island slower than the other islands' median speed by more than this fraction (1.0: half their speed) gets its path taken by a faster island at a task boundary, and takes the path furthest ahead (paths rotate through it); 0 = paths never move (`dipaco.rounds.moves`)
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,7 @@
     if policy.close_due(now, running=[Running(...)], open=[OpenTask(...)]):
         plan = policy.plan(); ...write it...; policy.commit(plan)
     policy.paths_to_open(busy={0, 3}); policy.rebase(open_tasks); policy.cancel(running); policy.cut(running, now)
-    policy.on_lost(task_base); policy.assign(open_tasks, idle_islands); policy.keep_from(keep_rounds=2, bases=[...])
+    policy.on_lost(task_base); policy.assign(open_tasks, idle_islands, busy={island: steps}); policy.keep_from(keep_rounds=2, bases=[...])
 
 The coordinator's `tick` drives it in this order: `received` for each result; a task for each of
 `paths_to_open`; `on_lost` for lost tasks; `close_due`, and when due `plan`, write, `commit`, `rebase`
@@ -15,12 +15,13 @@ grace window, cutting, the run's length) are in docs/islands.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from dipaco.config import RoundsConfig
 from dipaco.rounds import tasks
 from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
 from dipaco.rounds.length import RunLength, unfinished
+from dipaco.rounds.moves import PathMoves
 from dipaco.rounds.plan import RoundPlan, plan_round
 from dipaco.rounds.quorum import QuorumClock
 from dipaco.rounds.staleness import staleness_weight
@@ -39,6 +40,7 @@ class RoundPolicy:
         self.fragments = fragments
         self.length = RunLength(grid.n_paths, rounds, inner_steps=inner_steps, applied=applied)
         self.clock = QuorumClock(grid, config)
+        self.moves = PathMoves(margin=config.move_margin, enabled=config.mode == "async")
         self.pending: dict[str, Result] = {}
 
     def received(self, result: Result) -> None:
@@ -154,8 +156,15 @@ class RoundPolicy:
     def on_lost(self, base: int, *, resumable: bool = False) -> str:
         return tasks.on_lost(base, committed=self.committed, config=self.config, resumable=resumable)
 
-    def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[str, str]]:
-        return tasks.assign(open, idle)
+    def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland], *,
+               busy: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
+        """Which idle island takes which open task (`busy`: island -> the steps done of the path it trains,
+        at its task's start); a straggler's path moves (`moves.PathMoves`, from the speeds `measured`)."""
+        return self.moves.assign(open, idle, busy=busy)
+
+    def measured(self, island: str | None, *, steps: int, seconds: float | None) -> None:
+        """`island` trained `steps` inner steps in `seconds` (the result's time in inner steps)."""
+        self.moves.measure(island, steps=steps, seconds=seconds)
 
     def keep_from(self, *, keep_rounds: int, bases: Iterable[int] = ()) -> int | None:
         """The oldest version retention must keep after a commit (None: keep everything): the last

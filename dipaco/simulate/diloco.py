@@ -3,7 +3,9 @@ decided by the real round policy (`dipaco.rounds`, through the coordinator's boo
 
     ledger = simulate_rounds(settings, failures, mode="async")
 
-Each learner is an island pinned to its path: it downloads its task's base version, trains
+Each learner is an island pinned to its path (`pinned`, the default; unpinned, learners take any path as
+the policy assigns, so a straggler's path moves: `dipaco.rounds.moves`, and a path that moves costs its
+carried state's hand-off, AdamW's two float32 moments, before the task starts): it downloads its task's base version, trains
 `inner_steps` steps (its speed drawn per task), uploads the pseudo-gradient, then waits for the policy's
 next task (sync: after the round closes; async: as the policy says). A cancelled task stops at once; a
 failure rolls the task back to its last checkpoint (`restart`) or costs a step and a pause (`elastic`).
@@ -49,9 +51,11 @@ class RoundLog:
 class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
                  topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
-                 rounds: int | None = None) -> None:
+                 rounds: int | None = None, pinned: bool = True) -> None:
         """`rounds`: stop handing out work once every path has had this many results applied (the real
-        run's `run.rounds`, decided by the same policy); None: train to the horizon."""
+        run's `run.rounds`, decided by the same policy); None: train to the horizon. `pinned`: learner i
+        trains path i only; False: any path, as the policy assigns (the real islands), learner i first
+        taking path i."""
         self.settings, self.failures = settings, failures
         self.closing = dataclasses.replace(settings.rounds, mode=mode)
         self.queue = EventQueue()
@@ -70,6 +74,10 @@ class RoundsSimulation:
         # training (tests replay it through the real coordinator)
         self.trace: list[tuple] = []
         self.bytes_moved = 0.0
+        self.pinned = pinned
+        self.last_path: dict[str, int] = {}  # island -> the path it trained last (unpinned)
+        self.trained_by: dict[int, str] = {}  # path -> the island that trained it last (holds its carried state)
+        self.handoffs: list[tuple[float, int, str, str]] = []  # (time, path, from island, to island): paths moved
         sim = settings.sim
         self.learners = [
             Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
@@ -95,7 +103,8 @@ class RoundsSimulation:
     # --- learners ------------------------------------------------------------------------------------------
     def _idle(self) -> list[IdleIsland]:
         now = self.queue.now
-        return [IdleIsland(name=island_name(x.ident), pinned=(x.ident,), last_path=x.ident)
+        return [IdleIsland(name=island_name(x.ident), pinned=(x.ident,) if self.pinned else (),
+                           last_path=self.last_path.get(island_name(x.ident), x.ident))
                 for x in self.learners
                 if x.work is None and x.ident not in self.uploading
                 and (x.response == "elastic" or now >= x.blocked_until)]  # a restarting learner is not alive
@@ -120,7 +129,7 @@ class RoundsSimulation:
         tokens = max(1, round(work.chip_seconds))  # a shrunk (elastic) learner trains a smaller batch
         steps = max(1, round(work.seconds / work.step))  # fewer than asked when it was cut
         self.trace.append(("result", self.queue.now, task, tokens, steps))
-        if self.syncer.received(task.key, tokens=tokens, steps=steps, now=self.queue.now):
+        if self.syncer.received(task.key, tokens=tokens, steps=steps, now=self.queue.now, seconds=work.seconds):
             nominal = self.settings.sim.step_seconds / work.step  # < 1 on a slow learner
             self.chip_seconds[task.key] = (work.chip_seconds, work.chip_seconds * nominal)
         else:  # cancelled while it was uploading: ignored
@@ -131,7 +140,7 @@ class RoundsSimulation:
         """A running task was cancelled: its learner stops it now (one uploading it finishes the upload)."""
         now = self.queue.now
         self.cancelled.append((now, task, island))
-        learner = self.learners[task.path]
+        learner = self.learner(island)
         if learner.work is None or learner.work.tag is not task:
             return  # trained already, uploading: `_receive` books it
         work = learner.cancel()
@@ -162,22 +171,31 @@ class RoundsSimulation:
                 self.wake_scheduled.add(deadline)
                 self.queue.at(deadline, self._tick)
 
+    def learner(self, island: str) -> Learner:
+        return self.learners[int(island.removeprefix("learner-"))]
+
     def _start(self, task: SimTask, island: str, now: float) -> None:
-        learner = self.learners[task.path]
-        if island != island_name(learner.ident):
+        learner = self.learner(island)
+        if self.pinned and learner.ident != task.path:
             raise AssertionError(f"task {task.key} went to {island}, not to the learner pinned to its path")
         self.handed.append((now, task, island))
         sim = self.settings.sim
-        self.bytes_moved += self.settings.download_bytes
+        before = self.trained_by.get(task.path)  # its carried state is there
+        moving = before is not None and before != island
+        nbytes = self.settings.download_bytes + (self.settings.handoff_bytes if moving else 0.0)
+        if moving:
+            self.handoffs.append((now, task.path, before, island))
+        self.last_path[island], self.trained_by[task.path] = task.path, island
+        self.bytes_moved += nbytes
         step = sim.step_seconds * self.failures.speed_factor(learner.ident)
-        download = self.settings.transfer_seconds(self.settings.download_bytes)
+        download = self.settings.transfer_seconds(nbytes)
         learner.give(Work(seconds=task.steps * step, step=step, not_before=now + download, tag=task))
 
     def _cut(self, task: SimTask, island: str) -> None:
         """A running task was cut: its learner finishes the step in progress (one at least) and reports the
         steps trained (one uploading it already reports the whole task)."""
         now = self.queue.now
-        learner = self.learners[task.path]
+        learner = self.learner(island)
         self.trace.append(("cut", now, task))
         if learner.work is not None and learner.work.tag is task:
             learner.shorten()

@@ -57,6 +57,11 @@ class Settings:
         """The module versions a learner reads for its next task."""
         return self.sim.model_parameters * self.sim.parameter_bytes
 
+    @property
+    def handoff_bytes(self) -> float:
+        """A path's carried state moved to another learner: AdamW's two float32 moments (as a hand-off uploads them)."""
+        return self.sim.model_parameters * 2 * 4.0
+
     def transfer_seconds(self, nbytes: float) -> float:
         return nbytes * 8 / (self.sim.link_gbit_per_s * 1e9)
 

@@ -61,12 +61,13 @@ class Syncer:
         return SimTask(key=f"path-{path:04d}-v{base:06d}-{next(self._serial)}", path=path, base=base,
                        steps_done=self.steps_done[path], steps=steps, chain=self.policy.chain(path))
 
-    def received(self, key: str, *, tokens: int, steps: int, now: float) -> bool:
-        """The result of running task `key` (`steps` trained) arrived; False (ignored, as the coordinator
-        ignores it) when the task was cancelled meanwhile."""
+    def received(self, key: str, *, tokens: int, steps: int, now: float, seconds: float | None = None) -> bool:
+        """The result of running task `key` (`steps` trained in `seconds`, its island's speed) arrived; False
+        (ignored, as the coordinator ignores it) when the task was cancelled meanwhile."""
         if key not in self.running:
             return False
-        task, _, started = self.running.pop(key)
+        task, island, started = self.running.pop(key)
+        self.policy.measured(island, steps=steps, seconds=seconds)
         self.cut_keys.discard(key)
         self.steps_done[task.path] = task.steps_done + steps
         self.policy.received(Result(key=key, path=task.path, base=task.base, tokens=tokens, arrived=now,
@@ -98,7 +99,8 @@ class Syncer:
             self._open_tasks()  # the paths that reported train on from the new version
         cut += self._cut(now)
         handed = []
-        for key, island in self.policy.assign(self._open_view(), idle):
+        busy = {island: task.steps_done for task, island, _ in self.running.values()}
+        for key, island in self.policy.assign(self._open_view(), idle, busy=busy):
             task = self.open.pop(key)
             self.running[key] = (task, island, now)
             handed.append((task, island))

@@ -120,6 +120,7 @@ class ResultIntake:
                                arrived=arrived, started=started, steps=meta.steps,
                                modules=None if carried is None else frozenset(carried),
                                chain=frozenset(map(result_ref_key, task.chain))))
+        policy.measured(task.island, steps=meta.steps, seconds=meta.seconds)  # its island's speed (path moves)
 
     def carried(self, task: Task) -> list[str] | None:
         """The modules `task`'s result carries: those its round syncs (`outer.fragments`); None: all of its path's."""

@@ -9,7 +9,9 @@ A path gets a task from the newest version, continuing its steps and inner state
 results not yet applied, `Task.chain`, and only the steps it still owes); open tasks move to the newest
 version at each commit; a running task is cut when the policy says (async: it reports what it trained),
 or cancelled when its result could no longer be applied, and its path gets a fresh task; a lost task
-is retried or replaced as the policy says.
+is retried or replaced as the policy says. Idle islands take open tasks as the policy assigns them (a
+straggler's path moves to a faster island, `dipaco.rounds.moves`; the island holding its carried state
+hands it off, `Task.handoff_from`).
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ class TaskBoard:
                 self.tasks[key] = replace(task, status="open", island=None, incarnation=None, attempt=task.attempt + 1)
 
     def assign(self, policy: RoundPolicy, liveness: Liveness, now: float) -> None:
-        for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now)):
+        """Idle islands take open tasks as the policy says (a straggler's path may move to a faster island:
+        the island holding its carried state hands it off, `handoff_from`)."""
+        busy = {t.island: t.step_offset for t in self.tasks.values() if t.status in RUNNING and t.island is not None}
+        for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now), busy=busy):
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
                                       incarnation=liveness.seen[island].beat.incarnation,
