@@ -1,6 +1,8 @@
 """A straggler's path moves (`dipaco.rounds.moves`, issue 38.2): the rule alone on hand-made speeds and
 tasks, then the simulator with one island 3x slower, with the rule and without it."""
 
+import dataclasses
+
 import pytest
 
 from dipaco.config import RoundsConfig, SimulateConfig
@@ -162,3 +164,49 @@ def test_the_simulated_3x_straggler_with_the_rule_reaches_most_of_the_capacity_l
         assert sum(v.steps or 10 for log in moved.rounds for v in log.plan.applied if v.path == path) == 200
     # pinned learners, the rule on: nothing can move (the replica benchmark's old model)
     assert goodput(simulated(slowdown=3.0, margin=1.0, pinned=True)) == pytest.approx(goodput(stuck))
+
+
+# --- a tiny async run: one island slowed, its path moved mid-run ------------------------------------------
+def test_a_slow_islands_path_moves_mid_run_and_every_result_is_applied_once(tiny_routed, tmp_path):
+    """configs/tiny.yaml (4 paths), async, 4 islands; i0 takes every step 4x as long (faults.slowdown, paced
+    to 0.02 s) and polls every third turn of the fake clock. Read back from the manifests: no result
+    applied twice, none dropped, every step of every path applied; i0's first path moved to a fast
+    island and i0 trained another; the moved carried state went through the store (kind inner_state)."""
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.polling import IslandWorker
+    from dipaco.store.board import read_manifest
+
+    rounds = 4
+    run = make_run(tiny_routed, tmp_path / "run", [f"run.rounds={rounds}", "rounds.mode=async", "rounds.quorum=0.5",
+                                                   "rounds.grace_seconds=0", "rounds.max_staleness=8",
+                                                   "faults.step_seconds=0.02", "resilience.heartbeat_timeout=10"])
+    assert run.topology.n_paths == 4 and run.config.rounds.move_margin == 1.0
+    clock = Clock()
+    coordinator = run.coordinator(clock)
+    slow = IslandWorker(dataclasses.replace(run.setup, slowdown=4.0), name="i0", clock=clock)
+    islands = [slow, *(run.island(f"i{k}", clock) for k in range(1, 4))]
+    for turn in range(600):
+        if coordinator.tick():
+            break
+        for island in islands:
+            if island is not slow or turn % 3 == 0:
+                island.poll()
+        clock.t += 0.5
+    else:
+        raise AssertionError(f"the run did not end (round {coordinator.committed})")
+    entries = [e for r in range(1, coordinator.committed + 1) for e in read_manifest(run.store, r).applied]
+    dropped = [e for r in range(1, coordinator.committed + 1) for e in read_manifest(run.store, r).dropped]
+    assert not dropped
+    keys = [(e.key, e.attempt) for e in entries]
+    assert len(keys) == len(set(keys)) and len({e.key for e in entries}) == len(entries)  # none applied twice
+    steps = run.config.inner.steps
+    for path in range(4):  # every planned step applied (cut results count the steps they trained)
+        assert sum(e.steps for e in entries if e.path == path) == rounds * steps
+    assert len(entries) == sum(i.tasks_done for i in islands)  # every result an island pushed was applied
+    first = min((e for e in entries if e.island == "i0"), key=lambda e: e.base)
+    later = {e.island for e in entries if e.path == first.path and e.base > first.base}
+    assert later - {"i0"}, "i0's first path never moved to another island"
+    assert len({e.path for e in entries if e.island == "i0"}) >= 2  # i0 trained another path
+    handed = sum(i.held.handed_off for i in islands)
+    assert handed > 0 and run.store.traffic.counts().bytes("up", "inner_state") >= handed
