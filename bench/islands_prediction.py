@@ -17,8 +17,10 @@ How a measured row maps onto a simulation (`dipaco.simulate`):
   polling, the outer step, the islands' checkpoint writes) is the simulator's transfer time (download +
   upload over the link), **fitted** so the simulated failure-free sync goodput equals the measured
   one; every other figure is a prediction;
-- straggler rows: learner 0 (pinned to path 0) runs `slowdown` times slower on every task (the real
-  island-0 is not pinned, but keeps the path it trained last);
+- straggler rows: learner 0 runs `slowdown` times slower on every task; sync: pinned to path 0 (the real
+  island-0 is not pinned, but keeps the path it trained last); async: learners unpinned, so the straggler
+  rule (`rounds.move_margin`, from the row's overrides; `dipaco.rounds.moves`) moves its path and a move
+  costs the carried state's download;
 - data-parallel rows: `simulate_data_parallel` (non-elastic) over the islands' count of one-chip
   learners, step = the row's mean surviving step, restart R, the same checkpoint interval, for the
   row's measured wall-clock (a job without an end).
@@ -57,16 +59,17 @@ class OneSlowLearner(FailureModel):
 
 
 def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int | None,
-                      seeds: int = SEEDS, slowdown: float = 1.0) -> float:
+                      seeds: int = SEEDS, slowdown: float = 1.0, pinned: bool = True) -> float:
     """Mean goodput over `seeds` failure draws of one run of `rounds` results per path (None: no length,
-    training to the horizon, whose whole length is allocated); `slowdown` > 1 slows learner 0."""
+    training to the horizon, whose whole length is allocated); `slowdown` > 1 slows learner 0; `pinned`
+    False: learners take any path the policy assigns (a straggler's path moves)."""
     values = []
     for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
         model = dict(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed)
         failures = OneSlowLearner(slowdown=slowdown, **model) if slowdown > 1 else FailureModel(**model)
         run = RoundsSimulation(dataclasses.replace(settings, sim=sim), failures, mode=mode, topology=topology,
-                               rounds=rounds)
+                               rounds=rounds, pinned=pinned)
         ledger = run.run()
         if rounds is None:
             values.append(ledger.goodput)
@@ -219,6 +222,9 @@ def predict_rows(out: dict) -> dict:
     runs = []
     for name, row in rows.items():
         inputs = [row.get("mtbf_tasks"), row.get("slowdown", 1.0), row.get("run_seconds") if row["mode"] == "dp" else None]
+        moves = row["mode"] == "async" and row.get("slowdown", 1.0) > 1  # the straggler rule moves its path
+        margin = _config(out, row.get("overrides", [])).rounds.move_margin if moves else None
+        inputs += [margin] if moves else []
         if name in known and known[name].get("inputs") == inputs:
             runs.append(known[name])
             continue
@@ -231,8 +237,10 @@ def predict_rows(out: dict) -> dict:
         else:
             at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=row.get("mtbf_tasks"),
                            horizon_tasks=HORIZON_RUNS * s["rounds"] * row.get("slowdown", 1.0))
+            if moves:
+                at = dataclasses.replace(at, rounds=dataclasses.replace(at.rounds, move_margin=margin))
             goodput = simulated_goodput(at, mode=row["mode"], topology=topology, rounds=s["rounds"],
-                                        slowdown=row.get("slowdown", 1.0))
+                                        slowdown=row.get("slowdown", 1.0), pinned=not moves)
         runs.append({"run": name, "goodput": goodput, "fitted": name == "sync", "inputs": inputs})
     task = task_seconds(out)
     return {"settings": (f"{s['islands']} learners of one chip pinned to the grid's paths, task {task:.2f}s "
