@@ -36,6 +36,8 @@ def test_speeds_are_a_running_estimate_and_slow_means_below_the_others_median_by
     assert moves.speeds["s"] == pytest.approx(0.5 * 0.25 + 0.5 * 1.0)
     moves.measure("s", steps=0, seconds=5.0)  # nothing trained, or no time: not a measurement
     moves.measure(None, steps=10, seconds=5.0)
+    moves.measure("s", steps=10, seconds=float("nan"))
+    moves.measure("s", steps=10, seconds=float("inf"))
     assert moves.speeds == {"s": pytest.approx(0.625)}
     assert not moves.slow("s")  # nobody to compare with
     moves.measure("a", steps=10, seconds=10.0)

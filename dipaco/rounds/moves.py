@@ -50,8 +50,8 @@ class PathMoves:
     def measure(self, island: str | None, *, steps: int, seconds: float | None) -> None:
         """`island` trained `steps` inner steps in `seconds` (its time in inner steps: not waiting for a
         hand-off or a download, which would make the island a path moves to look slow)."""
-        if island is None or seconds is None or seconds <= 0 or steps <= 0:
-            return
+        if island is None or seconds is None or not math.isfinite(seconds) or seconds <= 0 or steps <= 0:
+            return  # nothing measured (an island reports its seconds: untrusted)
         speed = steps / seconds
         old = self.speeds.get(island)
         self.speeds[island] = speed if old is None else SMOOTHING * speed + (1 - SMOOTHING) * old
