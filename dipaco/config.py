@@ -153,6 +153,7 @@ class OuterConfig(Section):
     normalize: Literal["module", "all"] = "module"  # divide the weights by their sum over the module's reporting paths (the paper's weighted average) or over all paths
     rescale_by_paths: bool = False  # multiply a shared module's average by sqrt(paths through it) (the paper's DiPaCo step)
     decay: Literal["average", "keep"] = "average"  # the rounds whose inner steps reach the inner lr's decay (inner.schedule wsd): average = plain averaging (lr 1, momentum 0, no rescale, the momentum dropped) | keep = this outer step
+    private_modules: Literal["synced", "local"] = "synced"  # a module only one path trains (its private embeddings and head): synced = sent by every task the round syncs it in | local = it stays on the path's island, its training carried with the path (and its inner checkpoints) and sent by the path's last task only
     fragments: PositiveInt = 1  # K: the grid's modules split into K fragments of about equal upload, a round syncing one of them in turn (Streaming DiLoCo), so every module is synced every K rounds and a path's last task syncs all; the islands train on the modules not synced; 1 = every module every round
 
 
@@ -183,6 +184,7 @@ class CompressionConfig(Section):
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
     error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual is kept in the path's carried state)
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
+    last_task: Literal["float32", "codec"] = "float32"  # the path's last task sends its pseudo-gradient (with the error-feedback residual, and the drift of modules not sent before) in float32 = nothing it trained stays on the island | codec = in compression.codec like every task
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
     @property

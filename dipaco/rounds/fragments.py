@@ -12,14 +12,19 @@ lightest fragment so far (ties: the lowest), so no fragment exceeds the ideal sh
 heaviest module: the granularity is the module (a module of half the upload is half of every round's). A task of round r (`Task.round`) sends the
 modules of fragment r mod K among its path's; over any K consecutive rounds every module is synced exactly
 once. The path's last task, the one that reaches its `rounds` x `inner_steps` steps, sends every module, so
-no training stays on the island at the end. K = 1 is every module every round. The island keeps training
+no training stays on the island at the end. K = 1 is every module every round.
+
+With `outer.private_modules: local` the modules only one path trains (`local`: its private embeddings and
+head, and any module of a 1-path level) are in no fragment: only the path's last task sends them, so they
+stay on the island that trains the path, like its inner moments, and never cross the wire in between. The island keeps training
 the modules it does not send (their drift travels with the path: `dipaco.optim.drift`); the coordinator
 expects exactly `synced` in the result and averages a module only over the results that carry it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sized
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 
 
@@ -31,11 +36,24 @@ class FragmentSchedule:
     of_module: dict[str, int]  # module -> its fragment in 0..K-1 (K = 1: may be empty, every module is synced)
     inner_steps: int = 1  # steps of a whole task (`Task.steps` 0)
     rounds: int | None = None  # run.rounds: a task ending at the path's rounds x inner_steps steps sends all; None: no end
+    local: frozenset[str] = frozenset()  # modules only the path's last task sends (outer.private_modules: local)
 
     @classmethod
     def every_round(cls) -> FragmentSchedule:
         """K = 1: every task sends every module of its path."""
         return cls(count=1, of_module={})
+
+    @classmethod
+    def of(cls, *, count: int, sizes: Callable[[], dict[str, int]], paths: Mapping[str, Sized], inner_steps: int,
+           rounds: int | None, private_local: bool = False) -> FragmentSchedule:
+        """The schedule `outer.fragments` (`count`) and `outer.private_modules` (`private_local`) ask for:
+        `sizes` (module -> parameters) is called only when `count` > 1; `paths`: module -> the paths through it."""
+        local = frozenset(m for m, through in paths.items() if len(through) == 1) if private_local else frozenset()
+        if count == 1:
+            return cls(count=1, of_module={}, inner_steps=inner_steps, rounds=rounds, local=local)
+        shared = {m: n for m, n in sizes().items() if m not in local}
+        return dataclasses.replace(cls.split(shared, count, paths=paths, inner_steps=inner_steps, rounds=rounds),
+                                   local=local)
 
     @classmethod
     def split(cls, sizes: dict[str, int], count: int, *, paths: Mapping[str, Sized] | None = None,
@@ -66,11 +84,19 @@ class FragmentSchedule:
         path's last, the one that reaches the run's end?"""
         return self.rounds is not None and step_offset + (steps or self.inner_steps) >= self.rounds * self.inner_steps
 
+    @property
+    def sends_all(self) -> bool:
+        """Does every task send every module of its path (K = 1, no local modules)?"""
+        return self.count == 1 and not self.local
+
     def synced(self, modules: Iterable[str], *, round: int, step_offset: int = 0, steps: int = 0) -> list[str]:
-        """Of `modules` (a path's, in its order), those its task of round `round` sends (all when K is 1 or the
-        task is the path's last: `last`)."""
+        """Of `modules` (a path's, in its order), those its task of round `round` sends (all when the task is
+        the path's last: `last`; else all but the `local` ones when K is 1)."""
         modules = list(modules)
-        if self.count == 1 or self.last(step_offset=step_offset, steps=steps):
+        if self.last(step_offset=step_offset, steps=steps):
+            return modules
+        modules = [m for m in modules if m not in self.local]
+        if self.count == 1:
             return modules
         unknown = [m for m in modules if m not in self.of_module]
         if unknown:

@@ -37,7 +37,8 @@ def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory:
                        inner=config.inner, compression=config.compression, hardware=config.hardware, run=config.run,
                        resilience=config.resilience, cancellable=config.rounds.mode == "async",
                        checkpoints=run.root / "islands", warm_start_steps=config.warm_start_steps, slowdown=slowdown,
-                       step_seconds=config.faults.step_seconds, fragments=config.outer.fragments)
+                       step_seconds=config.faults.step_seconds, fragments=config.outer.fragments,
+                       private_local=config.outer.private_modules == "local")
 
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,

@@ -123,8 +123,9 @@ class ResultIntake:
         policy.measured(task.island, steps=meta.steps, seconds=meta.seconds)  # its island's speed (path moves)
 
     def carried(self, task: Task) -> list[str] | None:
-        """The modules `task`'s result carries: those its round syncs (`outer.fragments`); None: all of its path's."""
-        if self.fragments.count == 1:
+        """The modules `task`'s result carries: those its round syncs (`outer.fragments`, `outer.private_modules`);
+        None: all of its path's."""
+        if self.fragments.sends_all:
             return None
         return self.fragments.synced(self.checks.topology.modules_of_path(task.path), round=task.round,
                                      step_offset=task.step_offset, steps=task.steps)

@@ -90,10 +90,9 @@ class Coordinator:
         if outer.decay != "keep" and settings.decay_from is None:
             raise ValueError(f"outer.decay {outer.decay!r} needs decay_from, the path step where the inner lr "
                              f"starts to decay (dipaco.optim.outer.path_decay_from)")
-        count = outer.fragments  # which modules each task syncs; the module sizes are read only when K > 1
-        self.fragments = FragmentSchedule.split(store.module_sizes(topology.modules) if count > 1 else {}, count,
-                                                paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
-                                                rounds=settings.run_rounds)
+        self.fragments = FragmentSchedule.of(count=outer.fragments, sizes=lambda: store.module_sizes(topology.modules),
+                                             paths=Grid.of(topology).modules, inner_steps=settings.inner_steps,
+                                             rounds=settings.run_rounds, private_local=outer.private_modules == "local")
         self.lease = lease or Lease.acquire(store, timeout=settings.resilience.lease_timeout, force=force)
         store.fence(self.lease.token)  # before reading the committed state: an older token can no longer commit
         self.store, self.topology, self.settings, self.clock = store, topology, settings, clock

@@ -89,6 +89,7 @@ class IslandSetup:
     checkpoints: Path | None = None  # local folder of the islands' inner checkpoints (resilience.checkpoint_steps)
     warm_start_steps: int = 0  # steps of the dense warm start the paths continue (`inner.schedule: wsd` counts on from them)
     fragments: int = 1  # outer.fragments: a task sends the modules of its round's fragment (1: every module)
+    private_local: bool = False  # outer.private_modules local: the path's private modules are sent by its last task only
     models: ModelSlot = field(default_factory=ModelSlot, compare=False, repr=False)  # the path model tasks reuse
 
     @cached_property
@@ -105,12 +106,17 @@ class IslandSetup:
 
     @cached_property
     def schedule(self) -> FragmentSchedule:
-        """Which modules each task sends (`outer.fragments`; the module sizes read once from the store)."""
-        if self.fragments == 1:
-            return FragmentSchedule.every_round()
-        return FragmentSchedule.split(self.store.module_sizes(self.topology.modules), self.fragments,
-                                      paths=Grid.of(self.topology).modules, inner_steps=self.inner.steps,
-                                      rounds=self.run.rounds)
+        """Which modules each task sends (`outer.fragments`, `outer.private_modules`; the module sizes read once
+        from the store when K > 1)."""
+        return FragmentSchedule.of(count=self.fragments, sizes=lambda: self.store.module_sizes(self.topology.modules),
+                                   paths=Grid.of(self.topology).modules, inner_steps=self.inner.steps,
+                                   rounds=self.run.rounds, private_local=self.private_local)
+
+    def codec_of(self, task: Task) -> str:
+        """The codec `task`'s pseudo-gradient travels in: `compression.codec`, or float32 for the path's last
+        task (`compression.last_task: float32`: nothing it trained, residual or drift, stays on the island)."""
+        last = self.schedule.last(step_offset=task.step_offset, steps=task.steps)
+        return "none" if last and self.compression.last_task == "float32" else self.compression.codec
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ class TrainedTask:
     carried: CarriedState  # the path's carried state after the task (moments, new residual, drift of the modules not sent)
     meta: ResultMeta  # without the upload fields (island, bytes, ...)
     encoded: tuple[bytes, dict] | None = None  # with error feedback: the compressed pseudo-gradient and its stats
+    codec: str = "none"  # the codec its pseudo-gradient travels in (`IslandSetup.codec_of`)
 
 
 def data_seed(seed: int, *, path: int) -> int:
@@ -298,7 +305,8 @@ def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *
         if setup.compression.feeds_back:  # Δ + e, encoded here: the residual it leaves is carried on
             started_from = begun.carried.residual
             pseudo_gradient = with_residual(pseudo_gradient, started_from, decay=setup.compression.ef_decay)
-            codec = Codec("topk", level=setup.compression.zstd_level, topk=topk_of(setup))
+            codec = Codec.of(setup.codec_of(task), level=setup.compression.zstd_level, density=setup.compression.density,
+                             bits=setup.compression.bits, chunk=setup.compression.chunk)
             data, encoded_stats, residual = encode_with_feedback(pseudo_gradient, codec=codec)
             encoded = (data, encoded_stats)
             residual |= {name: started_from[name] if name in started_from else torch.zeros_like(t)
@@ -316,13 +324,8 @@ def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *
     with timed(timings, "save_inner", device):
         names = {param: name for name, param in begun.params.items()}
         carried = CarriedState.of_optimizer(begun.optimizer, names, residual=residual, drift=drift)
-    return TrainedTask(pseudo_gradient=pseudo_gradient, carried=carried, meta=meta, encoded=encoded)
-
-
-def topk_of(setup: IslandSetup) -> TopK | None:
-    """The sparsification `compression.codec: topk` asks for (None for another codec)."""
-    c = setup.compression
-    return TopK.of(c.codec, density=c.density, bits=c.bits, chunk=c.chunk)
+    return TrainedTask(pseudo_gradient=pseudo_gradient, carried=carried, meta=meta, encoded=encoded,
+                       codec=setup.codec_of(task))
 
 
 def residual_shapes(params: dict[str, torch.nn.Parameter], topology: Topology, *, path: int) -> dict[str, list[int]]:
@@ -388,8 +391,10 @@ def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str
     with timed(timings, "write_result"):
         if out.encoded is not None:  # error feedback: the bytes whose residual the carried state holds
             data, stats = out.encoded
-            meta = write_encoded_result(setup.store, task, data, meta, compression=setup.compression.codec)
+            meta = write_encoded_result(setup.store, task, data, meta, compression=out.codec)
         else:
-            meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=setup.compression.codec,
-                                       level=setup.compression.zstd_level, topk=topk_of(setup))
+            topk = TopK.of(out.codec, density=setup.compression.density, bits=setup.compression.bits,
+                           chunk=setup.compression.chunk)
+            meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=out.codec,
+                                       level=setup.compression.zstd_level, topk=topk)
     return meta, stats, ref

@@ -1,0 +1,85 @@
+"""Private modules that stay on their island (`outer.private_modules: local`) and the path's last task sent
+in float32 (`compression.last_task: float32`): the schedule leaves the private modules to the last task; a
+tiny run with them local sends no private tensor before its last task, leaves their committed copy at
+version 0 until then, and under plain averaging ends bit-near the run that syncs them every round; with
+top-k the last task's result is float32 and no residual is left on the island."""
+
+import pytest
+import torch
+from tiny_runs import Clock, drive, make_run
+
+from dipaco.carried.state import CarriedState
+from dipaco.rounds.fragments import FragmentSchedule
+from dipaco.store.board import read_inner, read_manifest, read_result
+
+PRIVATE = ["topology.private_embeddings=true", "store.keep_versions=0"]
+PLAIN = ["outer.lr=1.0", "outer.momentum=0.0", "outer.rescale_by_paths=false"]  # every round a plain average
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_routed):
+    return tiny_routed
+
+
+def test_local_modules_are_sent_only_by_the_paths_last_task_and_fragments_split_the_shared_ones():
+    paths = {"emb.0": [0], "emb.1": [1], "a": [0, 1], "b": [0, 1], "c": [0, 1]}
+    sizes = {"emb.0": 100, "emb.1": 100, "a": 50, "b": 40, "c": 10}
+    one = FragmentSchedule.of(count=1, sizes=lambda: pytest.fail("K = 1 reads no sizes"), paths=paths,
+                              inner_steps=4, rounds=3, private_local=True)
+    assert one.local == {"emb.0", "emb.1"} and not one.sends_all
+    assert one.synced(["emb.0", "a", "b", "c"], round=1, step_offset=0) == ["a", "b", "c"]
+    assert one.synced(["emb.0", "a", "b", "c"], round=3, step_offset=8) == ["emb.0", "a", "b", "c"]  # the last task
+    two = FragmentSchedule.of(count=2, sizes=lambda: sizes, paths=paths, inner_steps=4, rounds=3, private_local=True)
+    assert set(two.of_module) == {"a", "b", "c"}  # the private modules are in no fragment
+    sent = [set(two.synced(["emb.1", "a", "b", "c"], round=r, step_offset=4 * (r - 1))) for r in (1, 2)]
+    assert sent[0] | sent[1] == {"a", "b", "c"} and not sent[0] & sent[1]
+    synced = FragmentSchedule.of(count=1, sizes=dict, paths=paths, inner_steps=4, rounds=3, private_local=False)
+    assert synced.sends_all and synced.synced(["emb.0", "a"], round=1) == ["emb.0", "a"]
+
+
+def test_private_modules_kept_on_their_island_end_where_syncing_them_every_round_does(tiny, tmp_path):
+    """Three sync rounds, plain averaging, float32: a private module has one contributor, so the run that syncs
+    it every round commits exactly what its path trained; the run that keeps it on the island carries it as
+    drift and sends it once, at the end. Every module of the last version agrees to float rounding, no result
+    before the last holds a private tensor, and the private modules' committed copy stays at version 0."""
+    clock = Clock()
+    runs = {mode: make_run(tiny, tmp_path / mode, [*PRIVATE, *PLAIN, "run.rounds=3", f"outer.private_modules={mode}"])
+            for mode in ("synced", "local")}
+    for run in runs.values():
+        drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
+    local = runs["local"]
+    private = set(local.setup.schedule.local)
+    assert private
+    for round in (1, 2, 3):
+        for entry in read_manifest(local.store, round).applied:
+            tensors, meta = read_result(local.store, round=round, path=entry.path, attempt=entry.attempt)
+            sent = {name.partition("/")[0] for name in tensors}
+            mine = set(local.topology.modules_of_path(entry.path))
+            assert sent == (mine if round == 3 else mine - private), (round, entry.path)
+    for name in private:
+        version0 = local.store.read_module(0, name)
+        for round in (1, 2):
+            assert all(torch.equal(t, local.store.read_module(round, name)[p]) for p, t in version0.items())
+    for name in local.topology.modules:
+        for param, value in local.store.read_module(3, name).items():
+            torch.testing.assert_close(value, runs["synced"].store.read_module(3, name)[param], rtol=0, atol=2e-6)
+
+
+def test_the_last_task_sends_float32_and_leaves_no_residual_on_the_island(tiny, tmp_path):
+    clock = Clock()
+    topk = ["compression.codec=topk", "compression.density=0.05", "compression.chunk=256",
+            "resilience.inner_checkpoint_every=1"]
+    run = make_run(tiny, tmp_path / "run", [*PRIVATE, "run.rounds=2", "outer.private_modules=local", *topk])
+    coordinator = run.coordinator(clock)
+    drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
+    for round, codec in ((1, "topk"), (2, "none")):
+        for entry in read_manifest(run.store, round).applied:
+            _, meta = read_result(run.store, round=round, path=entry.path, attempt=entry.attempt)
+            assert meta.compression == codec, (round, entry.path)
+            if codec == "none":
+                assert meta.bytes >= entry.float32_bytes  # every module of the path, 4 bytes a parameter
+    for entry in read_manifest(run.store, 2).applied:  # the state each path's last task uploaded
+        ref = coordinator.paths[entry.path].inner
+        state = CarriedState.from_tensors(*read_inner(run.store, ref), where=ref)
+        assert state.residual and all(not t.any() for t in state.residual.values()), entry.path
+        assert not state.drift
