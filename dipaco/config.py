@@ -222,7 +222,7 @@ class HardwareConfig(Section):
     device: Device = "auto"  # auto (cuda when available) | cpu | cuda
     precision: Precision = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     islands: Count = 0  # island processes run at once on this machine; 0 = min(paths, CPU cores)
-    threads_per_island: Count = 0  # torch threads per island process; 0 = cores // islands
+    threads_per_island: Count = 0  # threads (torch, faiss, BLAS) per island process and of pretrain, route, reroute and eval; 0 = cores // islands for islands, the default elsewhere
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
 
