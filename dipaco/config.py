@@ -33,7 +33,7 @@ from sharding.sharding_config import ShardingConfig
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS = ("auto", "fp32", "bf16")
-EVAL_MODES = ("prefix", "likelihood", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
+EVAL_MODES = ("prefix", "likelihood", "oracle", "oracle-split", "all-paths")  # plus every:W (dipaco.eval.modes)
 Unit = Annotated[float, Range(min=0, below=1)]
 
 
@@ -296,7 +296,7 @@ class EvalConfig(Section):
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
     baselines_init: Literal["warm-start", "scratch"] = "warm-start"  # path-sized baselines continue from the dense warm start (as in the papers) or start from scratch
     baselines_with_train: bool = True  # `dipaco run` trains the baselines alongside the islands (they share the cores)
-    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "all-paths"])  # prefix / likelihood / oracle / all-paths / every:W (dipaco.eval.modes)
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "oracle-split", "all-paths"])  # prefix / likelihood / oracle / oracle-split / all-paths / every:W (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: Count = 0  # width of the "dense-large" baseline; 0 = no such baseline
     large_n_layers: Count = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)
