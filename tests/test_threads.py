@@ -67,3 +67,13 @@ def test_zero_leaves_the_threads_as_they_are(restore_threads):
     assert thread_counts() == {"torch": 1, "faiss": 1, "blas": [1]}
     with pytest.raises(ValueError, match="-1"):
         use_threads(-1)
+
+
+def test_a_worker_takes_its_launchers_thread_count_through_the_same_helper(monkeypatch, restore_threads):
+    """The island and baseline workers (`dipaco.islands.processes`): DIPACO_THREADS sizes every pool too."""
+    from dipaco.islands.processes import THREADS_ENV, set_threads_from_env
+
+    use_threads(1)
+    monkeypatch.setenv(THREADS_ENV, str(THREADS))
+    set_threads_from_env()
+    assert thread_counts() == {"torch": THREADS, "faiss": THREADS, "blas": [THREADS]}
