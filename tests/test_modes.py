@@ -159,6 +159,20 @@ def test_split_oracle_chooses_on_one_half_and_scores_the_other(setup):
     assert np.any(split["choice"][:, 0] != split["choice"][:, 1]), "the halves should disagree somewhere"
 
 
+def test_split_oracle_costs_no_forward_pass_beyond_the_oracle(setup):
+    """Its losses are the oracle's table entries: after `oracle`, `oracle-split` loads no path model."""
+    models, docs, _ = setup
+    loads = []
+    table = LossTable(docs=docs, load=lambda p, r: loads.append(p) or models[p],
+                      score=lambda m, batch: token_losses(m, batch, batch_size=3, device=CPU, precision="fp32"))
+    kwargs = dict(route=route, paths=np.zeros(len(docs), dtype=np.int64), rounds=ROUNDS, best=None,
+                  n_paths=N_PATHS, prefix=PREFIX)
+    evaluate_modes(table, modes=["oracle"], **kwargs)
+    assert sorted(loads) == list(range(N_PATHS))
+    (row,) = evaluate_modes(table, modes=["oracle-split"], **kwargs)["rows"]
+    assert sorted(loads) == list(range(N_PATHS)) and row["mode"] == "oracle-split"
+
+
 def fixed_table(docs: list[np.ndarray], losses: dict[int, list[np.ndarray]]) -> LossTable:
     """A `LossTable` whose path p gives document d the token losses `losses[p][d]`."""
     index = {id(doc): d for d, doc in enumerate(docs)}
