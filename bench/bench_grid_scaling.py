@@ -12,7 +12,8 @@ Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, defau
 - DiPaCo grids (`--grids`): the same path model, the same per-path steps (`run.rounds` x `inner.steps`) and
   the same dense warm start (`--warm-start` steps, by default the 2x2 grid's: the recipe's 50%), whatever the
   number of paths; routed by the k-means router on the warm start's features (prefix), by the paths'
-  likelihood of the prefix, and the oracle path (not deployable);
+  likelihood of the prefix, and the oracle path, in sample and split (chosen on one half of a document's
+  tokens, scoring the other: docs/evaluation.md) (neither deployable);
 - dense models of `--dense` times a path's parameters (1 and 4 by default) (a wider path model, width chosen for the parameter
   count): a 1x1 grid, so each gets its own warm start of its own size for the same warm-start steps and then
   the same per-path steps on every training document: the same sequential steps as one path. 1x is the
@@ -42,9 +43,9 @@ from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_grid_scaling")
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64"]
-MODES = ["prefix", "likelihood", "oracle"]
+MODES = ["prefix", "likelihood", "oracle", "oracle-split"]
 MODE_NAMES = {"prefix": "routed (k-means on the prefix)", "likelihood": "routed (paths' likelihood of the prefix)",
-              "oracle": "oracle path"}
+              "oracle": "oracle path", "oracle-split": "split oracle (chosen on one half, scores the other)"}
 
 
 def grid_levels(grid: str) -> list[int]:
@@ -96,7 +97,7 @@ def main() -> None:
                         help="override for the dense models only, e.g. inner.lr=1.5e-3 (their own lr: their width is not a path's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="run.seed of every model")
     parser.add_argument("--all-modes-seeds", type=int, default=1,
-                        help="the first this many seeds also route by likelihood and score the oracle path (both "
+                        help="the first this many seeds also route by likelihood and score the oracle paths (all "
                              "score every held-out document with every path: 8x8 spends most of its time there)")
     parser.add_argument("--warm-start", type=int, default=0,
                         help="warm-start steps of every model (default: the first grid's under the recipe)")
@@ -262,7 +263,7 @@ def markdown(results: dict) -> str:
         f"after it; the dense models are 1x1 grids of a wider path model (widths {results['dense_widths']} for the "
         f"multiples of a path's {results['path_params']:,} parameters) on every training document"
         f"{' with ' + ' '.join(results['dense_overrides']) if results.get('dense_overrides') else ''}. Perplexity on "
-        f"{tokens:,} held-out tokens, the same for every model; likelihood routing and the oracle path at seeds "
+        f"{tokens:,} held-out tokens, the same for every model; likelihood routing and the oracle paths at seeds "
         f"{every_mode} only (mean ± std where more than one seed). Outer steps the runs took: {', '.join(outer)}.\n\n"
         + markdown_table(headers, table)
         + "\n\nPer seed (routed by k-means on the prefix):\n\n" + markdown_table(per_seed_headers, per_seed)

@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="inject a straggler: every inner step takes this many times longer (faults.slowdown)")
     parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
     parsers["eval"].add_argument("--mode", action="append", default=None,
-                                 help="prefix | every:W | oracle | all-paths (repeat; default eval.modes)")
+                                 help="prefix | every:W | likelihood | oracle | oracle-split | all-paths (repeat; default eval.modes)")
     parsers["eval"].add_argument("--best", action="store_true", default=None,
                                  help="also evaluate each path at its round with the lowest validation loss")
     parsers["simulate"].add_argument("--no-sweep", action="store_true",

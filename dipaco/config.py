@@ -33,7 +33,7 @@ from sharding.sharding_config import ShardingConfig
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS = ("auto", "fp32", "bf16")
-EVAL_MODES = ("prefix", "likelihood", "oracle", "all-paths")  # plus every:W (dipaco.eval.modes)
+EVAL_MODES = ("prefix", "likelihood", "oracle", "oracle-split", "all-paths")  # plus every:W (dipaco.eval.modes)
 Unit = Annotated[float, Range(min=0, below=1)]
 
 
@@ -225,7 +225,7 @@ class HardwareConfig(Section):
     device: Device = "auto"  # auto (cuda when available) | cpu | cuda
     precision: Precision = "auto"  # auto (bf16 where the device computes it natively, else fp32) | fp32 | bf16 (autocast)
     islands: Count = 0  # island processes run at once on this machine; 0 = min(paths, CPU cores)
-    threads_per_island: Count = 0  # torch threads per island process; 0 = cores // islands
+    threads_per_island: Count = 0  # threads (torch, faiss, BLAS) per island process and of pretrain, route, reroute and eval; 0 = cores // islands for islands, the default elsewhere
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
 
@@ -299,7 +299,7 @@ class EvalConfig(Section):
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
     baselines_init: Literal["warm-start", "scratch"] = "warm-start"  # path-sized baselines continue from the dense warm start (as in the papers) or start from scratch
     baselines_with_train: bool = True  # `dipaco run` trains the baselines alongside the islands (they share the cores)
-    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "all-paths"])  # prefix / likelihood / oracle / all-paths / every:W (dipaco.eval.modes)
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "oracle-split", "all-paths"])  # prefix / likelihood / oracle / oracle-split / all-paths / every:W (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: Count = 0  # width of the "dense-large" baseline; 0 = no such baseline
     large_n_layers: Count = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)

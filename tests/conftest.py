@@ -101,7 +101,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 # 3 rounds with one module version kept, so pruning has to keep each path's best version; every eval mode
 TRAINED_OVERRIDES = ["run.rounds=3", "store.keep_versions=1", "eval.best=true",
-                     "eval.modes=[prefix,every:16,every:64,oracle,all-paths]"]
+                     "eval.modes=[prefix,every:16,every:64,oracle,oracle-split,all-paths]"]
 
 
 @pytest.fixture(scope="session")

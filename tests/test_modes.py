@@ -1,4 +1,4 @@
-"""Eval modes against direct references: re-routing, oracle, all-paths, on small real path models."""
+"""Eval modes against direct references: re-routing, oracle, split oracle, all-paths, on small real path models."""
 
 import math
 
@@ -19,6 +19,7 @@ from dipaco.eval.modes import (
     prefix_routes,
     route_chunks,
     routed_scores,
+    split_oracle_scores,
 )
 from dipaco.eval.scoring import token_losses
 from dipaco.model.path_model import build_path_model
@@ -128,6 +129,76 @@ def test_oracle_is_the_best_path_and_never_worse_than_prefix(setup):
         if len(doc) > PREFIX:
             per_path = [reference_span_nll(m, doc, PREFIX, len(doc)) for m in models]
             assert oracle["nll"][d] == pytest.approx(min(per_path), rel=1e-4, abs=1e-4)
+
+
+def reference_token_losses(model, doc) -> np.ndarray:
+    """Loss of each token given those before it, from the model's own forward pass on the document alone
+    (`[0]`: none predicts the first token)."""
+    ids = torch.as_tensor(doc, dtype=torch.long).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1]
+    return np.concatenate([[0.0], torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none").numpy()])
+
+
+def test_split_oracle_chooses_on_one_half_and_scores_the_other(setup):
+    """`oracle-split` against numpy on each model's own token losses: the best path on the even offsets
+    (from PREFIX) scores the odd ones and back; never better than the in-sample oracle, same tokens."""
+    models, docs, table = setup
+    split = split_oracle_scores(table, len(docs), ROUNDS, prefix=PREFIX)
+    oracle = oracle_scores(table, len(docs), ROUNDS, prefix=PREFIX)
+    np.testing.assert_array_equal(split["tokens"], oracle["tokens"])
+    for d, doc in enumerate(docs):
+        losses = np.array([reference_token_losses(m, doc)[PREFIX:] for m in models])  # (P, scored tokens)
+        even = np.arange(losses.shape[1]) % 2 == 0
+        on_even, on_odd = int(np.argmin(losses[:, even].sum(1))), int(np.argmin(losses[:, ~even].sum(1)))
+        assert split["choice"][d].tolist() == [on_even, on_odd]
+        assert split["nll"][d] == pytest.approx(losses[on_even, ~even].sum() + losses[on_odd, even].sum(), abs=1e-4)
+        assert split["nll"][d] >= oracle["nll"][d] - 1e-9
+    assert split["path_tokens"].sum() == split["tokens"].sum()
+    assert split["path_nll"].sum() == pytest.approx(split["nll"].sum())
+    assert np.any(split["choice"][:, 0] != split["choice"][:, 1]), "the halves should disagree somewhere"
+
+
+def test_split_oracle_costs_no_forward_pass_beyond_the_oracle(setup):
+    """Its losses are the oracle's table entries: after `oracle`, `oracle-split` loads no path model."""
+    models, docs, _ = setup
+    loads = []
+    table = LossTable(docs=docs, load=lambda p, r: loads.append(p) or models[p],
+                      score=lambda m, batch: token_losses(m, batch, batch_size=3, device=CPU, precision="fp32"))
+    kwargs = dict(route=route, paths=np.zeros(len(docs), dtype=np.int64), rounds=ROUNDS, best=None,
+                  n_paths=N_PATHS, prefix=PREFIX)
+    evaluate_modes(table, modes=["oracle"], **kwargs)
+    assert sorted(loads) == list(range(N_PATHS))
+    (row,) = evaluate_modes(table, modes=["oracle-split"], **kwargs)["rows"]
+    assert sorted(loads) == list(range(N_PATHS)) and row["mode"] == "oracle-split"
+
+
+def fixed_table(docs: list[np.ndarray], losses: dict[int, list[np.ndarray]]) -> LossTable:
+    """A `LossTable` whose path p gives document d the token losses `losses[p][d]`."""
+    index = {id(doc): d for d, doc in enumerate(docs)}
+    return LossTable(docs=docs, load=lambda p, r: p, score=lambda p, batch: [losses[p][index[id(x)]] for x in batch])
+
+
+def test_split_oracle_never_scores_a_token_with_a_path_chosen_on_it(setup):
+    """Replace every path's losses on one half of the scored tokens: the path chosen on the other half
+    (the one scoring the replaced half) does not move, and what it scores is the replaced losses."""
+    _, docs, table = setup
+    before = split_oracle_scores(table, len(docs), ROUNDS, prefix=PREFIX)
+    rng = np.random.default_rng(1)
+    for half in (0, 1):
+        changed = {p: [table.get(p, 0, d).copy() for d in range(len(docs))] for p in range(N_PATHS)}
+        for p in range(N_PATHS):
+            for losses in changed[p]:
+                scored = losses[PREFIX:]  # a view: writes into `losses`
+                scored[half::2] = rng.uniform(0, 50, size=len(scored[half::2]))
+        after = split_oracle_scores(fixed_table(docs, changed), len(docs), ROUNDS, prefix=PREFIX)
+        kept = 1 - half  # the choice made on the half left alone
+        np.testing.assert_array_equal(after["choice"][:, kept], before["choice"][:, kept])
+        assert np.any(after["choice"][:, half] != before["choice"][:, half]), "the replaced half should move its choice"
+        for d in range(len(docs)):
+            scores_replaced = changed[after["choice"][d, kept]][d][PREFIX:][half::2].sum()
+            scores_kept = changed[after["choice"][d, half]][d][PREFIX:][kept::2].sum()
+            assert after["nll"][d] == pytest.approx(scores_replaced + scores_kept)
 
 
 def test_all_paths_diagonal_is_each_paths_routed_perplexity(setup):

@@ -1,8 +1,8 @@
 """Routed evaluation modes: route once (`prefix`), re-route every W tokens (`every:W`), route by the
-paths' own likelihood of the prefix (`likelihood`), the best path per sequence (`oracle`) and every
-path on every path's documents (`all-paths`).
+paths' own likelihood of the prefix (`likelihood`), the best path per sequence (`oracle`), chosen on
+one half of its tokens to score the other (`oracle-split`) and every path on every path's documents (`all-paths`).
 
-    dipaco eval --config configs/demo.yaml --run runs/demo --mode prefix --mode every:64 --mode oracle --best
+    dipaco eval --config configs/demo.yaml --run runs/demo --mode prefix --mode every:64 --mode oracle --mode oracle-split --best
 
 Every mode scores the same tokens of each held-out document: those after the first
 `routing.prefix_tokens` (the routing prefix), so the perplexities compare with each other and with
@@ -20,7 +20,11 @@ the dense baselines.
   weights its experts by the likelihood of the context; deployable: it sees only the prefix, at the cost
   of one P-token forward pass per path).
 - `oracle`: every path scores every document; each document takes its lowest total loss. An upper
-  bound on what any router that picks one path per sequence could do.
+  bound on what any router that picks one path per sequence could do, in sample: the path is picked by
+  the very tokens it then scores (a minimum over noisy estimates, more optimistic the more paths).
+- `oracle-split`: the oracle out of sample: each document's scored tokens are split by position parity;
+  the best path on the even half scores the odd half and the best on the odd half scores the even one
+  (docs/evaluation.md says why parity). From the oracle's losses: no forward pass of its own.
 - `all-paths`: perplexity of path p (rows) on the documents routed to path q (columns); a column is
   empty (null in eval.json) when no test document was routed to path q.
 
@@ -147,6 +151,38 @@ def oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, pref
     }
 
 
+def split_oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> dict:
+    """The oracle chosen out of sample (two-fold): each document's scored tokens (from `prefix` on) are
+    cut into two halves by position, even and odd offsets from `prefix`; the path in `rounds` with the
+    lowest total loss on one half scores the other half, so no token is scored by a path chosen on it,
+    and every scored token is scored once, as in every mode. Ties (and an empty half) go to the lower
+    path. The table entries are the oracle's: no forward pass of its own.
+
+    Same keys as `routed_scores` (a document counts for the path that scores its first scored token),
+    plus `"choice"` (D, 2): the path chosen on the even half (it scores the odd one) and on the odd half."""
+    paths = sorted(rounds)
+    n_paths = max(paths) + 1
+    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in paths})
+    halves = np.zeros((len(paths), n_docs, 2))  # (P, D, 2): loss of the even / odd half
+    for i, p in enumerate(paths):
+        for d in range(n_docs):
+            scored = table.get(p, rounds[p], d)[prefix:]
+            halves[i, d] = scored[0::2].sum(), scored[1::2].sum()
+    picked = halves.argmin(axis=0)  # (D, 2): index into `paths` of the best path on each half
+    docs = np.arange(n_docs)
+    scoring = picked[:, ::-1]  # (D, 2): the path scoring the even half was chosen on the odd one, and back
+    nll_halves = halves[scoring, docs[:, None], [0, 1]]  # (D, 2)
+    sizes = np.array([[(n + 1) // 2, n // 2] for n in (max(0, len(table.docs[d]) - prefix) for d in docs)],
+                     dtype=np.int64).reshape(n_docs, 2)  # (D, 2): tokens of the even / odd half
+    by = np.asarray(paths)[scoring]  # (D, 2): the path id scoring each half
+    return {
+        "nll": nll_halves.sum(axis=1), "tokens": sizes.sum(axis=1), "choice": np.asarray(paths)[picked],
+        "path_nll": np.bincount(by.ravel(), weights=nll_halves.ravel(), minlength=n_paths),
+        "path_tokens": np.bincount(by.ravel(), weights=sizes.ravel(), minlength=n_paths).astype(np.int64),
+        "path_documents": np.bincount(by[sizes[:, 0] > 0, 0], minlength=n_paths).astype(np.int64),
+    }
+
+
 def likelihood_choice(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
     """The `likelihood` mode's path (D,) of each document: the path in `rounds` whose model gives the
     document's first `prefix` tokens the lowest total loss (the first token has none; ties go to the
@@ -224,6 +260,8 @@ def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes
                 continue
             if kind == "oracle":
                 scores = oracle_scores(table, len(docs), versions, prefix=prefix)
+            elif kind == "oracle-split":
+                scores = split_oracle_scores(table, len(docs), versions, prefix=prefix)
             elif kind == "likelihood":
                 choice = likelihood_choice(table, len(docs), versions, prefix=prefix)
                 scores = routed_scores(table, prefix_routes(docs, choice, prefix=prefix), versions, n_paths)

@@ -57,12 +57,12 @@ def plan_parallelism(n_tasks: int, *, processes: int = 0, threads: int = 0) -> t
 
 
 def set_threads_from_env() -> None:
-    """Called first thing in a worker process: use the thread count its launcher gave it."""
+    """Called first thing in a worker process: use the thread count its launcher gave it (`dipaco.threads`)."""
     threads = os.environ.get(THREADS_ENV)
     if threads:
-        import torch
+        from dipaco.threads import use_threads
 
-        torch.set_num_threads(int(threads))
+        use_threads(int(threads))
 
 
 def exit_with_parent() -> None:

@@ -44,6 +44,7 @@ from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.run_state import applied_tokens
 from dipaco.tables import format_table
+from dipaco.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
     """The routed model (prefix routing, last round) against the baselines, then every eval mode
     (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
+    use_threads(config.hardware.threads_per_island)
     check(run, config, ("route", "shard", "train"))  # shards of another router would score nonsense
     factory = PathFactory(config, run)
     device = resolve_device(config.hardware.device)

@@ -33,6 +33,7 @@ from dipaco.optim.inner import warm_start_total
 from dipaco.pipeline.context import PathFactory, path_spec
 from dipaco.pipeline.documents import load_run_corpus, run_splits, run_tokenizer
 from dipaco.run_dir import RunDir
+from dipaco.threads import use_threads
 from routing.corpus import TRAIN
 from sharding.build import build_shards
 from sharding.reader import ShardReader
@@ -44,6 +45,7 @@ def pretrain(config: Config, run: RunDir) -> dict:
     """Train the dense warm-start model; returns its summary."""
     if config.pretrain_steps < 1:
         raise ValueError(f"warm_start.fraction is {config.warm_start.fraction}: no warm start to train; set it above 0 (e.g. 0.5)")
+    use_threads(config.hardware.threads_per_island)
     save_config(config, run.config)
     out = run.pretrain
     dataset = load_run_corpus(config.corpus)

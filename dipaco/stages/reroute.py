@@ -34,6 +34,7 @@ from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, s
 from dipaco.pipeline.fingerprints import accept_new_shards, check
 from dipaco.run_dir import RunDir
 from dipaco.stages.shard import shard
+from dipaco.threads import use_threads
 from routing.assignments import ASSIGN_JSON, ASSIGN_TENSORS, Assignments
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
@@ -58,6 +59,7 @@ def candidate_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_
 def reroute(config: Config, run: RunDir) -> dict:
     """One discriminative phase; returns its record (also appended to routing/phases.json)."""
     started = time.perf_counter()
+    use_threads(config.hardware.threads_per_island)
     check(run, config, ("route", "shard", "train"))
     save_config(config, run.config)
     factory = PathFactory(config, run)

@@ -32,6 +32,7 @@ from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, r
 from dipaco.pipeline.fingerprints import corpus_digest, record, record_path
 from dipaco.run_dir import RunDir
 from dipaco.tables import format_table
+from dipaco.threads import use_threads
 from routing.assignments import Assignments
 from routing.corpus import TRAIN
 from routing.featurizers import make_featurizer
@@ -53,6 +54,7 @@ def routing_config(config: Config, run: RunDir):
 
 def route(config: Config, run: RunDir) -> dict:
     """Tokenizer, router and document → path assignments; returns routing statistics."""
+    use_threads(config.hardware.threads_per_island)
     record_path(run, "route").unlink(missing_ok=True)  # until this routing is complete, no record claims it
     context = PathFactory(config, run)
     dataset = load_run_corpus(config.corpus)
