@@ -34,6 +34,48 @@ def test_elastic_without_torchft_is_refused_by_name(monkeypatch):
         elastic.join("w0", torch.device("cpu"), lighthouse="http://localhost:1")
 
 
+def test_a_task_on_a_shrunken_elastic_island_is_cut_later_in_proportion():
+    """rounds.tasks.cut: late after cut_after median task times / the island's share of its workers."""
+    from dipaco.config import RoundsConfig
+    from dipaco.rounds.inputs import Running
+    from dipaco.rounds.tasks import cut, next_cut
+
+    config = RoundsConfig(mode="async", cut_after=2.0)
+    whole, halved = Running(key="a", path=0, base=0, started=0.0), Running(key="b", path=1, base=0, started=0.0,
+                                                                          capacity=0.5)
+    assert cut([whole, halved], committed=0, now=3.0, median=1.0, config=config) == ["a"]  # 3 > 2, 3 < 4
+    assert cut([halved], committed=0, now=4.5, median=1.0, config=config) == ["b"]
+    assert next_cut([halved], median=1.0, config=config) == 4.0
+
+
+def test_the_heartbeat_carries_the_world_size_and_the_coordinator_reads_a_bounded_capacity(tmp_path):
+    """A heartbeat says world of workers (an old one without them reads 1 of 1); `Liveness.capacity` is world /
+    workers, at least 1 / MAX_STRETCH; a heartbeat with world outside 1..workers is refused and left out."""
+    from dipaco.islands.coordinator.heartbeats import MAX_STRETCH, Liveness
+    from dipaco.store.heartbeat_files import read_heartbeats, write_heartbeat
+    from dipaco.store.module_store import ModuleStore, StoreError
+    from dipaco.store.records import Heartbeat
+
+    store = ModuleStore(str(tmp_path))
+    fields = dict(incarnation="x", seq=1, status="training", task=None, pinned=(), last_path=None, finished=(),
+                  time=0.0, failures=0)
+    write_heartbeat(store, Heartbeat(island="half", world=1, workers=2, **fields))
+    write_heartbeat(store, Heartbeat(island="lying", world=1, workers=1000, **fields))
+    old = Heartbeat(island="old", **fields).to_json()
+    del old["world"], old["workers"]
+    (tmp_path / "heartbeats" / "old.json").write_text(json.dumps(old))
+    bad = {**old, "island": "bad", "world": 3, "workers": 2}
+    (tmp_path / "heartbeats" / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(StoreError, match=r"'bad'.*world 3 is not within 1..workers \(2\)"):
+        Heartbeat.from_json(bad, file="bad.json")
+    malformed: dict[str, str] = {}
+    assert sorted(read_heartbeats(store, malformed=malformed)) == ["half", "lying", "old"] and len(malformed) == 1
+    liveness = Liveness(store, timeout=30.0)
+    liveness.read(0.0)
+    capacities = {name: liveness.capacity(name) for name in ("half", "lying", "old", "unseen", None)}
+    assert capacities == {"half": 0.5, "lying": 1 / MAX_STRETCH, "old": 1.0, "unseen": 1.0, None: 1.0}
+
+
 def read_steps(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
