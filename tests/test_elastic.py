@@ -118,7 +118,7 @@ def by_step(records: list[dict], task: str) -> dict[int, list[dict]]:
 
 @pytest.mark.slow
 def test_a_killed_worker_drops_out_the_other_goes_on_and_it_rejoins_from_a_live_peer(tiny_routed, tmp_path):
-    """46 s alone on 2 shared cores, plus the tiny_routed fixture (three worker processes, 2 x 14 steps paced to
+    """32 to 46 s (two runs) on 2 shared cores, plus the tiny_routed fixture (three worker processes, 2 x 14 steps paced to
     0.4 s)."""
     pytest.importorskip("torchft")
     from torchft._torchft import LighthouseServer
