@@ -58,6 +58,7 @@ class Running:
     cut: bool = False  # already told to stop and report what it trained
     steps: int | None = None  # inner steps it was asked for; None = a whole task
     modules: frozenset[str] | None = None  # the modules its result will carry (outer.fragments); None = all of its path's
+    capacity: float = 1.0  # the share of its island's workers training it now (an elastic island short of workers: < 1)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ def cut(running: Iterable[Running], *, committed: int, now: float, median: float
     """The keys of the running tasks to cut now (async; sync never cuts), stragglers: those running longer
     than `rounds.cut_after` median task times, and those that have run a median task time and are
     `rounds.max_staleness` versions behind (the next round can still apply their result, no later one).
-    A cut task's path moves on and what it trained is applied (its Δ holds the steps it trained)."""
+    A cut task's path moves on and what it trained is applied (its Δ holds the steps it trained). An elastic
+    island short of workers (`Running.capacity` c < 1) is expected slower: it is late after `cut_after`
+    median task times / c."""
     if config.mode != "async" or median is None:
         return []
     keys = []
@@ -52,7 +54,7 @@ def cut(running: Iterable[Running], *, committed: int, now: float, median: float
         if t.cut or t.started is None:
             continue
         ran = now - t.started
-        late = config.cut_after > 0 and ran > config.cut_after * median
+        late = config.cut_after > 0 and ran > config.cut_after * median / t.capacity
         last_chance = 1 <= committed - t.base == config.max_staleness and ran >= median
         if late or last_chance:
             keys.append(t.key)
@@ -63,7 +65,8 @@ def next_cut(running: Iterable[Running], *, median: float | None, config: Rounds
     """When the next running task becomes late enough to be cut (None: none will without another event)."""
     if config.mode != "async" or config.cut_after <= 0 or median is None:
         return None
-    times = [t.started + config.cut_after * median for t in running if not t.cut and t.started is not None]
+    times = [t.started + config.cut_after * median / t.capacity for t in running
+             if not t.cut and t.started is not None]
     return min(times) if times else None
 
 

@@ -239,6 +239,7 @@ class Heartbeat(Record):
 
     SCHEMA: ClassVar[int] = 1
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"status": ISLAND_STATUSES}
+    ADDED: ClassVar[tuple[str, ...]] = ("world", "workers")
 
     island: str
     incarnation: str  # new after each (injected) death: tasks of the old incarnation are lost
@@ -250,6 +251,13 @@ class Heartbeat(Record):
     finished: tuple[str, ...]  # "key#attempt" of the tasks this incarnation finished lately
     time: float  # island wall clock (information only)
     failures: int  # injected failures so far
+    world: int = 1  # its workers in the quorum now (an elastic island: dipaco.islands.island.elastic; else 1)
+    workers: int = 1  # its workers when whole (world < workers: it trains slower until they return)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.world <= self.workers:
+            raise StoreError(f"heartbeat of island {self.island[:80]!r}: world {self.world!r} is not within "
+                             f"1..workers ({self.workers!r})")
 
 
 @dataclass(frozen=True)

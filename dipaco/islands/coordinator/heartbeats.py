@@ -17,6 +17,8 @@ from dipaco.store.records import Heartbeat
 
 log = logging.getLogger(__name__)
 
+MAX_STRETCH = 8.0  # an elastic island short of workers has its straggler cut delayed this many times at most
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -46,6 +48,14 @@ class Liveness:
             seen = self.seen.get(name)
             if seen is None or (seen.beat.incarnation, seen.beat.seq) != (beat.incarnation, beat.seq):
                 self.seen[name] = Seen(beat=beat, changed_at=now)
+
+    def capacity(self, island: str | None) -> float:
+        """The share of `island`'s workers in its quorum as its last heartbeat says (world / workers; 1 for an
+        island not seen), at least 1 / MAX_STRETCH: a heartbeat is untrusted, so it can delay its cut that much at most."""
+        seen = self.seen.get(island) if island is not None else None
+        if seen is None:
+            return 1.0
+        return max(seen.beat.world / seen.beat.workers, 1 / MAX_STRETCH)
 
     def alive(self, island: str, now: float) -> bool:
         seen = self.seen.get(island)

@@ -107,6 +107,7 @@ class Coordinator:
                                   inner_steps=settings.inner_steps, committed=self.committed, applied=applied,
                                   fragments=outer.fragments)
         self.board.carried = self.intake.carried  # what each running task's result will carry
+        self.board.capacity = self.liveness.capacity  # an elastic island short of workers is cut later
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,

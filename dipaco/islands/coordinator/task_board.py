@@ -41,6 +41,7 @@ class TaskBoard:
         self.started: dict[str, float] = {}  # task key -> when its current attempt was handed out (clock)
         self.cut_islands: set[str] = set()  # islands a task of which was cut (stragglers), this coordinator's life
         self.carried: Callable[[Task], list[str] | None] = lambda task: None  # the modules a task's result carries (fragments)
+        self.capacity: Callable[[str | None], float] = lambda island: 1.0  # share of an island's workers it has now
         self._written = written  # the board's JSON as last written
         self._snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
 
@@ -50,7 +51,7 @@ class TaskBoard:
 
     def running(self) -> list[Running]:
         return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key), cut=t.status == "cut",
-                        steps=t.steps or None, modules=_frozen(self.carried(t)))
+                        steps=t.steps or None, modules=_frozen(self.carried(t)), capacity=self.capacity(t.island))
                 for t in self.tasks.values() if t.status in RUNNING]
 
     def in_flight(self) -> list[Task]:

@@ -28,6 +28,7 @@ bytes it encoded; a module not sent keeps its residual.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -48,6 +49,7 @@ from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, Resili
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
 from dipaco.islands.island import ddp as ddp_mod
+from dipaco.islands.island import elastic
 from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
 from dipaco.islands.island.held import HeldState, fetch_carried
@@ -68,6 +70,8 @@ from dipaco.store.records import ResultMeta, Task
 from sharding.reader import ShardReader
 
 log = logging.getLogger(__name__)
+
+Parallel = ddp_mod.DDPContext | elastic.ElasticContext | None  # data parallelism inside the island
 
 @dataclass(frozen=True)
 class IslandSetup:
@@ -153,7 +157,7 @@ class TaskStart:
     module_bytes: int  # ... of which its modules
 
 
-def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None = None,
+def train_task(setup: IslandSetup, task: Task, *, ctx: Parallel = None,
                held: HeldState | None = None, check: Callable[[], None] | None = None,
                timings: dict[str, float] | None = None, checkpoint: Path | None = None) -> TrainedTask:
     """Run one task's inner steps; returns the pseudo-gradient, its metadata and the path's new carried state.
@@ -170,7 +174,7 @@ def train_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
     return finish_task(setup, task, begun, stats, val_loss=val_loss, ctx=ctx, timings=timings)
 
 
-def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None, held: HeldState | None,
+def start_task(setup: IslandSetup, task: Task, *, ctx: Parallel, held: HeldState | None,
                timings: dict[str, float] | None, checkpoint: Path | None) -> TaskStart:
     """Pull the task's modules at its base version, rebase them on its chain, load them into the path model,
     and restore the optimizer: from the island's inner checkpoint of this task, else the path's carried state."""
@@ -182,7 +186,7 @@ def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
         module_bytes = store.bytes_read - read_before
         rebase_on_chain(store, start, task)
         model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
-                                           wrap=(lambda m: ddp_mod.wrap(m, device)) if ctx is not None else None)
+                                           wrap=(lambda m: ddp_mod.wrap(m, device)) if isinstance(ctx, ddp_mod.DDPContext) else None)
     params = path_parameters(model)
     resume = InnerCheckpoint.load(checkpoint) if checkpoint is not None else None
     if resume is not None and not resume.matches(task):
@@ -211,7 +215,7 @@ def start_task(setup: IslandSetup, task: Task, *, ctx: ddp_mod.DDPContext | None
                      module_bytes=module_bytes)
 
 
-def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: ddp_mod.DDPContext | None,
+def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: Parallel,
               check: Callable[[], None] | None, timings: dict[str, float] | None,
               checkpoint: Path | None) -> tuple[dict, float]:
     """Score the base version on validation, start from its drift, and train the task's steps on the path's
@@ -225,9 +229,11 @@ def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: ddp_mod.
     batches: Iterator[np.ndarray] = setup.reader.iter_batches(task.path, "train", batch_size=inner.batch_size,
                                                               seed=data_seed(setup.run.seed, path=task.path),
                                                               skip_batches=task.step_offset + done)
-    if ctx is not None:
+    if isinstance(ctx, ddp_mod.DDPContext):
         batches = ddp_mod.shard_batches(batches, ctx, batch_size=inner.batch_size)
-    with Prefetcher(batches, count=steps - done, device=device) as ahead:  # reads the shard during validation
+    prefetch = (contextlib.nullcontext(batches) if isinstance(ctx, elastic.ElasticContext)  # steps are retried
+                else Prefetcher(batches, count=steps - done, device=device))
+    with prefetch as ahead:  # reads the shard during validation
         with timed(timings, "validation", device):
             saver.val_loss = (resume.val_loss_start if resume is not None else math.nan if task.chain else
                               setup.validation.loss(begun.model, path=task.path))  # of version `base` only
@@ -235,10 +241,17 @@ def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: ddp_mod.
             start_from_drift(begun.params, begun.carried.drift, setup.topology, path=task.path)
         with timed(timings, "inner_loop", device):
             first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
-            stats = train_steps(begun.trained, begun.optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
-                                start_step=first + task.step_offset + done, steps=steps - done,
-                                total_steps=total, config=inner, device=device, precision=setup.hardware.precision,
-                                after_step=saver.after_step if checkpoint is not None or pacer.active else None)
+            if isinstance(ctx, elastic.ElasticContext):
+                stats = elastic.elastic_steps(ctx, begun.model, begun.optimizer, ahead, task=task.key,
+                                              params=begun.params, start_step=first + task.step_offset, steps=steps,
+                                              total_steps=total, config=inner, device=device,
+                                              precision=setup.hardware.precision, check=check,
+                                              after_step=saver.after_step if pacer.active else None)
+            else:
+                stats = train_steps(begun.trained, begun.optimizer, checked(waited(ahead, timings), check, stop=TaskCut),
+                                    start_step=first + task.step_offset + done, steps=steps - done,
+                                    total_steps=total, config=inner, device=device, precision=setup.hardware.precision,
+                                    after_step=saver.after_step if checkpoint is not None or pacer.active else None)
     setup.models.release_gradients()
     if pacer.active:
         log.info("%s: %s", task.key, pacer.summary())
@@ -285,15 +298,15 @@ class StepSaver:
 
 
 def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *, val_loss: float,
-                ctx: ddp_mod.DDPContext | None, timings: dict[str, float] | None) -> TrainedTask:
+                ctx: Parallel, timings: dict[str, float] | None) -> TrainedTask:
     """Δ = θ_start − θ_end of the modules the task sends (+ the residual, encoded, with error feedback), the
     drift of the others, the result's metadata and the path's carried state after the task."""
     resume, device, path = begun.resume, begun.device, task.path
     losses, tokens, seconds = stats["losses"], stats["tokens"], stats["seconds"]
     if resume is not None:
         losses, tokens, seconds = list(resume.losses) + losses, resume.tokens + tokens, resume.seconds + seconds
-    train_loss = sum(losses[-5:]) / len(losses[-5:])
-    if ctx is not None:
+    train_loss = sum(losses[-5:]) / len(losses[-5:]) if losses else math.nan  # none: an elastic worker healed past them
+    if isinstance(ctx, ddp_mod.DDPContext):  # an elastic island's tokens are already the whole batches'
         train_loss = ddp_mod.all_mean(ctx, train_loss)
         tokens *= ctx.world
     encoded, residual = None, {}
@@ -365,10 +378,10 @@ def pseudo_gradient_of(start: dict[str, dict[str, torch.Tensor]], params: dict[s
     return {f"{module}/{name}": delta for module, tensors in grouped.items() for name, delta in tensors.items()}
 
 
-def _device(hardware: HardwareConfig, ctx: ddp_mod.DDPContext | None) -> torch.device:
+def _device(hardware: HardwareConfig, ctx: Parallel) -> torch.device:
     """The device this island (or DDP rank) trains on; on CUDA, fp32 matmuls on TF32 as `hardware.tf32` says."""
     device = resolve_device(hardware.device)
-    if ctx is not None:
+    if isinstance(ctx, ddp_mod.DDPContext):
         device = ddp_mod.local_device(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = hardware.tf32
