@@ -1,4 +1,4 @@
-"""Elastic islands (`hardware.elastic`): several worker processes train one path, and go on when one fails.
+"""Elastic islands: several worker processes train one path, and go on when one fails.
 
     torchft_lighthouse --min_replicas 1 --join_timeout_ms 1000 &        # one per island
     TORCHFT_LIGHTHOUSE=http://host:29510 ... ctx = join("island-3-w0", device)
@@ -49,7 +49,7 @@ def require_torchft() -> Any:
     try:
         import torchft
     except ImportError as err:
-        raise ImportError(f"hardware.elastic: true needs torchft, which is not installed: {EXTRA}") from err
+        raise ImportError(f"an elastic island needs torchft, which is not installed: {EXTRA}") from err
     return torchft
 
 
@@ -124,10 +124,10 @@ def join(replica: str, device: torch.device, *, lighthouse: str | None = None,
     from torchft.process_group import ProcessGroupGloo
 
     if device.type != "cpu":
-        raise ValueError(f"hardware.elastic: workers train on the CPU (gloo) only so far, not on {device}")
+        raise ValueError(f"elastic islands: workers train on the CPU (gloo) only so far, not on {device}")
     lighthouse = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
     if not lighthouse:
-        raise ValueError("hardware.elastic: no lighthouse; set TORCHFT_LIGHTHOUSE=http://host:port "
+        raise ValueError("elastic islands: no lighthouse; set TORCHFT_LIGHTHOUSE=http://host:port "
                          "(torchft_lighthouse --min_replicas 1)")
     host = socket.gethostname()
     store = torch.distributed.TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this replica group's
