@@ -172,7 +172,7 @@ class RoundsConfig(Section):
 
 @dataclass(kw_only=True)
 class CompressionConfig(Section):
-    """How pseudo-gradients travel from an island to the store."""
+    """How pseudo-gradients and module updates travel: an island's upload, and what it downloads to reach a newer version."""
 
     section = "compression"
     codec: Literal[CODECS] = "none"  # one of `dipaco.codec.registry`'s names: none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
@@ -183,6 +183,7 @@ class CompressionConfig(Section):
     error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual is kept in the path's carried state)
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
+    download: Literal["update", "full"] = "update"  # what an island fetches to reach a newer version of a module it holds: the published update (encoded with codec and its settings; version v+1 := v - d, dipaco.codec.update) or the whole module
 
     @property
     def feeds_back(self) -> bool:
