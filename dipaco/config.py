@@ -174,7 +174,7 @@ class RoundsConfig(Section):
 
 @dataclass(kw_only=True)
 class CompressionConfig(Section):
-    """How pseudo-gradients travel from an island to the store."""
+    """How pseudo-gradients and module updates travel: an island's upload, and what it downloads to reach a newer version."""
 
     section = "compression"
     codec: Literal[CODECS] = "none"  # one of `dipaco.codec.registry`'s names: none (float32) | int8 | int4 (per-row scales) | topk (per chunk the largest-magnitude `density`, at `bits` bits), then zstd
@@ -186,6 +186,7 @@ class CompressionConfig(Section):
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
     last_task: Literal["float32", "codec"] = "float32"  # the path's last task sends its pseudo-gradient (with the error-feedback residual, and the drift of modules not sent before) in float32 = nothing it trained stays on the island | codec = in compression.codec like every task
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
+    download: Literal["update", "full"] = "update"  # what an island fetches to reach a newer version of a module it holds: the published update (encoded with codec and its settings; version v+1 := v - d, dipaco.codec.update) or the whole module
 
     @property
     def feeds_back(self) -> bool:

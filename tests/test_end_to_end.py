@@ -42,6 +42,9 @@ def test_every_artifact_is_written_and_readable(tiny_trained):
     assert factory.store.current_round() == config.run.rounds
     summary = json.loads(run.train_summary.read_text())
     assert [r["round"] for r in summary["rounds"]] == list(range(1, config.run.rounds + 1))
+    # compression.download: update (the default): the islands rebuilt each version from the published updates
+    assert summary["module_fallbacks"] == 0 and summary["bytes_module_updates"] > 0
+    assert summary["download_flush"]["flush"] and summary["download_flush"]["bytes"] > 0
     code = code_version()  # the code that trained it: this checkout's (one session)
     assert summary["code"] == [{"commit": code and code["commit"], "clean": code and code["clean"], "first_round": 1}]
     for name in ("dense-equal-steps", "dense-equal-compute"):

@@ -205,6 +205,9 @@ def _totals(rounds: list[RoundStats], service: Coordinator, *, n_paths: int, inn
         bytes_data_parallel=int(ring_allreduce_bytes(sum(r.bytes_data_parallel for r in rounds), workers)),
         data_parallel_workers=workers,
         outer_steps=[span.to_json() for span in outer_spans(rounds)],  # what each round applied
+        module_fallbacks=sum(r.module_fallbacks for r in rounds),  # full module reads in place of updates (compression.download)
+        bytes_module_updates=sum(r.downloads.bytes for r in rounds if r.downloads),  # the updates published (one copy)
+        download_flush=next((r.downloads.to_json() for r in rounds if r.downloads and r.downloads.flush), None),  # the residual the last version sent, its bytes
         traffic=service.report_traffic(),  # measured at the store: every process's counts (islands stopped: their last)
     )
 

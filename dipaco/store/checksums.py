@@ -52,6 +52,11 @@ class VersionChecksums:
                              f"{round}'s {CHECKSUMS} lists {expected[:16]}...: it changed after it was committed. "
                              f"Restore it, or delete the store's versions from {round} on and train again")
 
+    def listed(self, round: int, folder: str, file: str) -> str | None:
+        """The sha256 version `round`'s checksums.json lists for `file` (None: not listed, or no checksums)."""
+        sums = self._of(round, folder)
+        return None if sums is None else sums.get(file)
+
     def forget(self) -> None:
         """Files were deleted: read the checksums again when needed."""
         self.committed.clear()

@@ -10,13 +10,17 @@ sit on different machines). Layout under the root:
                                                    coordinator holding lease token 4 (`version_names`)
     modules/round-000003.t4/checksums.json         the sha256 of each of those files (written at the commit)
     outer/round-000003.t4/<module>.safetensors     the outer optimiser's momentum after round 3
+    outer/round-000003.t4/<module>.residual.safetensors   the module's download residual after round 3
+    updates/round-000003.t4/<module><codec suffix>  the update d from version 2 to 3, encoded by `compression.codec`
+                                                   (`dipaco.codec.update`: version 3 := version 2 − d); none for a
+                                                   module round 3 left unchanged, nor with compression.download: full
     modules/round-000000/...                       version 0, and every version of a store written before
                                                    fenced commits: no token in the name
     best.json                                      validation loss per path and version (dipaco.eval.early_stopping)
     tasks.json, rounds/, heartbeats/, results/, islands/   the task board (dipaco.store.board)
     lease.json                                     the coordinator's lease and fencing token (dipaco.store.lease)
 
-Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `best.json` and
+Each file has one writer: the coordinator writes `state.json`, `modules/`, `outer/`, `updates/`, `best.json` and
 the board's tasks, round manifests and `lease.json`; an island writes only its own heartbeat, results and inner
 states. Writes are atomic (a temporary name then a rename on local disks, a single put on object
 stores). Tensors are safetensors, never pickle. Every module read is checked against its version's
@@ -57,7 +61,8 @@ STORE_VERSION = 2  # 2: versions staged under lease tokens (`version_names`); 1 
 READS = (1, 2)
 STATE = "state.json"
 BEST_FILE = "best.json"
-KINDS = ("modules", "outer")
+KINDS = ("modules", "outer", "updates")
+RESIDUAL = ".residual"  # an outer-state file of a module's download residual: <module>.residual.safetensors
 
 
 class ModuleStore(StoreFiles):
@@ -258,6 +263,34 @@ class ModuleStore(StoreFiles):
     def read_outer_state(self, round: int, name: str) -> dict[str, torch.Tensor] | None:
         relative = f"{self._folder('outer', round)}/{name}.safetensors"
         return self.read_tensors(relative) if self.exists(relative) else None
+
+    def write_download_residual(self, round: int, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Stage module `name`'s download residual after version `round` (`dipaco.codec.update`), beside its outer state."""
+        self.write_tensors(f"{self._folder('outer', round, self.token)}/{name}{RESIDUAL}.safetensors", tensors)
+
+    def read_download_residual(self, round: int, name: str) -> dict[str, torch.Tensor]:
+        """Module `name`'s download residual after version `round` (empty when none was kept)."""
+        relative = f"{self._folder('outer', round)}/{name}{RESIDUAL}.safetensors"
+        return self.read_tensors(relative) if self.exists(relative) else {}
+
+    def write_update(self, round: int, name: str, data: bytes, *, suffix: str) -> None:
+        """Stage module `name`'s update from version `round` − 1 to `round` (bytes a codec encoded; `suffix` its
+        file suffix, `dipaco.codec.registry`)."""
+        self.write_bytes(f"{self._folder('updates', round, self.token)}/{name}{suffix}", data)
+
+    def read_update(self, round: int, name: str, *, suffixes: tuple[str, ...]) -> tuple[bytes, str] | None:
+        """(the bytes, its suffix) of module `name`'s update to committed version `round`, the first of `suffixes`
+        there is; None when there is none (the module did not change, or the update was pruned)."""
+        folder = self._folder("updates", round)
+        for suffix in suffixes:
+            relative = f"{folder}/{name}{suffix}"
+            if self.exists(relative):
+                return self.read_bytes(relative), suffix
+        return None
+
+    def module_checksum(self, round: int, name: str) -> str | None:
+        """The sha256 module `name` has in committed version `round`'s checksums.json (None: not listed)."""
+        return self.checksums.listed(round, self._folder("modules", round), f"{name}.safetensors")
 
     # --- versions, for retention (dipaco.store.retention) -----------------------------------------
     def versions(self, kind: str) -> list[int]:

@@ -293,8 +293,10 @@ class ResultMeta(Record):
     inner_upload: str = "checkpoint"  # why its carried state was uploaded (dipaco.carried.state.UploadPlan): checkpoint | last | hand-off, "" = kept on the island
     inner_refused: str = ""  # why the carried state its task named was refused, so it started from fresh moments ("" = it was not)
     carried_norms: dict[str, float] | None = None  # per module, ‖residual‖ + ‖drift‖ of the carried state the task started from (the poison bound's c_m; None: not reported)
+    module_fallbacks: int = 0  # modules its island read whole although it held an older version (an update missing, undecodable, or not matching the checksum)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload", "inner_refused", "carried_norms")
+    ADDED: ClassVar[tuple[str, ...]] = ("link", "bytes_residual", "inner_upload", "inner_refused", "carried_norms",
+                                        "module_fallbacks")
 
     @property
     def steps(self) -> int:
@@ -325,9 +327,10 @@ class ManifestEntry(Record):
     module_bytes: dict[str, int] | None = None  # bytes of each module's part of its file (applied results)
     private_staleness: int = 0  # its own path's results applied since its base that its start did not hold
     private_factor: float | None = None  # its path-private modules' staleness weight (None: dropped, or none such)
+    module_fallbacks: int = 0  # its island's full module reads in place of updates (`ResultMeta.module_fallbacks`)
 
     ADDED: ClassVar[tuple[str, ...]] = ("link", "steps", "island", "float32_bytes", "module_bytes", "private_staleness",
-                                        "private_factor")
+                                        "private_factor", "module_fallbacks")
 
     @property
     def data_parallel_bytes(self) -> int:
@@ -351,6 +354,18 @@ class OuterStep(Record):
 
 
 @dataclass(frozen=True)
+class DownloadUpdates(Record):
+    """The module updates a round published (`compression.download: update`, `dipaco.codec.update`)."""
+
+    bytes: int  # the update files' bytes (what one island holding the last version downloads for all of them)
+    modules: int  # modules updated (a module no result touched gets none)
+    float32_bytes: int  # those modules in float32: what a whole-module download costs
+    residual_max: float  # the download residual's ‖r‖ / ‖θ‖ after the round, the largest over modules (before the flush, in a flush)
+    residual_mean: float  # ... its mean over modules
+    flush: bool = False  # the run's last version: the residual sent in full (float32 updates), none left
+
+
+@dataclass(frozen=True)
 class RoundManifest(Record):
     """rounds/round-t.json: which results round t's outer step used, and the step (written before the commit)."""
 
@@ -360,8 +375,9 @@ class RoundManifest(Record):
     applied: tuple[ManifestEntry, ...]
     dropped: tuple[ManifestEntry, ...]
     outer: OuterStep | None = None  # the step apply_round took; None in manifests written before it was recorded
+    downloads: DownloadUpdates | None = None  # the module updates it published (None: compression.download full)
 
-    ADDED: ClassVar[tuple[str, ...]] = ("outer",)
+    ADDED: ClassVar[tuple[str, ...]] = ("outer", "downloads")
 
     @property
     def keys(self) -> set[str]:
@@ -395,9 +411,11 @@ class RoundStats(Record):
     bytes_data_parallel: int = 0  # a float32 gradient per inner step of the applied results, one copy (data parallel's worker sends and receives `traffic.ring_allreduce_bytes` of it)
     outer: OuterStep | None = None  # its settings, from the manifest (as applied); None in rows written before
     bytes_up_final: int = 0  # of bytes_up, the results of paths' last tasks (with outer.fragments they sync every module)
+    module_fallbacks: int = 0  # full module reads the islands of its results (applied or dropped) took in place of updates
+    downloads: DownloadUpdates | None = None  # the module updates it published (from the manifest)
 
     ADDED: ClassVar[tuple[str, ...]] = ("cancelled", "outer_step", "cut", "bytes_float32", "bytes_data_parallel",
-                                        "outer", "bytes_up_final")
+                                        "outer", "bytes_up_final", "module_fallbacks", "downloads")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_step": ("configured", "average")}
 
     @classmethod
@@ -419,7 +437,8 @@ class RoundStats(Record):
                    cancelled=cancelled, cut=cut, outer_step=outer_step,
                    bytes_float32=sum(e.float32_bytes for e in applied),
                    bytes_data_parallel=sum(e.data_parallel_bytes for e in applied), outer=manifest.outer,
-                   bytes_up_final=sum(e.bytes for e in applied if e.key in last))
+                   bytes_up_final=sum(e.bytes for e in applied if e.key in last),
+                   module_fallbacks=sum(e.module_fallbacks for e in applied + manifest.dropped), downloads=manifest.downloads)
 
     @property
     def mean_train_loss(self) -> float:

@@ -7,12 +7,14 @@
 - Module versions older than `keep_from` are deleted, except the modules `keep_modules` names in
   them: the modules of the paths whose best version it is (`dipaco.eval.early_stopping.needed_modules`),
   a shared module once however many paths need it. `prune_versions` returns the bytes kept that way.
-- Outer-optimiser states and island results older than `keep_from` are deleted (the round manifests,
-  small, are kept: they are the record of what each round applied).
+- Outer-optimiser states (with the download residuals), published module updates and island results older
+  than `keep_from` are deleted (the round manifests, small, are kept: they are the record of what each round
+  applied). An island holding a version older than `keep_from` − 1 then reads its modules whole (the counted
+  fallback, `dipaco.islands.island.held_modules`).
 - Inner AdamW states of rounds older than `keep_from` are deleted unless a task or a path state still
   names them (the next task of a path starts from its latest state, however old).
 - Staged versions no commit points to (`prune_orphans`: a deposed coordinator's outer step, a crashed one's
-  half-written round) are deleted, modules, outer states and manifests, whatever `keep_from`.
+  half-written round) are deleted, modules, outer states, updates and manifests, whatever `keep_from`.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ def keep_from(round: int, *, keep_rounds: int, at_least: int = 0) -> int | None:
 
 
 def prune_versions(store: ModuleStore, *, keep_from: int, keep_modules: dict[int, set[str]]) -> int:
-    """Delete module, outer-state and result versions older than `keep_from`, except the module files
+    """Delete module, outer-state, update and result versions older than `keep_from`, except the module files
     `keep_modules` (`{version: module names}`) names. Returns the bytes of the module files kept that way."""
-    for round in store.versions("outer"):
-        if round < keep_from:
-            store.prune_version("outer", round)
+    for kind in ("outer", "updates"):
+        for round in store.versions(kind):
+            if round < keep_from:
+                store.prune_version(kind, round)
     for round in result_rounds(store):
         if round < keep_from:
             remove_results(store, round)
@@ -45,7 +48,7 @@ def prune_versions(store: ModuleStore, *, keep_from: int, keep_modules: dict[int
 def prune_orphans(store: ModuleStore) -> list[str]:
     """Delete the staged module, outer-state and manifest versions no commit points to (`ModuleStore.orphans`);
     returns their store names. Only the coordinator holding the lease calls it (after its commit)."""
-    orphans = [name for kind in ("modules", "outer", "rounds") for name in store.orphans(kind)]
+    orphans = [name for kind in ("modules", "outer", "updates", "rounds") for name in store.orphans(kind)]
     for name in orphans:
         store.remove(name)
     return orphans

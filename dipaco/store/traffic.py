@@ -34,7 +34,7 @@ DIRECTIONS = ("up", "down")
 KINDS = (
     "pseudo_gradient",  # results/round-t/path-p.<codec>.safetensors: an island's compressed Δ
     "module",  # modules/round-t/<module>.safetensors: a whole module version (written by the coordinator, read by islands)
-    "module_update",  # a published per-module update (none is written yet: islands download whole modules)
+    "module_update",  # updates/round-t/<module><codec suffix>: a published per-module update (compression.download: update)
     "outer_state",  # outer/round-t/: the outer optimiser's momentum (the coordinator's)
     "inner_state",  # islands/: a path's carried state (optimizer moments, residual, drift) uploaded as a checkpoint, on its last task or a hand-off
     "manifests",  # rounds/ (round manifests), results' .json (result metadata), checksums.json, best.json

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from dipaco.codec.codec import Codec
 from dipaco.config import OuterConfig
 from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.outer_step import apply_round
@@ -47,10 +48,12 @@ class ClosedRound:
 class RoundCloser:
     def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, inner_steps: int,
                  decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease,
-                 fragments: FragmentSchedule | None = None):
+                 fragments: FragmentSchedule | None = None, download: Codec | None = None):
         """`outer`: the configured outer step; `inner_steps`: per task; `decay_from`: the path step where the
         inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation);
-        `fragments`: the schedule, which knows a path's last task (its bytes counted apart in the stats)."""
+        `fragments`: the schedule, which knows a path's last task (its bytes counted apart in the stats);
+        `download`: the codec of the module updates each round publishes (None: none, `compression.download: full`)."""
+        self.download = download
         self.fragments = fragments or FragmentSchedule.every_round()
         self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
         self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
@@ -76,17 +79,17 @@ class RoundCloser:
         if outer_step == "average":
             log.info("round %d: plain averaging (its results reach the inner lr's decay; outer.decay %s)", round,
                      configured.decay)
+        finished = policy.finishes(plan)  # the run's last version: its updates flush the download residual
         try:
             manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
                                    sizes=self.sizes, norms=norms, metas=metas,
                                    digests={t.key: intake.digests.get(t.key) for t in pending},
-                                   check_lease=self.lease.renew)
+                                   check_lease=self.lease.renew, download=self.download, final=finished)
         except ResultChanged as changed:  # its bytes are not the ones checked: redone, the round closes later
             (task,) = [t for t in pending if (t.round, t.path, t.link, t.result_attempt) == changed.key]
             intake.redo(board, policy, task, str(changed))
             return None
         write_manifest(self.store, manifest)
-        finished = policy.finishes(plan)
         board.committed = round
         policy.commit(plan)
         intake.forget(board.settle(manifest.keys))

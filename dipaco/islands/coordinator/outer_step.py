@@ -3,7 +3,9 @@
     manifest = apply_round(store, topology, round=t, pending=tasks, config=cfg.outer, plan=plan, sizes=sizes)
 
 Per module: the weighted average of its contributions' pseudo-gradients (`dipaco.optim.weighting`), then
-the outer update (`dipaco.optim.outer`); a module no result touches is carried over unchanged. It streams
+the outer update (`dipaco.optim.outer`); a module no result touches is carried over unchanged. With a
+download codec (`compression.download: update`) each changed module's update is published and the committed
+version is the one it defines (`downloads.UpdatePublisher`: before − d, as the islands rebuild it). It streams
 module by module and result by result (one module's bytes of one result at a time, `ResultReader`), so
 memory holds a few copies of one module whatever the grid (docs/islands.md).
 """
@@ -16,7 +18,9 @@ from collections.abc import Callable
 
 import torch
 
+from dipaco.codec.codec import Codec
 from dipaco.config import OuterConfig, RoundsConfig
+from dipaco.islands.coordinator.downloads import UpdatePublisher
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import combine_streamed, outer_update
 from dipaco.optim.weighting import PathSizes, result_weights
@@ -33,7 +37,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 norms: dict[str, tuple[float, float]] | None = None,
                 metas: dict[str, ResultMeta] | None = None,
                 digests: dict[str, dict[str, str] | None] | None = None,
-                check_lease: Callable[[], None] | None = None) -> RoundManifest:
+                check_lease: Callable[[], None] | None = None, download: Codec | None = None,
+                final: bool = False) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; stages module (and
     momentum) version `round` (under the store's lease token: `ModuleStore.fence`) and returns the manifest
     (not written) of what it applied and dropped and of the step every module took (`outer`: `config`'s settings).
@@ -45,7 +50,9 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     `digests`: by task key, the sha256 of the bytes its checks read; any other byte raises `ResultChanged`
     (nothing is committed; the caller redoes that result). A module that would not be finite after the
     outer step raises a RuntimeError naming it and its results (nothing is committed). `check_lease` is called
-    before each module is written (the coordinator's `Lease.renew`: `LeaseLost` once another took over)."""
+    before each module is written (the coordinator's `Lease.renew`: `LeaseLost` once another took over).
+    `download`: the codec of the module updates it publishes (None: none, islands read whole modules); `final`:
+    this version is the run's last, whose updates flush the download residual in full."""
     tasks = {task.key: task for task in pending}
     known = metas or {}
     metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
@@ -66,7 +73,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                               staleness=verdict.staleness, tokens=meta.tokens, seconds=meta.seconds, bytes=meta.bytes,
                               train_loss=meta.train_loss, val_loss_start=meta.val_loss_start, factor=verdict.factor,
                               link=task.link, steps=meta.steps, island=meta.island,
-                              private_staleness=verdict.private_staleness, private_factor=verdict.private_factor)
+                              private_staleness=verdict.private_staleness, private_factor=verdict.private_factor,
+                              module_fallbacks=meta.module_fallbacks)
         if verdict.factor is None:
             dropped.append(entry)
             continue
@@ -74,6 +82,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         spans = readers[task.key].index.spans
         applied.append(dataclasses.replace(entry, module_bytes={m: end - start for m, (start, end) in spans.items()}))
     floats: dict[str, int] = {}  # module -> its parameters
+    publisher = UpdatePublisher(store, codec=download, final=final) if download is not None else None
     for name in topology.modules:
         sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
         outer_grad = None
@@ -85,15 +94,17 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         params = store.read_module(round - 1, name)
         floats[name] = sum(t.numel() for t in params.values())
         momentum = store.read_outer_state(round - 1, name)
+        before = params
         if outer_grad is not None:
-            before = params
             params, momentum = outer_update(params, momentum, outer_grad, config)
             if not all(bool(torch.isfinite(t).all()) for t in params.values()):
                 raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
                                    f"{[e.key for e in sharing]}; nothing was committed")
-            if norms is not None:
-                norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
-            del before
+        if publisher is not None:  # the version the published update defines (a module untouched: unchanged)
+            params = publisher.publish(round, name, before=before, after=params if outer_grad is not None else None)
+        if outer_grad is not None and norms is not None:
+            norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
+        del before
         del outer_grad
         if check_lease is not None:
             check_lease()
@@ -106,7 +117,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         return dataclasses.replace(entry, float32_bytes=4 * sum(floats[m] for m in topology.modules_of_path(entry.path)))
 
     return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)),
-                         outer=OuterStep.of(config))
+                         outer=OuterStep.of(config), downloads=publisher.summary() if publisher is not None else None)
 
 
 def _norm(tensors) -> float:

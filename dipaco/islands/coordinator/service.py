@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dipaco.codec.codec import Codec
 from dipaco.config import Config, OuterConfig, ResilienceConfig, RoundsConfig
 from dipaco.islands.coordinator.acceptance import ResultChecks
 from dipaco.islands.coordinator.closing import RoundCloser
@@ -36,6 +37,7 @@ from dipaco.islands.coordinator.intake import ResultIntake
 from dipaco.islands.coordinator.pruning import retain
 from dipaco.islands.coordinator.task_board import resume_board
 from dipaco.islands.coordinator.update_bound import InnerRun
+from dipaco.islands.update_codec import download_codec
 from dipaco.model.topology import Topology
 from dipaco.optim.outer import path_decay_from
 from dipaco.optim.weighting import PathSizes, needs_sizes
@@ -64,6 +66,7 @@ class CoordinatorSettings:
     keep_versions: int = 2  # module versions retention keeps (store.keep_versions)
     decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
     inner: InnerRun | None = None  # the islands' AdamW and lr schedule: inner states checked, the poison bound per unit of lr
+    download: Codec | None = None  # the codec of the module updates each round publishes (None: compression.download full)
 
     @classmethod
     def from_config(cls, config: Config) -> CoordinatorSettings:
@@ -72,7 +75,7 @@ class CoordinatorSettings:
                    keep_versions=config.store.keep_versions,
                    decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
                                               warm_start_steps=config.warm_start_steps),
-                   inner=InnerRun.of(config))
+                   inner=InnerRun.of(config), download=download_codec(config.compression))
 
 
 class Coordinator:
@@ -119,7 +122,7 @@ class Coordinator:
         self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
-                                  sizes=sizes, lease=self.lease, fragments=self.fragments)
+                                  sizes=sizes, lease=self.lease, fragments=self.fragments, download=settings.download)
         self.round_started = clock()
         self.cut = 0  # running tasks cut since the last commit
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed

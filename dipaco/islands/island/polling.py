@@ -29,6 +29,7 @@ from dipaco.islands.island.cancellation import BoardWatch, TaskCancelled
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_path_of
 from dipaco.islands.island.faults import FaultClock, IslandFailure, check_faults, no_faults
 from dipaco.islands.island.held import HeldState, awaiting_handoff
+from dipaco.islands.island.held_modules import HeldModules
 from dipaco.islands.island.presence import Presence
 from dipaco.islands.island.training import IslandSetup, push_result, train_task
 from dipaco.store.board import read_board
@@ -51,6 +52,7 @@ class IslandWorker:
         self.board = BoardWatch(setup.store, island=name, clock=clock,
                                 every=setup.resilience.heartbeat_seconds if watching else None)
         self.held = HeldState(setup.store)  # the carried state of the path it trained last (dipaco.carried.state)
+        self.modules = HeldModules()  # its path's modules as it last loaded them (compression.download: update)
         self.waiting: dict[str, float] = {}  # "key#attempt" -> since when (island clock) it waits for a hand-off
         self.down_until: float | None = None  # an injected death: back then (island clock)
         self.tasks_done = 0
@@ -108,7 +110,8 @@ class IslandWorker:
         if self.held.path != task.path:
             self.held.hand_off()  # it lets its last path go: another island may take it on
         try:
-            out = train_task(self.setup, task, ctx=self.ctx, held=self.held, check=check, checkpoint=self.checkpoint)
+            out = train_task(self.setup, task, ctx=self.ctx, held=self.held, check=check, checkpoint=self.checkpoint,
+                             modules=self.modules)
         except IslandFailure:
             self._go_down()
             return None
@@ -212,6 +215,7 @@ class IslandWorker:
         self.down_until = self.clock() + self.faults.return_after
         self.presence.reincarnate()
         self.held.forget()
+        self.modules.forget()
 
     def _hand_off_on_stop(self) -> None:
         """Stopping before the run's end (`max_tasks`, SIGTERM, SIGINT): hand the held state off, so its path
@@ -246,8 +250,8 @@ class IslandWorker:
 
 def follow_leader(setup: IslandSetup, ctx: ddp_mod.DDPContext) -> int:
     """A non-zero DDP rank: train whatever task rank 0 broadcasts, until it broadcasts None."""
-    done = 0
+    done, modules = 0, HeldModules()  # each rank holds its own copy of the path's modules
     while (task := ddp_mod.broadcast(ctx, None)) is not None:
-        train_task(setup, task, ctx=ctx)
+        train_task(setup, task, ctx=ctx, modules=modules)
         done += 1
     return done

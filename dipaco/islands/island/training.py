@@ -2,7 +2,8 @@
 
     meta, stats, ref = push_result(setup, task, train_task(setup, task, held=held), island="island-0")
 
-A task is three named steps. `start_task` pulls the task's modules at its base version, starts from
+A task is three named steps. `start_task` pulls the task's modules at its base version (from the
+modules the island holds and the published updates, `held_modules`, with `compression.download: update`), starts from
 θ_start = the base modules minus the Δ of its path's results that version does not hold yet (`Task.chain`,
 async: the path goes on from its own latest parameters, merged with the newest version by this rebase),
 and restores the path's carried state (`dipaco.carried.state`: AdamW moments, error-feedback residual,
@@ -53,9 +54,11 @@ from dipaco.islands.island import elastic
 from dipaco.islands.island.cancellation import TaskCut
 from dipaco.islands.island.checkpoint import InnerCheckpoint, task_identity
 from dipaco.islands.island.held import HeldState, fetch_carried
+from dipaco.islands.island.held_modules import HeldModules
 from dipaco.islands.island.model_slot import ModelSlot
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.timing import checked, timed, waited
+from dipaco.islands.update_codec import download_codec
 from dipaco.model.path_model import PathSpec, path_parameters
 from dipaco.model.topology import Topology
 from dipaco.optim.drift import split_sent
@@ -155,34 +158,39 @@ class TaskStart:
     device: torch.device
     read_before: int  # the store's bytes read before the task
     module_bytes: int  # ... of which its modules
+    fallbacks: int = 0  # modules read whole in place of their updates (`held_modules`)
 
 
 def train_task(setup: IslandSetup, task: Task, *, ctx: Parallel = None,
                held: HeldState | None = None, check: Callable[[], None] | None = None,
-               timings: dict[str, float] | None = None, checkpoint: Path | None = None) -> TrainedTask:
+               timings: dict[str, float] | None = None, checkpoint: Path | None = None,
+               modules: HeldModules | None = None) -> TrainedTask:
     """Run one task's inner steps; returns the pseudo-gradient, its metadata and the path's new carried state.
 
     Three steps: `start_task` (modules, rebase, carried state: from `held` when this island holds it),
     `run_steps` (validation, then the inner steps), `finish_task` (Δ, error feedback, metadata).
     `checkpoint`: the island's inner checkpoint file (`checkpoint.InnerCheckpoint`), resumed from when it
     holds this task and written every `resilience.checkpoint_steps` steps (not inside a DDP island).
-    `timings`, when given, receives the seconds of each phase (`timing.PHASES`; bench/bench_speed.py)."""
+    `timings`, when given, receives the seconds of each phase (`timing.PHASES`; bench/bench_speed.py).
+    `modules`: the path's modules this island (or DDP rank) holds, brought to the task's base version by the
+    published updates (`held_modules`); None: read whole."""
     if ctx is not None or not setup.resilience.checkpoint_steps:
         checkpoint = None
-    begun = start_task(setup, task, ctx=ctx, held=held, timings=timings, checkpoint=checkpoint)
+    begun = start_task(setup, task, ctx=ctx, held=held, timings=timings, checkpoint=checkpoint, modules=modules)
     stats, val_loss = run_steps(setup, task, begun, ctx=ctx, check=check, timings=timings, checkpoint=checkpoint)
     return finish_task(setup, task, begun, stats, val_loss=val_loss, ctx=ctx, timings=timings)
 
 
 def start_task(setup: IslandSetup, task: Task, *, ctx: Parallel, held: HeldState | None,
-               timings: dict[str, float] | None, checkpoint: Path | None) -> TaskStart:
+               timings: dict[str, float] | None, checkpoint: Path | None,
+               modules: HeldModules | None = None) -> TaskStart:
     """Pull the task's modules at its base version, rebase them on its chain, load them into the path model,
     and restore the optimizer: from the island's inner checkpoint of this task, else the path's carried state."""
     store, hardware = setup.store, setup.hardware
     read_before = store.bytes_read
     device = _device(hardware, ctx)
     with timed(timings, "load_modules", device):
-        start = store.read_modules(task.base, setup.topology.modules_of_path(task.path))
+        start, fallbacks = fetch_modules(setup, task, modules)
         module_bytes = store.bytes_read - read_before
         rebase_on_chain(store, start, task)
         model, trained = setup.models.load(start, spec=setup.spec, device=device, compile=hardware.compile,
@@ -212,7 +220,18 @@ def start_task(setup: IslandSetup, task: Task, *, ctx: Parallel, held: HeldState
         carried.load_into(optimizer, params)
     return TaskStart(start=start, model=model, trained=trained, params=params, optimizer=optimizer, carried=carried,
                      local=local, refused=refused, resume=resume, device=device, read_before=read_before,
-                     module_bytes=module_bytes)
+                     module_bytes=module_bytes, fallbacks=fallbacks)
+
+
+def fetch_modules(setup: IslandSetup, task: Task,
+                  held: HeldModules | None) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
+    """The task's path's modules at its base version (copies: `rebase_on_chain` changes them) and the fallbacks
+    taken: from the `held` modules and the published updates (`compression.download: update`), else read whole."""
+    names = setup.topology.modules_of_path(task.path)
+    codec = download_codec(setup.compression)
+    if codec is None or held is None:
+        return setup.store.read_modules(task.base, names), 0
+    return held.fetch(setup.store, version=task.base, names=names, codec=codec)
 
 
 def run_steps(setup: IslandSetup, task: Task, begun: TaskStart, *, ctx: Parallel,
@@ -331,7 +350,8 @@ def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *
                       bytes_down_inner=store.bytes_read - begun.read_before - begun.module_bytes,
                       inner_state_local=begun.local, data_parallel_ranks=ctx.world if ctx else 1,
                       bytes_residual=residual_bytes(residual), inner_refused=begun.refused,
-                      carried_norms=None if begun.resume is not None else begun.carried.norms())
+                      carried_norms=None if begun.resume is not None else begun.carried.norms(),
+                      module_fallbacks=begun.fallbacks)
     # resumed from its own inner checkpoint, the drift it started from is in the checkpoint's parameters, not
     # in `begun.carried`: the coordinator then reads the norms from the state `task.inner_from` names
     with timed(timings, "save_inner", device):
