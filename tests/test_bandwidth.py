@@ -1,0 +1,56 @@
+"""`faults.store_bandwidth`: a store client with a bandwidth limit takes bytes / bandwidth seconds per transfer
+(measured around real store writes and reads), each direction its own link, and counts what it did unlimited."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from cli_helpers import TINY
+
+from dipaco.config import load_config
+from dipaco.stages.island import island_setup
+from dipaco.store.bandwidth import BandwidthLimit
+from dipaco.store.files import StoreFiles
+
+RATE = 2_000_000.0  # bytes per second: 400 KB take 0.2 s
+
+
+def test_a_limited_store_takes_bytes_over_bandwidth_and_counts_the_same(tmp_path):
+    data = os.urandom(400_000)
+    free, limited = StoreFiles(str(tmp_path / "free")), StoreFiles(str(tmp_path / "limited"))
+    limited.limit_bandwidth(RATE)
+    started = time.monotonic()
+    limited.write_bytes("modules/round-000001/block.safetensors", data)
+    wrote = time.monotonic() - started
+    started = time.monotonic()
+    assert limited.read_bytes("modules/round-000001/block.safetensors") == data
+    read = time.monotonic() - started
+    assert wrote >= len(data) / RATE and read >= len(data) / RATE  # each way takes N / bandwidth
+    free.write_bytes("modules/round-000001/block.safetensors", data)
+    free.read_bytes("modules/round-000001/block.safetensors")
+    assert limited.traffic.counts() == free.traffic.counts()  # pacing changes no count
+    on_disk = os.stat(tmp_path / "limited" / "modules" / "round-000001" / "block.safetensors").st_size
+    assert limited.traffic.counts().bytes("up", "module") == on_disk == len(data)
+    assert limited.traffic.counts().bytes("down", "module") == on_disk
+
+
+def test_transfers_queue_on_their_direction_and_not_on_the_other():
+    now, slept = [0.0], []
+    limit = BandwidthLimit(1000.0, clock=lambda: now[0], sleep=slept.append)
+    assert limit.take("up", 500) == pytest.approx(0.5)
+    assert limit.take("up", 1000) == pytest.approx(1.5)  # behind the first, whose 0.5 s have not passed
+    assert limit.take("down", 250) == pytest.approx(0.25)  # the other direction is free
+    now[0] = 10.0  # the link idle again
+    assert limit.take("up", 100) == pytest.approx(0.1) and limit.take("up", 0) == 0.0
+    assert slept == pytest.approx([0.5, 1.5, 0.25, 0.1]) and limit.waited == pytest.approx(2.35)
+    with pytest.raises(ValueError, match="-1"):
+        BandwidthLimit(-1)
+
+
+def test_an_island_store_gets_the_configured_limit(tiny_routed, tmp_path):
+    store = [f"store.url={tmp_path / 'store'}"]  # the routed run is read only
+    setup = island_setup(load_config(TINY, [*store, "faults.store_bandwidth=5e5"]), tiny_routed)
+    assert setup.store.traffic.limit is not None and setup.store.traffic.limit.bytes_per_second == 5e5
+    assert island_setup(load_config(TINY, store), tiny_routed).store.traffic.limit is None
