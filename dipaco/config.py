@@ -271,7 +271,7 @@ class FaultsConfig(Section):
     return_after: NonNegative = 10.0  # a failed island comes back after this many seconds
     mode: Literal["die", "stall"] = "die"  # die (the task is lost) | stall (stop heart-beating, then finish late)
     slowdown: Annotated[float, Range(min=1)] = 1.0  # island-0 of `dipaco train` (or an island run with --slowdown) is this many times slower
-    store_bandwidth: NonNegative = 0.0  # emulate a slow link: each island's store reads and writes take their bytes / this many bytes per second, each way (dipaco.store.bandwidth; benchmarks); 0 = unlimited
+    store_bandwidth: NonNegative = 0.0  # emulate a slow link: each island's store reads and writes take their bytes / this many bytes per second, each way (dipaco.store.bandwidth: a fair-shared full-duplex link; benchmarks); 0 = unlimited
     step_seconds: NonNegative = 0.0  # pad every island's inner steps to this wall time by sleeping (benchmarks: islands paced as on machines of their own; slowdown then multiplies it); 0 = off
 
 

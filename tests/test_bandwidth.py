@@ -1,9 +1,11 @@
 """`faults.store_bandwidth`: a store client with a bandwidth limit takes bytes / bandwidth seconds per transfer
-(measured around real store writes and reads), each direction its own link, and counts what it did unlimited."""
+(measured around real store writes and reads), each way, a concurrent small one not queued behind a large one,
+and counts what it did unlimited."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -36,17 +38,24 @@ def test_a_limited_store_takes_bytes_over_bandwidth_and_counts_the_same(tmp_path
     assert limited.traffic.counts().bytes("down", "module") == on_disk
 
 
-def test_transfers_queue_on_their_direction_and_not_on_the_other():
-    now, slept = [0.0], []
-    limit = BandwidthLimit(1000.0, clock=lambda: now[0], sleep=slept.append)
-    assert limit.take("up", 500) == pytest.approx(0.5)
-    assert limit.take("up", 1000) == pytest.approx(1.5)  # behind the first, whose 0.5 s have not passed
-    assert limit.take("down", 250) == pytest.approx(0.25)  # the other direction is free
-    now[0] = 10.0  # the link idle again
-    assert limit.take("up", 100) == pytest.approx(0.1) and limit.take("up", 0) == 0.0
-    assert slept == pytest.approx([0.5, 1.5, 0.25, 0.1]) and limit.waited == pytest.approx(2.35)
+def test_each_transfer_takes_its_bytes_over_bandwidth_and_a_concurrent_one_is_not_queued(tmp_path):
+    slept = []
+    limit = BandwidthLimit(1000.0, sleep=slept.append)
+    assert [limit.take("up", 500), limit.take("down", 250), limit.take("up", 0)] == pytest.approx([0.5, 0.25, 0.0])
+    assert slept == pytest.approx([0.5, 0.25]) and limit.waited == pytest.approx(0.75)
     with pytest.raises(ValueError, match="-1"):
         BandwidthLimit(-1)
+    store = StoreFiles(str(tmp_path))  # a heartbeat written during a long upload passes at its own rate
+    store.limit_bandwidth(RATE)
+    upload = threading.Thread(target=store.write_bytes, args=("results/round-000001/path-0000.none.safetensors",
+                                                                b"x" * 600_000))  # 0.3 s
+    upload.start()
+    time.sleep(0.02)
+    started = time.monotonic()
+    store.write_bytes("heartbeats/island-0.json", b"{}" * 100)
+    beat = time.monotonic() - started
+    upload.join()
+    assert beat < 0.15  # not behind the upload's remaining 0.28 s
 
 
 def test_an_island_store_gets_the_configured_limit(tiny_routed, tmp_path):

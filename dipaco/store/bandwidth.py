@@ -1,14 +1,18 @@
-"""A per-process bandwidth limit on store traffic (fault emulation, `faults.store_bandwidth`): a token bucket
-with no burst, one per direction (a full-duplex link), that makes each read and write of this process's store
-client take its payload bytes / bandwidth seconds.
+"""A per-process bandwidth limit on store traffic (fault emulation, `faults.store_bandwidth`): each read and
+write of this process's store client takes its payload bytes / bandwidth seconds, each direction at the full
+bandwidth (a full-duplex link).
 
     limit = BandwidthLimit(1e6)          # 1 MB/s each way
-    limit.take("up", 250_000)            # sleeps 0.25 s (longer while earlier transfers still hold the link)
+    limit.take("up", 250_000)            # sleeps 0.25 s
     store.limit_bandwidth(1e6)           # every primitive of a `files.StoreFiles` paced (`traffic.Traffic.add`)
 
-Transfers on one direction queue behind each other (a heartbeat written while a result uploads waits for it),
-as on one shared link; the real transfer's own time is not subtracted (a local store's is small against any
-limit worth emulating). Requests that move no payload (listings, existence checks) are not paced.
+A process's transfers are sequential in the thread that makes them (an island's task thread: its modules
+down, its pseudo-gradient up), so that thread sees the link's rate. A transfer of another thread at the same
+time (the heartbeat thread's few hundred bytes during an upload) is not queued behind it: it takes its own
+bytes / bandwidth, as on a fair-shared link where so small a message passes at once. A FIFO queue would
+hold the heartbeat for a whole upload and a slow link would read as a dead island. The real transfer's own
+time is not subtracted (a local store's is small against any limit worth emulating); requests that move no
+payload (listings, existence checks) are not paced.
 """
 
 from __future__ import annotations
@@ -17,32 +21,24 @@ import threading
 import time
 from collections.abc import Callable
 
-from dipaco.store.traffic import DIRECTIONS
-
 
 class BandwidthLimit:
-    """`bytes_per_second` each way; `clock` and `sleep` are injectable for tests."""
+    """`bytes_per_second` each way; `sleep` is injectable for tests."""
 
-    def __init__(self, bytes_per_second: float, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, bytes_per_second: float, *, sleep: Callable[[float], None] = time.sleep):
         if not bytes_per_second > 0:
             raise ValueError(f"a bandwidth limit needs bytes_per_second > 0, got {bytes_per_second}")
         self.bytes_per_second = float(bytes_per_second)
-        self._clock, self._sleep = clock, sleep
-        self._free_at = dict.fromkeys(DIRECTIONS, 0.0)  # when each direction's link is next idle
+        self._sleep = sleep
         self._lock = threading.Lock()
-        self.waited = 0.0  # seconds slept so far (both directions)
+        self.waited = 0.0  # seconds slept so far, every thread and direction
 
     def take(self, direction: str, nbytes: int) -> float:
-        """Hold the caller until `nbytes` have crossed `direction` at the limit, after the transfers queued
-        before them; the seconds it slept."""
+        """Hold the caller for `nbytes` / bandwidth seconds (`direction` is "up" or "down"); the seconds slept."""
+        assert direction in ("up", "down"), direction
         if nbytes <= 0:
             return 0.0
-        with self._lock:
-            now = self._clock()
-            done = max(now, self._free_at[direction]) + nbytes / self.bytes_per_second
-            self._free_at[direction] = done
-        wait = done - now
+        wait = nbytes / self.bytes_per_second
         self._sleep(wait)
         with self._lock:
             self.waited += wait
