@@ -9,10 +9,8 @@ import threading
 import time
 
 import pytest
-from cli_helpers import TINY
+from tiny_runs import Clock, drive, make_run
 
-from dipaco.config import load_config
-from dipaco.stages.island import island_setup
 from dipaco.store.bandwidth import BandwidthLimit
 from dipaco.store.files import StoreFiles
 
@@ -58,8 +56,14 @@ def test_each_transfer_takes_its_bytes_over_bandwidth_and_a_concurrent_one_is_no
     assert beat < 0.15  # not behind the upload's remaining 0.28 s
 
 
-def test_an_island_store_gets_the_configured_limit(tiny_routed, tmp_path):
-    store = [f"store.url={tmp_path / 'store'}"]  # the routed run is read only
-    setup = island_setup(load_config(TINY, [*store, "faults.store_bandwidth=5e5"]), tiny_routed)
-    assert setup.store.traffic.limit is not None and setup.store.traffic.limit.bytes_per_second == 5e5
-    assert island_setup(load_config(TINY, store), tiny_routed).store.traffic.limit is None
+def test_a_tiny_run_under_a_limit_trains_to_the_end_with_every_counted_byte_paced(tiny_routed, tmp_path):
+    run = make_run(tiny_routed, tmp_path / "run", ["run.rounds=1", "faults.store_bandwidth=1e9"])  # island_setup's store
+    limit = run.store.traffic.limit
+    assert limit is not None and limit.bytes_per_second == 1e9
+    clock = Clock()
+    drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
+    assert run.store.current_round() == 1
+    moved = run.store.traffic.counts().bytes()  # in one process the coordinator shares the islands' client
+    assert moved > 0 and limit.waited == pytest.approx(moved / 1e9)
+    unlimited = make_run(tiny_routed, tmp_path / "free", ["run.rounds=1"])
+    assert unlimited.store.traffic.limit is None
