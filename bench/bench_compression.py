@@ -162,6 +162,8 @@ def main() -> None:
     for seed in others:
         for name in dict.fromkeys(n for c in chosen for n in (baselines[c], c)):
             train(name, seed)
+    if not runs:
+        raise SystemExit(f"no finished run in {runner.root}: nothing to report")
     results = results_of(runs, chosen=chosen, args=args, common=common, seconds=time.perf_counter() - started)
     path = write_results(args.name, results, markdown(results),
                          trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
@@ -174,10 +176,16 @@ def results_of(runs: dict[str, dict[int, Path]], *, chosen: list[str], args: arg
     results = collect(runs, chosen=chosen, overrides={name: VARIANTS[name] for name in runs})
     rows = {r["variant"]: r for r in results["rows"]}
     results.update(chosen_by="--chosen" if args.chosen is not None else "min-ratio", min_ratio=args.min_ratio,
-                   common=common, seconds=seconds, verdicts={name: verdict(rows[name]) for name in chosen if name in rows},
+                   common=common, seconds=seconds, config=config_name(args.config),
+                   verdicts={name: verdict(rows[name]) for name in chosen if name in rows},
                    float32_checks=[float32_check(r) for r in results["rows"] if r["variant"] in BASELINES.values()])
     results["chosen"] = [name for name in chosen if name in rows]
     return results
+
+
+def config_name(config_file: str) -> str:
+    path = Path(config_file).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def slug(name: str) -> str:

@@ -93,7 +93,7 @@ def markdown(results: dict) -> str:
     tokens = next(iter(first["per_seed"].values()))["scored_tokens"]
     return (
         "# Every byte on the wire against quality: codecs, inner optimizers and outer decay, one island per path\n\n"
-        f"`configs/demo.yaml`'s recipe with {' '.join(results['common'])}; per seed every variant from the same warm "
+        f"`{results['config']}`'s recipe with {' '.join(results['common'])}; per seed every variant from the same warm "
         f"start, shards, version 0 and data order; routed perplexity (prefix) on {tokens:,} held-out tokens, against "
         f"float32 DiLoCo with the same inner optimizer and outer decay, on the seeds both trained. Bytes: measured by "
         f"the islands at the store (train.json's `traffic`), per applied result (path-round). **x training "

@@ -72,7 +72,7 @@ def test_rows_compare_with_the_float32_of_their_inner_optimizer_and_outer_decay(
     check = float32_check(rows["float32"])  # seed 0's (2000 + 2200 + 20) / 4 per result against 2 x 500; seed 1 1.005
     assert check["training_over_2x_float32"] == pytest.approx((2000 + 2200 + 20) / 4 / 1000) and not check["passes"]
     assert float32_check(rows["float32, Muon, decay keep"])["passes"]  # (2000 + 2000 + 20) / 4000 = 1.005
-    results.update(chosen_by="--chosen", min_ratio=100, common=["x=1"], seconds=60, verdicts={"sparse": v},
+    results.update(config="configs/demo.yaml", chosen_by="--chosen", min_ratio=100, common=["x=1"], seconds=60, verdicts={"sparse": v},
                    float32_checks=[check])
     page = markdown(results)
     assert "**Fails.**" in page and "joining + fallbacks" in page and "+1.77%" in page
