@@ -81,6 +81,12 @@ def verdict_lines(results: dict) -> list[str]:
             f"{mark[v['rounds']]} ({r['rounds']}); ≥ {MIN_RATIO_EVERYTHING:g}x everything at "
             f"K = {r['inner_checkpoint_every']} {mark[v['ratio_everything']]} ({r['ratio_everything']:.1f}x). "
             f"**{'Passes' if v['passes'] else 'Fails'}.**")
+    whole = [r["variant"] for r in results["rows"] if not r["bytes_per_result"].get("down_module_update")
+             and r["bytes_per_result"].get("down_module")]
+    if whole:
+        lines.append(f"- No module updates downloaded, only whole modules, in: {', '.join(whole)} (code before "
+                     "compressed downloads, or `compression.download: full`): their training traffic leaves the "
+                     "module downloads out, so their x training traffic and float32 check say nothing about downloads.")
     for check in results["float32_checks"]:
         lines.append(f"- Float32 check, {check['variant']}: training traffic {check['training_over_2x_float32']:.3f} "
                      f"x 2 x the path's float32 bytes (≤ {FLOAT32_SLACK}: {'yes' if check['passes'] else '**no**'}).")
