@@ -12,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-wire bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
 
 help:  ## this list: each target with its description
 	@echo "stage targets take CONFIG=configs/<name>.yaml (default: the run's own config.yaml) RUN=$(RUN) ARGS='section.key=value ...'"
@@ -111,8 +111,11 @@ bench-islands:  ## data parallel, sync and async rounds side by side: paced isla
 	$(OFFLINE) $(PYTHON) bench/bench_islands.py $(ARGS)
 
 bench-bytes:  ## every pseudo-gradient codec and fragments side by side at the reduced demo, two seeds for the chosen one (~45 min on 2 cores; bench/results/compression*)
-	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 int8 int4 "topk 1% 2b EF" "topk 1% 2b no EF" "topk 1% 4b EF" "topk 1% 4b no EF" "topk 3% 2b EF" "topk 3% 2b no EF" "topk 3% 4b EF" "topk 3% 4b no EF" "topk 10% 2b EF" "topk 10% 2b no EF" "topk 10% 4b EF" "topk 10% 4b no EF" $(ARGS)
+	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 int8 int4 "topk 1% 2b EF" "topk 1% 2b no EF" "topk 1% 4b EF" "topk 1% 4b no EF" "topk 3% 2b EF" "topk 3% 2b no EF" "topk 3% 4b EF" "topk 3% 4b no EF" "topk 10% 2b EF" "topk 10% 2b no EF" "topk 10% 4b EF" "topk 10% 4b no EF" --name compression $(ARGS)
 	$(OFFLINE) $(PYTHON) bench/bench_compression.py --only float32 "float32, 3 fragments" "float32, 4 fragments" "int8, 3 fragments" "int8, 4 fragments" "topk 10% 4b EF, 3 fragments" "topk 10% 2b EF, 3 fragments" --chosen "float32, 3 fragments" "float32, 4 fragments" "topk 10% 2b EF, 3 fragments" --name compression-fragments $(ARGS)
+
+bench-wire:  ## every byte on the wire: float32 DiLoCo (AdamW, Muon; outer decay average, keep) against SparseLoCo at 1% and 2%, 100 rounds, two seeds for the chosen one (bench/results/wire; ARGS='--keep' resumes)
+	$(OFFLINE) $(PYTHON) bench/bench_compression.py --rounds 100 --inner-checkpoint-every 10 --only "float32" "float32, Muon" "float32, decay keep" "float32, Muon, decay keep" "topk 1% 2b EF decay 0.95" "topk 1% 2b EF decay 0.95, Muon" "topk 1% 2b EF decay 0.95, decay keep" "topk 1% 2b EF decay 0.95, Muon, decay keep" "topk 2% 2b EF decay 0.95" "topk 2% 2b EF decay 0.95, Muon" "topk 2% 2b EF decay 0.95, decay keep" "topk 2% 2b EF decay 0.95, Muon, decay keep" $(ARGS)
 
 bench-grids:  ## 2x2, 4x4 and 8x8 grids at one path size against dense models of 1x and 4x a path, then the 4x and 16x dense models at their own lr; 3 seeds (~2 h on 2 cores; bench/results/grid-scaling*)
 	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py $(ARGS)

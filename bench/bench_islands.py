@@ -9,6 +9,7 @@ processes paced to a fixed step time, with failures and with a straggler; the si
     python bench/bench_islands.py --predict               # the simulator's column again, from the JSON
     python bench/bench_islands.py --markdown-only         # re-render the markdown from the JSON
     python bench/bench_islands.py --recompute-goodput     # goodput by work from what the JSON records
+    python bench/bench_islands.py --bandwidth 1e5 1e6     # goodput against each island's store bandwidth (islands_bandwidth.py)
 
 Every row is real processes on this machine. The island rows are `dipaco train` (a coordinator and 8
 pull-based island processes of one thread over a local store) of the demo's recipe (dense warm start
@@ -193,6 +194,12 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
     parser.add_argument("--keep", action="store_true", help="keep the rows the JSON has; run only the missing ones")
     parser.add_argument("--markdown-only", action="store_true", help="re-render bench/results/NAME.md from its JSON")
     parser.add_argument("--predict", action="store_true", help="(re)compute the simulator's column from the JSON")
+    parser.add_argument("--bandwidth", nargs="+", type=float, default=None, metavar="B",
+                        help="instead of the rows above: failure-free sync rows with every island's store traffic "
+                             "limited to B bytes/s each way (faults.store_bandwidth; 0 = unlimited), one per --variants "
+                             "and B (bench/islands_bandwidth.py)")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="with --bandwidth: float32 then the settings to compare (bench/bench_compression.py's names)")
     parser.add_argument("--recompute-goodput", action="store_true",
                         help="goodput by work from the JSON's applied tokens and run seconds (bench/islands_goodput.py), "
                              "then the simulator's column")
@@ -200,6 +207,8 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
     if min(args.replicas, args.rounds, args.inner_steps) < 1 or args.step_seconds <= 0 or args.checkpoint_steps < 1:
         parser.error(f"--replicas, --rounds, --inner-steps and --checkpoint-steps must be >= 1 and --step-seconds > 0, "
                      f"got {args.replicas}, {args.rounds}, {args.inner_steps}, {args.checkpoint_steps}, {args.step_seconds}")
+    if args.bandwidth is not None and min(args.bandwidth) < 0:
+        parser.error(f"--bandwidth values are bytes per second >= 0, got {args.bandwidth}")
     mtbf = None if args.mtbf == "auto" else tuple(float(x) for x in args.mtbf.split(",") if x.strip())
     if mtbf is not None and any(m <= 0 for m in mtbf):
         parser.error(f"--mtbf values must be > 0, got {args.mtbf!r}")
@@ -466,6 +475,12 @@ if __name__ == "__main__":
             RESULT.write_text(json.dumps(record, indent=1) + "\n")
             RESULT.with_suffix(".md").write_text(with_source(record, markdown(record)))
         print(with_source(record, markdown(record)))
+    elif ARGS.bandwidth is not None:
+        from bench.islands_bandwidth import DEFAULT_VARIANTS, check_variants
+        from bench.islands_bandwidth import main as bandwidth_main
+
+        bandwidth_main(SETTING, bandwidths=ARGS.bandwidth, variants=check_variants(ARGS.variants or list(DEFAULT_VARIANTS)),
+                       keep=ARGS.keep)
     else:
         only = {name.strip() for name in ARGS.only.split(",") if name.strip()}
         main(SETTING, only=only, keep=ARGS.keep)

@@ -268,13 +268,14 @@ class ResilienceConfig(Section):
 
 @dataclass(kw_only=True)
 class FaultsConfig(Section):
-    """Fault injection for local islands (`dipaco train`): failures, returns, a slow island, a pace."""
+    """Fault injection for local islands (`dipaco train`): failures, returns, a slow island, a pace, a slow link."""
 
     section = "faults"
     mtbf: NonNegative = 0.0  # islands fail at random with this mean time between failures (s); 0 = never
     return_after: NonNegative = 10.0  # a failed island comes back after this many seconds
     mode: Literal["die", "stall"] = "die"  # die (the task is lost) | stall (stop heart-beating, then finish late)
     slowdown: Annotated[float, Range(min=1)] = 1.0  # island-0 of `dipaco train` (or an island run with --slowdown) is this many times slower
+    store_bandwidth: NonNegative = 0.0  # emulate a slow link: each island's store reads and writes take their bytes / this many bytes per second, each way (dipaco.store.bandwidth: a fair-shared full-duplex link; benchmarks); 0 = unlimited
     step_seconds: NonNegative = 0.0  # pad every island's inner steps to this wall time by sleeping (benchmarks: islands paced as on machines of their own; slowdown then multiplies it); 0 = off
 
 

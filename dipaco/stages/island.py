@@ -33,6 +33,7 @@ def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory:
     """The pieces of the run an island uses, unpacked from the config once (`slowdown`: an injected straggler;
     `factory`: the run's store, grid and shard reader when the caller has them already)."""
     factory = factory or PathFactory(config, run)
+    factory.store.limit_bandwidth(config.faults.store_bandwidth)  # an emulated link (0: none)
     return IslandSetup(store=factory.store, topology=factory.topology, spec=factory.spec, reader=factory.reader,
                        inner=config.inner, compression=config.compression, hardware=config.hardware, run=config.run,
                        resilience=config.resilience, cancellable=config.rounds.mode == "async",

@@ -22,6 +22,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from dipaco.store.bandwidth import BandwidthLimit
 from dipaco.store.conditional import ConditionalFiles, for_filesystem
 from dipaco.store.errors import RetryingFileSystem, StoreError, check_reachable, retrying
 from dipaco.store.traffic import Traffic
@@ -61,6 +62,10 @@ class StoreFiles:
     def bytes_read(self) -> int:
         """Payload bytes this client read from the store (`traffic`)."""
         return self.traffic.counts().bytes("down")
+
+    def limit_bandwidth(self, bytes_per_second: float) -> None:
+        """Pace every read and write of this client to `bytes_per_second` each way (`bandwidth`); 0 = unlimited."""
+        self.traffic.limit = BandwidthLimit(bytes_per_second) if bytes_per_second > 0 else None
 
     @property
     def is_local(self) -> bool:

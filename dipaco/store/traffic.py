@@ -13,6 +13,9 @@ a HEAD a few hundred bytes of headers), so `bytes` are payload bytes and `reques
 trips there were. A refused conditional write counts its request and no bytes (on S3 its body did cross:
 one lease or state file per refusal).
 
+`Traffic.limit` (`dipaco.store.bandwidth`, `faults.store_bandwidth`) paces each counted transfer, so the
+same call that counts a process's bytes makes them take bytes / bandwidth seconds.
+
     traffic = Traffic()
     traffic.add("up", "results/round-000001/path-0000.int8.safetensors", 1234)
     traffic.counts().bytes("up", "pseudo_gradient")   # 1234
@@ -25,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from dipaco.store.errors import StoreError
 
@@ -132,6 +135,12 @@ class ByteCounts:
         return cls(cells)
 
 
+class Pacer(Protocol):
+    """What `Traffic.add` calls to pace a transfer (`bandwidth.BandwidthLimit`)."""
+
+    def take(self, direction: str, nbytes: int) -> float: ...
+
+
 class Traffic:
     """The running counts of one store client (thread-safe: an island's heartbeat thread writes too)."""
 
@@ -139,6 +148,7 @@ class Traffic:
         self.session = uuid.uuid4().hex[:12]  # names this client's counts file (`dipaco.store.ledger`)
         self._cells: dict[tuple[str, str], tuple[int, int]] = {}
         self._lock = threading.Lock()
+        self.limit: Pacer | None = None  # paces every transfer (`bandwidth.BandwidthLimit`); None = unlimited
 
     def add(self, direction: str, relative: str, nbytes: int, *, requests: int = 1) -> None:
         """Count `nbytes` payload bytes and `requests` requests moving `direction` for the store name `relative`."""
@@ -147,6 +157,8 @@ class Traffic:
         with self._lock:
             old = self._cells.get(key, (0, 0))
             self._cells[key] = (old[0] + nbytes, old[1] + requests)
+        if self.limit is not None:
+            self.limit.take(direction, nbytes)  # outside the lock: the other threads keep counting
 
     def counts(self) -> ByteCounts:
         """A snapshot of the counts so far."""
