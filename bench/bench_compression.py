@@ -63,6 +63,16 @@ def sparseloco(density: float, beta: float, *, muon: bool, keep: bool) -> tuple[
                   *(["outer.decay=keep"] if keep else [])]
 
 
+def kept_local(density: float, bits: int, *, muon: bool = False, keep: bool = False) -> tuple[str, list[str]]:
+    """Top-k with error feedback on the shared modules only: the private modules stay on their island
+    (`outer.private_modules: local`) and the path's last task sends everything it holds at int8
+    (`compression.last_task: int8`); with Muon inside or `outer.decay: keep`."""
+    name = (f"topk {round(density * 100)}% {bits}b EF, private local, last int8" + (", Muon" if muon else "")
+            + (", decay keep" if keep else ""))
+    return name, [*topk(density, bits, True), "outer.private_modules=local", "compression.last_task=int8",
+                  *(["inner.optimizer=muon"] if muon else []), *(["outer.decay=keep"] if keep else [])]
+
+
 VARIANTS: dict[str, list[str]] = {  # name -> overrides
     # float32 DiLoCo, the baseline of every row with the same inner optimizer and outer decay (wire_rows.BASELINES)
     "float32": ["compression.codec=none"],
@@ -83,6 +93,10 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     # inside (MuLoCo) and with the outer momentum kept in the decay (outer.decay keep), so that it replaces one
     **dict(sparseloco(d, beta, muon=muon, keep=keep)
            for d in (0.01, 0.02, 0.03) for beta in (0.9, 0.95) for muon in (False, True) for keep in (False, True)),
+    # the shared modules compressed, the private ones kept on their island (docs/islands.md)
+    **dict(kept_local(d, 2) for d in (0.03, 0.05, 0.1)),
+    **dict(kept_local(0.05, 2, muon=muon, keep=keep) for muon, keep in ((True, False), (False, True), (True, True))),
+    "float32, private local": ["compression.codec=none", "outer.private_modules=local"],
     "topk 3% 2b EF decay 0.95, outer lr 1": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0"],
     "topk 3% 2b EF, Muon": [*topk(0.03, 2, True), "inner.optimizer=muon"],
     "topk 3% 2b EF decay 0.95, outer lr 1, Muon": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0",
