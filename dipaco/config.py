@@ -183,7 +183,7 @@ class CompressionConfig(Section):
     chunk: Annotated[int, Range(min=64, max=65536)] = 4096  # topk: elements per chunk of a flattened tensor; each chunk keeps its own top entries
     error_feedback: bool = True  # topk: what was not sent is added to the path's next pseudo-gradient (the residual is kept in the path's carried state)
     ef_decay: Annotated[float, Range(above=0, max=1)] = 1.0  # error feedback: beta of the accumulator e = beta * e + delta, whose top-k is sent and decoded value subtracted (SparseLoCo); 1 = the residual carried whole. Below 1 the accumulator takes the outer momentum's place (ef_with_momentum)
-    last_task: Literal["float32", "codec"] = "float32"  # the path's last task sends its pseudo-gradient (with the error-feedback residual, and the drift of modules not sent before) in float32 = nothing it trained stays on the island | codec = in compression.codec like every task
+    last_task: Literal["float32", "int8", "codec"] = "float32"  # the codec of the path's last pseudo-gradient, which holds its error-feedback residual and the drift of modules not sent before (with outer.private_modules local: the whole training of its private modules): float32 = nothing it trained stays on the island | int8 = a quarter of that, per-row rounding | codec = compression.codec like every task
     ef_with_momentum: bool = False  # with ef_decay < 1: the outer step keeps outer.momentum too; false = no outer momentum, a plain step of outer.lr on the average (SparseLoCo). Matters where the outer step has momentum: outer.decay keep, or rounds before the inner lr's decay
 
     @property
