@@ -80,7 +80,7 @@ def test_the_state_is_uploaded_at_every_kth_task_the_last_and_a_hand_off_only():
     assert plan.reason(step_offset=10, steps=2) == "checkpoint"  # a cut task that reaches the 12th step
     assert plan.reason(step_offset=9, steps=2) is None
     assert UploadPlan(every=0, inner_steps=4, total_steps=40).reason(step_offset=8, steps=4) is None
-    assert MOMENTS_OF["checkpoint"] == "bf16" and MOMENTS_OF["hand-off"] == MOMENTS_OF["last"] == "float32"
+    assert MOMENTS_OF["checkpoint"] == MOMENTS_OF["last"] == "bf16" and MOMENTS_OF["hand-off"] == "float32"
 
 
 def _inner_files(run) -> dict[int, list[int]]:

@@ -9,8 +9,9 @@ as one object that owns its tensors, checks them, and decides when they cross th
 
 The state belongs to the path and lives on the island that trains it (`docs/islands.md#carried-state`). It
 crosses the wire only when `UploadPlan.reason` says so: every `resilience.inner_checkpoint_every` tasks of
-the path (a checkpoint, its moments in bf16), on the path's last task, and on a hand-off (the island stops
-cleanly, or the path moves to another island while this one is alive); those two in float32, so the path
+the path (a checkpoint, its moments in bf16), on the path's last task (bf16 too: it serves only a run
+extended later), and on a hand-off (the island stops
+cleanly, or the path moves to another island while this one is alive); that one in float32, so the path
 continues exactly. A path moved after its island died resumes from its last checkpoint (`stale`: the
 moments only; the residual and drift a checkpoint held were measured against modules since moved on).
 
@@ -36,7 +37,7 @@ from dipaco.store.module_store import StoreError
 RESIDUAL = "residual/"  # prefix of the error-feedback residual's entries on disk
 DRIFT = "drift/"  # prefix of the drift's entries on disk
 MOMENTS = {"float32": torch.float32, "bf16": torch.bfloat16}  # the dtypes moments are stored in
-MOMENTS_OF = {"checkpoint": "bf16", "last": "float32", "hand-off": "float32"}  # by upload reason
+MOMENTS_OF = {"checkpoint": "bf16", "last": "bf16", "hand-off": "float32"}  # by upload reason (last: kept to extend the run, as a checkpoint)
 
 
 

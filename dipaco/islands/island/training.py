@@ -120,10 +120,12 @@ class IslandSetup:
                                    rounds=self.run.rounds, private_local=self.private_local)
 
     def codec_of(self, task: Task) -> str:
-        """The codec `task`'s pseudo-gradient travels in: `compression.codec`, or float32 for the path's last
-        task (`compression.last_task: float32`: nothing it trained, residual or drift, stays on the island)."""
-        last = self.schedule.last(step_offset=task.step_offset, steps=task.steps)
-        return "none" if last and self.compression.last_task == "float32" else self.compression.codec
+        """The codec `task`'s pseudo-gradient travels in: `compression.codec`, or for the path's last task
+        `compression.last_task`'s (float32: nothing it trained, residual or drift, stays on the island)."""
+        last_task = self.compression.last_task
+        if last_task == "codec" or not self.schedule.last(step_offset=task.step_offset, steps=task.steps):
+            return self.compression.codec
+        return "none" if last_task == "float32" else last_task
 
 
 @dataclass(frozen=True)
