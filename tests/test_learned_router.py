@@ -148,7 +148,7 @@ def test_run_with_the_learned_router(tmp_path):
     """`dipaco run` with two phases: after round 1 (re-sharded, training goes on) and after round 2."""
     run = RunDir(tmp_path / "run")
     args = ["--config", str(TINY), "--run", str(run.root), "corpus.router_fraction=0.15", "routing.router=learned",
-            "reroute.phases=2", "reroute.target=labels", "eval.baselines=false"]
+            "reroute.phases=2", "eval.baselines=false"]
     dipaco("run", *args)
     phases = json.loads((run.routing / "phases.json").read_text())
     assert [p["after_round"] for p in phases] == [1, 2]
