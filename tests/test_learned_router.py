@@ -143,6 +143,19 @@ def test_a_learned_router_needs_a_router_split():
         load_config(TINY, ["routing.router=learned", "corpus.router_fraction=0.1", "reroute.phases=3"])
 
 
+def test_a_resumed_run_skips_only_the_phases_of_its_own_training(tiny_trained, tmp_path):
+    """A phase counts as done when the store has reached its round (tiny_trained's store: round 3); after
+    `--restart-from train` (no store yet) none does."""
+    from dipaco.stages.run import _phases_done
+
+    run = RunDir(tmp_path / "run")
+    run.routing.mkdir(parents=True)
+    (run.routing / "phases.json").write_text(json.dumps([{"after_round": r} for r in (1, 3, 5)]))
+    config = load_config(TINY, [f"store.url={tiny_trained.store}"])
+    assert _phases_done(config, run) == {1, 3}
+    assert _phases_done(load_config(TINY, [f"store.url={tmp_path / 'new-store'}"]), run) == set()
+
+
 @pytest.mark.slow
 def test_run_with_the_learned_router(tmp_path):
     """`dipaco run` with two phases: after round 1 (re-sharded, training goes on) and after round 2."""

@@ -56,11 +56,10 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
 def train_and_reroute(config: Config, run: RunDir, args: argparse.Namespace) -> None:
     """`dipaco train`; with `routing.router: learned`, `reroute.phases` discriminative phases (`dipaco reroute`):
     the first phases - 1 after rounds R k / phases (training goes on, on the new shards), the last after the
-    last round, so that evaluation and the export route by the learned router. A phase already in
-    routing/phases.json (a resumed run) is not done again."""
+    last round, so that evaluation and the export route by the learned router. A phase in routing/phases.json
+    after a round the store has already reached (a resumed run) is not done again."""
     phases = config.reroute.phases if config.routing.router == "learned" else 0
-    phases_file = run.routing / "phases.json"
-    done = {p["after_round"] for p in json.loads(phases_file.read_text())} if phases_file.exists() else set()
+    done = _phases_done(config, run) if phases else set()
     for k in range(1, phases + 1):
         stop = config.run.rounds * k // phases
         if k < phases:
@@ -72,6 +71,22 @@ def train_and_reroute(config: Config, run: RunDir, args: argparse.Namespace) -> 
             reroute.command(config, run, args)
     if not phases:
         train.command_train(config, run, args)
+
+
+def _phases_done(config: Config, run: RunDir) -> set[int]:
+    """The rounds after which routing/phases.json records a phase of this training: those up to the store's
+    current round (a phase after a later round belongs to a training moved aside by `--restart-from`)."""
+    from dipaco.pipeline.context import PathFactory
+    from dipaco.store.module_store import StoreError
+
+    phases_file = run.routing / "phases.json"
+    if not phases_file.exists():
+        return set()
+    try:
+        reached = PathFactory(config, run).store.current_round()
+    except StoreError:  # not trained yet
+        return set()
+    return {p["after_round"] for p in json.loads(phases_file.read_text()) if p["after_round"] <= reached}
 
 
 def stages_to_redo(run: RunDir, config: Config, kept: tuple[str, ...]) -> set[str]:
