@@ -2,11 +2,13 @@
 routing cost in ms per prefix, and documents per path.
 
     OMP_NUM_THREADS=1 python experiments/learned_router.py --name learned-router-2x2 [--set key=value ...]
+    python experiments/learned_router.py --name learned-router-2x2 --collect-only   # the results file again
 
 One run of configs/demo.yaml at a reduced size (`REDUCED`, with a 5% router split): `dipaco run` with the
 k-means router, evaluated in the prefix (k-means), likelihood and oracle modes; then one discriminative
 phase after the last round (`dipaco reroute`, `reroute.target=labels`: the learned router) and `dipaco eval`
-again, routed by it. Writes experiments/results/<name>.{json,md}; the run stays in runs/<name>.
+again, routed by it. Writes experiments/results/<name>.{json,md} (`bench.recording`); the run stays in
+runs/<name>.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.recording import EXPERIMENT_RESULTS, run_code, write_results  # noqa: E402
+
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "run.rounds=4", "inner.steps=25",
            "hardware.precision=fp32", "corpus.router_fraction=0.05", "eval.baselines=false", "eval.best=false",
            "eval.modes=[prefix,likelihood,oracle]"]
@@ -39,7 +45,6 @@ def collect(run: Path, overrides: list[str], seconds: float) -> dict:
     learned = mode_perplexities(run / "eval.json")
     phase = json.loads((run / "routing" / "phases.json").read_text())[-1]
     return {
-        "command": f"OMP_NUM_THREADS=1 python experiments/learned_router.py {' '.join(sys.argv[1:])}",
         "overrides": overrides,
         "perplexity": {"kmeans_router": kmeans["prefix"], "learned_router": learned["prefix"],
                        "likelihood": kmeans["likelihood"], "oracle": kmeans["oracle"]},
@@ -59,7 +64,8 @@ def markdown(r: dict) -> str:
     p, cost, bal = r["perplexity"], r["routing_cost"], r["balance"]
     gap = "n/a" if r["gap_closed"] is None else f"{r['gap_closed']:.0%}"
     lines = [f"# Learned router vs k-means vs likelihood routing ({r['seconds'] / 60:.0f} min)", "",
-             f"`{r['command']}` (configs/demo.yaml + {' '.join(r['overrides'])}), one seed.", "",
+             f"configs/demo.yaml + {' '.join(r['overrides'])}; one seed; the learned router is one "
+             f"`dipaco reroute` phase after the last round (`reroute.target=labels`).", "",
              "| routing | perplexity | ms per prefix (featurize + pick) | train docs per path min / median / max "
              "| entropy (bits) |", "|---|---|---|---|---|"]
     for name, key, ppl in (("k-means router", "previous", p["kmeans_router"]),
@@ -82,19 +88,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--name", default="learned-router-2x2")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--collect-only", action="store_true", help="write the results file from the kept run")
     args = parser.parse_args()
     run = ROOT / "runs" / args.name
     overrides = [*REDUCED, *args.set]
     common = ["--config", "configs/demo.yaml", "--run", str(run), *overrides]
     started = time.perf_counter()
-    dipaco("run", *common)
-    shutil.copy2(run / "eval.json", run / "eval-kmeans.json")
-    dipaco("reroute", *common, "reroute.target=labels")
-    dipaco("eval", *common, "reroute.target=labels")
-    result = collect(run, overrides, time.perf_counter() - started)
-    out = ROOT / "experiments" / "results" / args.name
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    if not args.collect_only:
+        dipaco("run", *common)
+        shutil.copy2(run / "eval.json", run / "eval-kmeans.json")
+        dipaco("reroute", *common, "reroute.target=labels")
+        dipaco("eval", *common, "reroute.target=labels")
+        (run / "wall-seconds.json").write_text(json.dumps(time.perf_counter() - started))
+    result = collect(run, overrides, json.loads((run / "wall-seconds.json").read_text()))
+    write_results(args.name, result, markdown(result), results_dir=EXPERIMENT_RESULTS, trained_at=run_code(run))
     print(markdown(result))
 
 
