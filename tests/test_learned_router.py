@@ -6,7 +6,8 @@
 - the router file round-trips with pickle unavailable;
 - the load balance and the routing cost against independent computations;
 - (slow) `dipaco run` with `routing.router=learned`: the phases, the cost and balance in phases.json, the
-  evaluation routed by the learned router, and a second `dipaco run` adds no phase.
+  evaluation routed by the learned router, a second `dipaco run` adds no phase, and the exported mixture
+  routes prompts as the learned router does.
 
 HF_HUB_OFFLINE=1 python -m pytest tests/test_learned_router.py -q [-m slow]
 """
@@ -175,3 +176,12 @@ def test_run_with_the_learned_router(tmp_path):
     assert json.loads((run.root / "eval.json").read_text())["routing_agrees_with_shards"] == 1.0
     dipaco("run", *args)  # resumed: finished, nothing to re-route
     assert len(json.loads((run.routing / "phases.json").read_text())) == 2
+    # the exported mixture routes prompts by the learned router
+    import dipaco as package
+
+    dipaco("export", str(tmp_path / "mixture"), "--run", str(run.root))
+    mixture = package.load(tmp_path / "mixture")
+    factory = PathFactory(load_config(run.config), run)
+    texts = [factory.tokenizer.decode(d) for d in ShardReader(run.shards).test_documents()[0][:16]]
+    expected = PrefixRouter(router, factory.tokenizer, factory.topology, prefix_tokens=factory.prefix_tokens)
+    np.testing.assert_array_equal(mixture.route_texts(texts), expected.route_texts(texts))
