@@ -163,7 +163,7 @@ def test_run_with_the_learned_router(tmp_path):
     run = RunDir(tmp_path / "run")
     args = ["--config", str(TINY), "--run", str(run.root), "corpus.router_fraction=0.15", "routing.router=learned",
             "reroute.phases=2", "eval.baselines=false"]
-    dipaco("run", *args)
+    dipaco("run", *args, timeout=900)
     phases = json.loads((run.routing / "phases.json").read_text())
     assert [p["after_round"] for p in phases] == [1, 2]
     router = Router.load(run.routing)
@@ -174,7 +174,7 @@ def test_run_with_the_learned_router(tmp_path):
     train = Assignments.load(run.routing)
     assert sum(phases[-1]["balance"]["new"]["sizes"]) == int((train.split == 0).sum())
     assert json.loads((run.root / "eval.json").read_text())["routing_agrees_with_shards"] == 1.0
-    dipaco("run", *args)  # resumed: finished, nothing to re-route
+    dipaco("run", *args, timeout=900)  # resumed: finished, nothing to re-route
     assert len(json.loads((run.routing / "phases.json").read_text())) == 2
     # the exported mixture routes prompts by the learned router
     import dipaco as package
