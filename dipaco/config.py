@@ -387,6 +387,13 @@ class Config:
         if self.routing.featurizer == "base-model" and self.warm_start.fraction == 0:
             raise ValueError("routing.featurizer 'base-model' routes on the warm start's features, but "
                              "warm_start.fraction is 0 (no warm start): set routing.featurizer: tfidf, or a warm start")
+        if self.routing.router == "learned" and (self.corpus.router_fraction == 0 or self.topology.replicas > 1):
+            raise ValueError(f"routing.router 'learned' is fitted on the router split's losses: it needs "
+                             f"corpus.router_fraction > 0 (got {self.corpus.router_fraction}) and topology.replicas 1 "
+                             f"(got {self.topology.replicas})")
+        if self.routing.router == "learned" and self.reroute.phases > self.run.rounds:
+            raise ValueError(f"reroute.phases {self.reroute.phases} is more discriminative phases than run.rounds "
+                             f"{self.run.rounds} (one at most after each round)")
         if self.routing.prefix_tokens >= self.sharding.seq_len:
             raise ValueError(f"routing.prefix_tokens {self.routing.prefix_tokens} leaves nothing to score in "
                              f"sequences of sharding.seq_len {self.sharding.seq_len}")

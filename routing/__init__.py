@@ -6,6 +6,7 @@ embed_hf.py  mean-pooled last hidden states of a local HF model (featurizers "hf
 kmeans.py  faiss k-means, nearest-centroid assignment, product k-means
 balance.py per-path penalties and exact capacity assignment (routing.balance)
 discriminative.py  logistic-regression router with a size-matching bias (dipaco reroute)
+router_cost.py  a router's ms per routed prefix and its load balance (documents per path, entropy)
 routing_report.py  routing report: sizes, balance, churn, purity / NMI, PNG histogram
 router.py  the Router artifact (featurizers.py: which featurizer; artifacts.py: its files)
 assignments.py  every document's path, split and top-k paths

@@ -80,6 +80,11 @@ class Router:
     def n_paths(self) -> int:
         return math.prod(self.levels)
 
+    @property
+    def kind(self) -> str:
+        """"learned" when a discriminative linear head routes (`routing.discriminative`), else "kmeans"."""
+        return "kmeans" if self.linear is None else "learned"
+
     @classmethod
     def fit(cls, prefixes: list[str], *, levels: list[int], config: RoutingConfig) -> tuple[Router, dict[str, Any]]:
         """Fit featurizer and k-means on `prefixes`; stats hold both stages and the path sizes (`fit_router`)."""
@@ -302,11 +307,20 @@ def _router_state(self: Router) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         "method": self.method,
         "n_paths": self.n_paths,
         "slices": [list(s) for s in self.slices],
-        "config": asdict(self.config),
+        "config": _fitted_config(self.config),
         "seed": self.seed,
         "featurizer": feat_meta,
     }
     return tensors, meta
+
+
+def _fitted_config(config: RoutingConfig) -> dict[str, Any]:
+    """The routing config saved with a router: what it was fitted with. `routing.router` (which router a run
+    uses) is not a property of a fitted router (a learned one holds its `linear` tensors), so it is left
+    out, and routers saved before the switch existed keep their fingerprint."""
+    saved = asdict(config)
+    saved.pop("router")
+    return saved
 
 
 def _read_router_files(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], str | None, list[str]]:

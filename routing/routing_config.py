@@ -61,6 +61,7 @@ class RoutingConfig(Section):
     balance: Annotated[float, Range(min=1, off=0)] = 0.0  # 0 = nearest centroid; else per-path penalties keep largest / smallest path <= this ratio (e.g. 1.1)
     train_top_k: PositiveInt = 1  # each training document goes to its k best paths (the paper's 16x16 run: 2); test documents to 1
     seed: Seed = 0  # seed of the SVD and of k-means
+    router: Literal["kmeans", "learned"] = "kmeans"  # the router evaluation and the exported mixture use: kmeans (fitted by `dipaco route`) | learned (`dipaco run` then fits it on the paths' losses over the router split: reroute.*; needs corpus.router_fraction > 0)
 
 
 @dataclass(kw_only=True)
@@ -70,4 +71,5 @@ class RerouteConfig(Section):
     section = "reroute"
     candidates: Count = 0  # score each router document with its top-C paths by the current router's cost; 0 = all
     c: Annotated[float, Range(above=0)] = 1.0  # inverse L2 strength of the logistic regression (scikit-learn's C)
+    phases: PositiveInt = 1  # with routing.router learned: `dipaco run`'s discriminative phases, the first phases - 1 at even rounds during training (re-sharded, training goes on), the last after it
     target: Literal["current", "uniform", "labels"] = "current"  # path-size distribution the router's bias matches: the current training sizes, uniform, or labels (no matching: the scored documents' own best paths)

@@ -7,7 +7,7 @@ A stage's record (`routing/fingerprint.json`, `shards/fingerprint.json`, `train-
 the values of the config keys that stage depends on (`STAGE_KEYS`, the one dependency table) and the
 fingerprints of its inputs:
 
-    route   corpus.*, routing.* (but the batch size), sharding.tokenizer,
+    route   corpus.*, routing.* (but the batch size and routing.router), sharding.tokenizer,
             sharding.vocab_size, topology.levels / replicas; input: every corpus file (size, mtime, sha256)
     shard   sharding.seq_len / val_fraction / tokens_per_shard / seed, routing.prefix_tokens,
             topology.levels / replicas; input: the router it packed for (index.json's router fingerprint,
@@ -39,8 +39,8 @@ STAGE_ORDER = ("pretrain", "route", "shard", "train", "baselines", "eval", "repo
 
 # stage → the config keys its artifacts depend on ("section" = every key of it, "-section.key" = but that one)
 STAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "route": ("corpus", "routing", "-routing.hf_batch_size", "sharding.tokenizer", "sharding.vocab_size",
-              "topology.levels", "topology.replicas"),
+    "route": ("corpus", "routing", "-routing.hf_batch_size", "-routing.router", "sharding.tokenizer",
+              "sharding.vocab_size", "topology.levels", "topology.replicas"),
     "shard": ("sharding.seq_len", "sharding.val_fraction", "sharding.tokens_per_shard", "sharding.seed",
               "routing.prefix_tokens", "topology.levels", "topology.replicas"),
     "train": ("model", "topology", "sharding.seq_len"),

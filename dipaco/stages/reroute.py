@@ -21,6 +21,7 @@ import logging
 import shutil
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from dipaco.atomic import write_json
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.eval.modes import LossTable
+from dipaco.eval.path_labels import best_paths, candidate_losses
 from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
@@ -39,21 +41,11 @@ from routing.assignments import ASSIGN_JSON, ASSIGN_TENSORS, Assignments
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
 from routing.router import ROUTER_JSON, ROUTER_TENSORS, Router
+from routing.router_cost import load_balance, routing_cost
 from routing.routing_report import routing_report, write_report
 from sharding.tokenizer import encode_batch, prefix_texts
 
 log = logging.getLogger(__name__)
-
-
-def candidate_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_paths: int, skip: int) -> np.ndarray:
-    """Mean token NLL (D, paths) of each document of `table` under each of its `candidates` (D, c)
-    paths at module version `round`, on its tokens after the first `skip` (inf where not a candidate)."""
-    nll = np.full((len(table.docs), n_paths), np.inf)
-    table.ensure({(p, round): set(np.flatnonzero((candidates == p).any(axis=1)).tolist()) for p in range(n_paths)})
-    for path in range(n_paths):
-        for d in np.flatnonzero((candidates == path).any(axis=1)):
-            nll[d, path] = table.get(path, round, d)[skip:].sum() / max(len(table.docs[d]) - skip, 1)
-    return nll
 
 
 def reroute(config: Config, run: RunDir) -> dict:
@@ -63,61 +55,22 @@ def reroute(config: Config, run: RunDir) -> dict:
     check(run, config, ("route", "shard", "train"))
     save_config(config, run.config)
     factory = PathFactory(config, run)
-    round = factory.store.current_round()
-    if round == 0:
-        raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
-    if round >= config.run.rounds and config.reroute.target == "current":
-        log.info("training has finished (version %d): this phase only re-fits the router evaluation uses, and "
-                 "reroute.target=labels fits it better than matching the training path sizes "
-                 "(docs/routing.md)", round)
+    round = _trained_round(factory, config, run)
     router = Router.load(run.require(run.routing / ROUTER_JSON, "route").parent)
     old = Assignments.load(run.routing)
     dataset = load_run_corpus(config.corpus)
-    split = run_splits(config.corpus, len(dataset))
-    if len(split) != len(old.split) or (split != old.split).any():
-        raise ValueError(f"{run.routing / ASSIGN_JSON} was made with other corpus / split settings: route again")
-    router_docs = np.flatnonzero(split == ROUTER)
-    if factory.topology.replicas > 1:
-        raise ValueError(f"discriminative re-routing picks among the routed paths; it does not support "
-                         f"topology.replicas {factory.topology.replicas} (DiLoCo replicas): set it to 1")
-    if len(router_docs) < factory.topology.n_paths:
-        raise ValueError(f"the router split has {len(router_docs)} documents; set corpus.router_fraction > 0 "
-                         f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
     texts = dataset["text"]
-    tokenizer = factory.tokenizer
-    skip, seq_len = factory.prefix_tokens, config.sharding.seq_len
-    features_file = run.routing / "features.npy"
-    features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
-    if features is None or features.shape != (len(texts), router.featurizer.dim):
-        prefixes = prefix_texts(tokenizer, texts, n_tokens=skip)
-        features = stream_features(router.featurizer, prefixes, features_file)
-    docs = [t[:seq_len] for t in encode_batch(tokenizer, [texts[int(i)] for i in router_docs])]
-    keep = np.array([len(d) > skip for d in docs], dtype=bool)
-    router_docs, docs = router_docs[keep], [d for d, k in zip(docs, keep) if k]
+    split = _checked_split(config, run, old, factory, n_documents=len(texts))
+    features = _prefix_features(run, router, texts, factory)
+    router_docs, docs = _router_documents(texts, split, factory, seq_len=config.sharding.seq_len)
     x = np.asarray(features[router_docs])
     n_paths = factory.topology.n_paths
-    c = config.reroute.candidates or n_paths
-    candidates = router.assign_topk(x, min(c, n_paths))
-    device = resolve_device(config.hardware.device)
-    table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
-                      score=partial(token_losses, batch_size=config.eval.batch_size, device=device,
-                                    precision=config.hardware.precision, pad_id=tokenizer.pad_token_id or 0))
-    nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=skip)
-    labels = np.argmin(nll, axis=1)
-    sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
-    target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
-              "labels": None}[config.reroute.target]
-    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.reroute.c,
-                                           seed=config.routing.seed)
-    new_router = Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
-                        centroids=router.centroids, config=router.config, penalties=router.penalties, linear=(w, b))
-    phases_file = run.routing / "phases.json"
-    phases = json.loads(phases_file.read_text()) if phases_file.exists() else []
-    phase = len(phases) + 1
-    archive = run.routing / f"phase-{phase - 1}"
-    archive.mkdir(parents=True, exist_ok=True)
-    for name in (ROUTER_JSON, ROUTER_TENSORS, ASSIGN_JSON, ASSIGN_TENSORS):
-        shutil.copy2(run.routing / name, archive / name)
+    candidates = router.assign_topk(x, min(config.reroute.candidates or n_paths, n_paths))
+    nll = candidate_losses(_loss_table(docs, factory, config), candidates, round=round, n_paths=n_paths,
+                           skip=factory.prefix_tokens)
+    labels = best_paths(nll)
+    new_router, fit_stats = _fit_learned(router, x, labels, old, config)
+    phase, archive = _archive_previous(run)
     paths, topk = assign_all(new_router, features, split, top_k=config.routing.train_top_k)
     new_router.save(run.routing)
     assignments = Assignments(path=paths, split=split, levels=list(router.levels),
@@ -127,25 +80,137 @@ def reroute(config: Config, run: RunDir) -> dict:
     report = routing_report(paths=paths, split=split, n_paths=n_paths, previous=old.path, labels=sources,
                             train_paths=assignments.train_paths(), name=f"reroute-{phase}")
     write_report(report, run.routing, name=f"report-reroute-{phase}")
+    previous = old.path[router_docs]
+    chosen = nll[np.arange(len(labels)), previous]
     record = {
         "phase": phase,
         "after_round": round,
         "router_documents": int(len(router_docs)),
         "candidates_per_document": int(candidates.shape[1]),
         "label_sizes": np.bincount(labels, minlength=n_paths).tolist(),
-        "label_agrees_with_previous_router": float(np.mean(labels == old.path[router_docs])),
+        "label_agrees_with_previous_router": float(np.mean(labels == previous)),
         "mean_nll_best": float(nll[np.arange(len(labels)), labels].mean()),
-        "mean_nll_previous_route": float(np.nanmean(np.where(np.isfinite(nll[np.arange(len(labels)), old.path[router_docs]]),
-                                                          nll[np.arange(len(labels)), old.path[router_docs]], np.nan))),
+        "mean_nll_previous_route": float(np.nanmean(np.where(np.isfinite(chosen), chosen, np.nan))),
         "fit": fit_stats,
+        **_cost_and_balance({"previous": router, "new": new_router}, {"previous": old.path, "new": paths},
+                            split=split, prefixes=_cost_prefixes(texts, router_docs, factory), n_paths=n_paths),
         "report": report,
         "previous_router": str(archive.relative_to(run.root)),
         "seconds": time.perf_counter() - started,
     }
-    phases.append(record)
-    write_json(phases_file, phases)
+    _append_phase(run, record)
     log.info("reroute phase %d: %.1f%% of documents changed path", phase, 100 * report["changed"])
     return record
+
+
+def _trained_round(factory: PathFactory, config: Config, run: RunDir) -> int:
+    """The store's current module version, the one whose paths label the router split (refused before training)."""
+    round = factory.store.current_round()
+    if round == 0:
+        raise ValueError(f"store {factory.store.url} has no trained round: run `dipaco train --run {run.root}` first")
+    if round >= config.run.rounds and config.reroute.target == "current":
+        log.info("training has finished (version %d): this phase only re-fits the router evaluation uses, and "
+                 "reroute.target=labels fits it better than matching the training path sizes "
+                 "(docs/routing.md)", round)
+    return round
+
+
+def _checked_split(config: Config, run: RunDir, old: Assignments, factory: PathFactory, *,
+                   n_documents: int) -> np.ndarray:
+    """The run's document splits, refused when the assignments were made with others, with DiLoCo replicas,
+    or with too small a router split."""
+    split = run_splits(config.corpus, n_documents)
+    if len(split) != len(old.split) or (split != old.split).any():
+        raise ValueError(f"{run.routing / ASSIGN_JSON} was made with other corpus / split settings: route again")
+    if factory.topology.replicas > 1:
+        raise ValueError(f"discriminative re-routing picks among the routed paths; it does not support "
+                         f"topology.replicas {factory.topology.replicas} (DiLoCo replicas): set it to 1")
+    n_router = int((split == ROUTER).sum())
+    if n_router < factory.topology.n_paths:
+        raise ValueError(f"the router split has {n_router} documents; set corpus.router_fraction > 0 "
+                         f"(e.g. 0.05) and run `dipaco route` and `dipaco shard` again")
+    return split
+
+
+def _prefix_features(run: RunDir, router: Router, texts, factory: PathFactory) -> np.ndarray:
+    """Every document's prefix features under `router`'s featurizer: routing/features.npy (`dipaco route`'s,
+    memory-mapped), or computed again when it is missing or of another shape."""
+    features_file = run.routing / "features.npy"
+    features = np.load(features_file, mmap_mode="r") if features_file.exists() else None
+    if features is None or features.shape != (len(texts), router.featurizer.dim):
+        prefixes = prefix_texts(factory.tokenizer, texts, n_tokens=factory.prefix_tokens)
+        features = stream_features(router.featurizer, prefixes, features_file)
+    return features
+
+
+def _router_documents(texts, split: np.ndarray, factory: PathFactory, *,
+                      seq_len: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The router split's document ids and token ids (cut to `seq_len`), those with a token after the prefix."""
+    router_docs = np.flatnonzero(split == ROUTER)
+    docs = [t[:seq_len] for t in encode_batch(factory.tokenizer, [texts[int(i)] for i in router_docs])]
+    keep = np.array([len(d) > factory.prefix_tokens for d in docs], dtype=bool)
+    return router_docs[keep], [d for d, k in zip(docs, keep) if k]
+
+
+def _loss_table(docs: list[np.ndarray], factory: PathFactory, config: Config) -> LossTable:
+    device = resolve_device(config.hardware.device)
+    return LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
+                     score=partial(token_losses, batch_size=config.eval.batch_size, device=device,
+                                   precision=config.hardware.precision, pad_id=factory.tokenizer.pad_token_id or 0))
+
+
+def _fit_learned(router: Router, x: np.ndarray, labels: np.ndarray, old: Assignments,
+                 config: Config) -> tuple[Router, dict]:
+    """The learned router: `router`'s featurizer with a logistic regression from the features `x` to the
+    `labels`, its bias matched to `reroute.target`."""
+    n_paths = router.n_paths
+    sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
+    target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
+              "labels": None}[config.reroute.target]
+    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.reroute.c,
+                                           seed=config.routing.seed)
+    return Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
+                  centroids=router.centroids, config=router.config, penalties=router.penalties,
+                  linear=(w, b)), fit_stats
+
+
+def _archive_previous(run: RunDir) -> tuple[int, Path]:
+    """This phase's number, and the copy of the router and assignments it replaces (routing/phase-<n - 1>/)."""
+    phases_file = run.routing / "phases.json"
+    phase = len(json.loads(phases_file.read_text())) + 1 if phases_file.exists() else 1
+    archive = run.routing / f"phase-{phase - 1}"
+    archive.mkdir(parents=True, exist_ok=True)
+    for name in (ROUTER_JSON, ROUTER_TENSORS, ASSIGN_JSON, ASSIGN_TENSORS):
+        shutil.copy2(run.routing / name, archive / name)
+    return phase, archive
+
+
+def _append_phase(run: RunDir, record: dict) -> None:
+    phases_file = run.routing / "phases.json"
+    phases = json.loads(phases_file.read_text()) if phases_file.exists() else []
+    write_json(phases_file, [*phases, record])
+
+
+COST_DOCUMENTS = 512  # router documents whose prefixes time the routers (a prefix's cost does not depend on N)
+
+
+def _cost_prefixes(texts, router_docs: np.ndarray, factory: PathFactory) -> list[str]:
+    """The decoded prefix texts of the first `COST_DOCUMENTS` router documents: what a router reads."""
+    sample = [texts[int(i)] for i in router_docs[:COST_DOCUMENTS]]
+    return prefix_texts(factory.tokenizer, sample, n_tokens=factory.prefix_tokens)
+
+
+def _cost_and_balance(routers: dict[str, Router], paths: dict[str, np.ndarray], *, split: np.ndarray,
+                      prefixes: list[str], n_paths: int) -> dict:
+    """"routing_cost": ms per routed prefix of each router ("previous", "new") and the new one's over the
+    previous one's; "balance": the training documents per path under each router (`routing.router_cost`)."""
+    cost = routing_cost(routers, prefixes)
+    for name, router in routers.items():
+        cost[name]["router"] = router.kind
+    cost["new_over_previous"] = cost["new"]["ms_per_document"] / max(cost["previous"]["ms_per_document"], 1e-12)
+    balance = {name: {"router": routers[name].kind, **load_balance(p[split == TRAIN], n_paths=n_paths)}
+               for name, p in paths.items()}
+    return {"routing_cost": cost, "balance": balance}
 
 
 def format_phase(record: dict) -> str:
@@ -154,7 +219,14 @@ def format_phase(record: dict) -> str:
     return (f"reroute phase {record['phase']} after round {record['after_round']}: "
             f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "
             f"labels agree with the previous router on {record['label_agrees_with_previous_router']:.1%}; "
-            f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n" + format_report(record["report"]))
+            f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n"
+            + "".join(f"{name} router ({cost['router']}): {cost['ms_per_document']:.3f} ms per prefix "
+                      f"({cost['assign_ms_per_document']:.4f} ms to pick the path); training documents per path "
+                      f"min {balance['min']} / median {balance['median']:g} / max {balance['max']}, entropy "
+                      f"{balance['entropy_bits']:.2f} of {balance['max_entropy_bits']:.2f} bits\n"
+                      for name, cost, balance in ((n, record["routing_cost"][n], record["balance"][n])
+                                                  for n in ("previous", "new")))
+            + format_report(record["report"]))
 
 
 def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
