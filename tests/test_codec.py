@@ -149,7 +149,7 @@ def test_with_the_outer_momentum_kept_the_accumulator_replaces_it_unless_asked_f
     assert CoordinatorSettings.from_config(both).outer == both.outer and both.outer.momentum > 0
     assert CoordinatorSettings.from_config(load_config(None, keep[:-1])).outer.momentum > 0  # β = 1: no change
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", keep)
+    run = make_run(tiny, tmp_path / "run", [*keep, "compression.last_task=codec"])  # every round's result top-k
     assert run.config.outer.momentum > 0 and run.config.compression.replaces_momentum
     drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
     for round in range(1, run.config.run.rounds + 1):

@@ -136,9 +136,9 @@ def test_an_island_killed_mid_task_resumes_with_the_residual_its_task_started_fr
 def test_a_tiny_run_with_the_topk_codec_applies_its_results(tiny, tmp_path):
     """configs/tiny.yaml with codec topk, two islands: every round applies one top-k result per path, its
     file a small fraction of float32, the modules move and stay finite, and each path's inner state holds
-    its residual."""
+    its residual (the last task too: `compression.last_task: codec`)."""
     clock = Clock()
-    run = make_run(tiny, tmp_path / "run", TOPK)
+    run = make_run(tiny, tmp_path / "run", [*TOPK, "compression.last_task=codec"])
     drive(run.coordinator(clock), [run.island(f"i{k}", clock) for k in range(2)], clock)
     rounds = run.config.run.rounds
     for round in range(1, rounds + 1):
