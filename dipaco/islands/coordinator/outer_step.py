@@ -54,18 +54,43 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     `download`: the codec of the module updates it publishes (None: none, islands read whole modules); `final`:
     this version is the run's last, whose updates flush the download residual in full."""
     tasks = {task.key: task for task in pending}
-    known = metas or {}
-    metas = {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
-                                                               attempt=task.result_attempt, link=task.link)
-             for task in sorted(pending, key=lambda t: (t.path, t.base, t.key))}
+    metas = _read_metas(store, pending, metas or {})
     if plan is None:
-        policy = RoundPolicy(Grid.of(topology), RoundsConfig(), committed=round - 1)
-        for key, meta in metas.items():
-            policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0,
-                                   steps=meta.steps))
-        plan = policy.plan()
+        plan = _plan_alone(topology, round=round, tasks=tasks, metas=metas)
     if plan.round != round:
         raise ValueError(f"the plan is for round {plan.round}, not {round}")
+    applied, dropped, readers = _entries(store, plan, tasks=tasks, metas=metas, digests=digests or {})
+    publisher = UpdatePublisher(store, codec=download, final=final) if download is not None else None
+    floats = {name: _step_module(store, name, round=round, plan=plan, readers=readers, config=config, sizes=sizes,
+                                 n_paths=topology.n_paths, norms=norms, publisher=publisher, check_lease=check_lease)
+              for name in topology.modules}  # module -> its parameters
+
+    def counted(entry: ManifestEntry) -> ManifestEntry:
+        return dataclasses.replace(entry, float32_bytes=4 * sum(floats[m] for m in topology.modules_of_path(entry.path)))
+
+    return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)),
+                         outer=OuterStep.of(config), downloads=publisher.summary() if publisher is not None else None)
+
+
+def _read_metas(store: ModuleStore, pending: list[Task], known: dict[str, ResultMeta]) -> dict[str, ResultMeta]:
+    """Each pending task's result metadata (`known`'s where given), in a fixed order (path, base, key)."""
+    return {task.key: known.get(task.key) or read_result_meta(store, round=task.round, path=task.path,
+                                                              attempt=task.result_attempt, link=task.link)
+            for task in sorted(pending, key=lambda t: (t.path, t.base, t.key))}
+
+
+def _plan_alone(topology: Topology, *, round: int, tasks: dict[str, Task], metas: dict[str, ResultMeta]) -> RoundPlan:
+    """The plan of a round policy that has seen only these results (sync, no coordinator)."""
+    policy = RoundPolicy(Grid.of(topology), RoundsConfig(), committed=round - 1)
+    for key, meta in metas.items():
+        policy.received(Result(key=key, path=tasks[key].path, base=tasks[key].base, tokens=meta.tokens, arrived=0.0,
+                               steps=meta.steps))
+    return policy.plan()
+
+
+def _entries(store: ModuleStore, plan: RoundPlan, *, tasks: dict[str, Task], metas: dict[str, ResultMeta],
+             digests: dict[str, dict[str, str] | None]) -> tuple[list, list, dict[str, ResultReader]]:
+    """The manifest entries the plan applies and drops, and a reader of each applied result (its header read)."""
     applied, dropped, readers = [], [], {}
     for verdict in plan.verdicts:
         task, meta = tasks[verdict.key], metas[verdict.key]
@@ -78,46 +103,42 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
         if verdict.factor is None:
             dropped.append(entry)
             continue
-        readers[task.key] = ResultReader(store, meta, digests=(digests or {}).get(task.key))  # reads the header only
+        readers[task.key] = ResultReader(store, meta, digests=digests.get(task.key))  # reads the header only
         spans = readers[task.key].index.spans
         applied.append(dataclasses.replace(entry, module_bytes={m: end - start for m, (start, end) in spans.items()}))
-    floats: dict[str, int] = {}  # module -> its parameters
-    publisher = UpdatePublisher(store, codec=download, final=final) if download is not None else None
-    for name in topology.modules:
-        sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
-        outer_grad = None
-        if sharing:
-            weights, total = result_weights(sharing, n_paths=topology.n_paths, sizes=sizes, config=config)
-            deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
-            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
-                                          paths=plan.paths_through[name])
-        params = store.read_module(round - 1, name)
-        floats[name] = sum(t.numel() for t in params.values())
-        momentum = store.read_outer_state(round - 1, name)
-        before = params
-        if outer_grad is not None:
-            params, momentum = outer_update(params, momentum, outer_grad, config)
-            if not all(bool(torch.isfinite(t).all()) for t in params.values()):
-                raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
-                                   f"{[e.key for e in sharing]}; nothing was committed")
-        if publisher is not None:  # the version the published update defines (a module untouched: unchanged)
-            params = publisher.publish(round, name, before=before, after=params if outer_grad is not None else None)
-        if outer_grad is not None and norms is not None:
-            norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
-        del before
-        del outer_grad
-        if check_lease is not None:
-            check_lease()
-        store.write_module(round, name, params)
-        if momentum:
-            store.write_outer_state(round, name, momentum)
-        del params, momentum
+    return applied, dropped, readers
 
-    def counted(entry: ManifestEntry) -> ManifestEntry:
-        return dataclasses.replace(entry, float32_bytes=4 * sum(floats[m] for m in topology.modules_of_path(entry.path)))
 
-    return RoundManifest(round=round, applied=tuple(map(counted, applied)), dropped=tuple(map(counted, dropped)),
-                         outer=OuterStep.of(config), downloads=publisher.summary() if publisher is not None else None)
+def _step_module(store: ModuleStore, name: str, *, round: int, plan: RoundPlan, readers: dict[str, ResultReader],
+                 config: OuterConfig, sizes: PathSizes | None, n_paths: int,
+                 norms: dict[str, tuple[float, float]] | None, publisher: UpdatePublisher | None,
+                 check_lease: Callable[[], None] | None) -> int:
+    """Module `name`'s outer step from its results (streamed one at a time), its update published, then staged
+    with its momentum; returns its parameter count."""
+    sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
+    outer_grad = None
+    if sharing:
+        weights, total = result_weights(sharing, n_paths=n_paths, sizes=sizes, config=config)
+        deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
+        outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
+                                      paths=plan.paths_through[name])
+    before = params = store.read_module(round - 1, name)
+    momentum = store.read_outer_state(round - 1, name)
+    if outer_grad is not None:
+        params, momentum = outer_update(params, momentum, outer_grad, config)
+        if not all(bool(torch.isfinite(t).all()) for t in params.values()):
+            raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
+                               f"{[e.key for e in sharing]}; nothing was committed")
+    if publisher is not None:  # the version the published update defines (a module untouched: unchanged)
+        params = publisher.publish(round, name, before=before, after=params if outer_grad is not None else None)
+    if outer_grad is not None and norms is not None:
+        norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
+    if check_lease is not None:
+        check_lease()
+    store.write_module(round, name, params)
+    if momentum:
+        store.write_outer_state(round, name, momentum)
+    return sum(t.numel() for t in before.values())
 
 
 def _norm(tensors) -> float:
