@@ -58,7 +58,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -71,13 +70,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cpu_load import CoreSampler  # noqa: E402
 from bench.data_parallel import run_data_parallel  # noqa: E402
+from bench.islands_applied import applied_rate, applied_tasks, manifests, pace_from_logs, tasks_by_island  # noqa: E402
 from bench.islands_goodput import recompute  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
 from bench.recording import RESULTS, git_commit, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
-from dipaco.islands.island.pacing import PACED  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
-from dipaco.store.board import read_heartbeats, read_manifest, read_result_meta  # noqa: E402
+from dipaco.store.board import read_heartbeats  # noqa: E402
 from dipaco.store.module_store import ModuleStore  # noqa: E402
 
 CONFIG = ROOT / "configs" / "demo.yaml"
@@ -343,48 +342,6 @@ def data_parallel_row(setting: Setting, base: RunDir, row: Row) -> dict:
     log(f"{row.name}: goodput {figures['goodput']:.1%}, {ledger['failures']} failures, {ledger['restarts']} restarts, "
         f"{ledger['steps']} steps kept in {ledger['wall']:.0f}s")
     return figures
-
-
-# --- reading a run ------------------------------------------------------------------------------------------
-def manifests(store: ModuleStore) -> list:
-    return [m for m in (read_manifest(store, r) for r in range(1, store.current_round() + 1)) if m is not None]
-
-
-def applied_tasks(store: ModuleStore) -> list[dict]:
-    """Every applied result's manifest entry, with the island that trained it."""
-    return [{**entry.to_json(),
-             "island": read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt,
-                                        link=entry.link).island}
-            for manifest in manifests(store) for entry in manifest.applied]
-
-
-def applied_rate(tasks: list[dict], *, seconds: float) -> dict:
-    """Tokens of the applied results, and per second of the run (first heartbeat to last commit)."""
-    tokens = sum(t["tokens"] for t in tasks)
-    return {"applied_tokens": tokens, "tokens_per_second": tokens / seconds if seconds > 0 else 0.0}
-
-
-def tasks_by_island(tasks: list[dict]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for t in tasks:
-        counts[t["island"]] = counts.get(t["island"], 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def pace_from_logs(logs: list[Path]) -> dict:
-    """The islands' `paced ...` lines (one per finished task, dipaco/islands/island/pacing.py) summed: tasks,
-    steps, compute and padding seconds, the slowest step's compute, steps whose compute exceeded the pace."""
-    total = {"tasks": 0, "steps": 0, "compute": 0.0, "padding": 0.0, "slowest": 0.0, "over_pace": 0}
-    pattern = re.compile(PACED)
-    for path in logs:
-        for match in pattern.finditer(path.read_text(errors="replace")):
-            total["tasks"] += 1
-            total["steps"] += int(match["steps"])
-            total["compute"] += float(match["compute"])
-            total["padding"] += float(match["padding"])
-            total["slowest"] = max(total["slowest"], float(match["slowest"]))
-            total["over_pace"] += int(match["over"])
-    return total
 
 
 # --- the invocation -----------------------------------------------------------------------------------------

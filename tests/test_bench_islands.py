@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_islands import (
-    Setting,
-    applied_rate,
-    applied_tasks,
-    pace_from_logs,
-    rows_to_run,
-    tasks_by_island,
-    train_args,
-)
+from bench.bench_islands import Setting, rows_to_run, train_args
 from bench.cpu_load import CoreSampler, busy_fraction, cpu_jiffies, process_cpu_seconds
 from bench.data_parallel import Job, Ledger
+from bench.islands_applied import applied_rate, applied_tasks, pace_from_logs, tasks_by_island
 from bench.islands_report import capacity_left, evaluate_checks
 from dipaco.cli import build_parser
 from dipaco.config import SimulateConfig
