@@ -87,3 +87,13 @@ def test_the_last_task_sends_its_codec_and_leaves_no_drift_on_the_island(tiny, t
         assert not state.drift and state.residual
         left = max(float(t.abs().max()) for t in state.residual.values())
         assert left == 0.0 if codec == "none" else 0.0 < left < 1e-2, (entry.path, left)
+
+
+def test_private_modules_local_under_an_outer_step_with_momentum_are_refused_by_name():
+    """The last task's Δ holds a private module's whole training: an outer step of lr x (1 + momentum) would
+    scale it up whole, so the config is refused naming both keys; plain averaging (the recipe) is accepted."""
+    from dipaco.config import load_config
+
+    assert load_config(None, ["outer.private_modules=local"]).outer.private_modules == "local"
+    with pytest.raises(ValueError, match=r"outer.private_modules 'local'.*outer.decay 'keep'"):
+        load_config(None, ["outer.private_modules=local", "outer.decay=keep"])
