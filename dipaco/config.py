@@ -384,11 +384,12 @@ class Config:
         if self.outer.decay != "keep" and self.inner.schedule != "wsd":
             raise ValueError(f"outer.decay {self.outer.decay!r} plain-averages the rounds in inner.schedule wsd's "
                              f"decay; with inner.schedule {self.inner.schedule!r} set outer.decay: keep")
-        if self.outer.private_modules == "local" and self.outer.decay != "average":
+        plain = self.outer.decay == "average" or (self.outer.lr == 1.0 and self.outer.momentum == 0.0)
+        if self.outer.private_modules == "local" and not plain:
             raise ValueError(f"outer.private_modules 'local' sends a private module's whole training in the path's last "
                              f"task, which must be applied as it is (a plain average of one), but outer.decay "
                              f"{self.outer.decay!r} applies the outer step (lr {self.outer.lr}, momentum "
-                             f"{self.outer.momentum}) to it: set outer.decay: average, or outer.private_modules: synced")
+                             f"{self.outer.momentum}) to it: set outer.decay: average (or lr 1 and momentum 0), or outer.private_modules: synced")
         if self.routing.featurizer == "base-model" and self.warm_start.fraction == 0:
             raise ValueError("routing.featurizer 'base-model' routes on the warm start's features, but "
                              "warm_start.fraction is 0 (no warm start): set routing.featurizer: tfidf, or a warm start")

@@ -72,7 +72,7 @@ def test_the_last_task_sends_its_codec_and_leaves_no_drift_on_the_island(tiny, t
     clock = Clock()
     topk = ["compression.codec=topk", "compression.density=0.05", "compression.chunk=256",
             "resilience.inner_checkpoint_every=1", f"compression.last_task={last_task}"]
-    run = make_run(tiny, tmp_path / "run", [*PRIVATE, "run.rounds=2", "outer.private_modules=local", *topk])
+    run = make_run(tiny, tmp_path / "run", [*PRIVATE, *PLAIN, "run.rounds=2", "outer.private_modules=local", *topk])
     coordinator = run.coordinator(clock)
     drive(coordinator, [run.island(f"i{k}", clock) for k in range(2)], clock)
     for round, expected in ((1, "topk"), (2, codec)):
@@ -97,3 +97,5 @@ def test_private_modules_local_under_an_outer_step_with_momentum_are_refused_by_
     assert load_config(None, ["outer.private_modules=local"]).outer.private_modules == "local"
     with pytest.raises(ValueError, match=r"outer.private_modules 'local'.*outer.decay 'keep'"):
         load_config(None, ["outer.private_modules=local", "outer.decay=keep"])
+    plain = ["outer.private_modules=local", "outer.decay=keep", "outer.lr=1.0", "outer.momentum=0.0"]
+    assert load_config(None, plain).outer.decay == "keep"  # an outer step of lr 1 without momentum is a plain average
