@@ -63,14 +63,17 @@ def sparseloco(density: float, beta: float, *, muon: bool, keep: bool) -> tuple[
                   *(["outer.decay=keep"] if keep else [])]
 
 
-def kept_local(density: float, bits: int, *, muon: bool = False, keep: bool = False) -> tuple[str, list[str]]:
+def kept_local(density: float, bits: int, *, muon: bool = False, keep: bool = False,
+               results: bool = False) -> tuple[str, list[str]]:
     """Top-k with error feedback on the shared modules only: the private modules stay on their island
     (`outer.private_modules: local`) and the path's last task sends everything it holds at int8
-    (`compression.last_task: int8`); with Muon inside or `outer.decay: keep`."""
-    name = (f"topk {round(density * 100)}% {bits}b EF, private local, last int8" + (", Muon" if muon else "")
-            + (", decay keep" if keep else ""))
+    (`compression.last_task: int8`); with Muon inside or `outer.decay: keep`; `results`: the islands download
+    the other islands' encoded results (`compression.download: results`), not a re-encoded update."""
+    name = (f"topk {density * 100:g}% {bits}b EF, private local, last int8" + (", Muon" if muon else "")
+            + (", decay keep" if keep else "") + (", download results" if results else ""))
     return name, [*topk(density, bits, True), "outer.private_modules=local", "compression.last_task=int8",
-                  *(["inner.optimizer=muon"] if muon else []), *(["outer.decay=keep"] if keep else [])]
+                  *(["inner.optimizer=muon"] if muon else []), *(["outer.decay=keep"] if keep else []),
+                  *(["compression.download=results"] if results else [])]
 
 
 VARIANTS: dict[str, list[str]] = {  # name -> overrides
@@ -96,6 +99,7 @@ VARIANTS: dict[str, list[str]] = {  # name -> overrides
     # the shared modules compressed, the private ones kept on their island (docs/islands.md)
     **dict(kept_local(d, 2) for d in (0.03, 0.05, 0.1)),
     **dict([kept_local(0.05, 2, muon=True)]),  # (with outer.decay keep the config refuses private modules local)
+    **dict(kept_local(d, 2, results=True) for d in (0.04, 0.05, 0.06)),
     "float32, private local": ["compression.codec=none", "outer.private_modules=local"],
     "topk 3% 2b EF decay 0.95, outer lr 1": [*topk(0.03, 2, True), "compression.ef_decay=0.95", "outer.lr=1.0"],
     "topk 3% 2b EF, Muon": [*topk(0.03, 2, True), "inner.optimizer=muon"],

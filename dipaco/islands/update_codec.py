@@ -11,9 +11,10 @@ from dipaco.config import CompressionConfig
 
 
 def download_codec(compression: CompressionConfig) -> Codec | None:
-    """`compression.codec` and its settings, as module updates are encoded (the pseudo-gradients' codec); None
-    with `compression.download: full` (islands read whole modules, no update is published)."""
-    if compression.download != "update":
+    """`compression.codec` and its settings, as module updates are encoded (the pseudo-gradients' codec; with
+    `compression.download: results`, the updates of the rounds that are not a plain average); None with
+    `compression.download: full` (islands read whole modules, no update is published)."""
+    if compression.download == "full":
         return None
     c = compression
     return Codec.of(c.codec, level=c.zstd_level, density=c.density, bits=c.bits, chunk=c.chunk)

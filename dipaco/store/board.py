@@ -288,20 +288,26 @@ class ResultReader:
         except Exception as err:  # json / safetensors header errors
             raise self._invalid(err) from None
 
-    def module(self, name: str) -> dict[str, torch.Tensor]:
-        """`{param: float32 tensor}`: this result's pseudo-gradient of module `name`."""
-        if name not in self.index.spans:
-            raise StoreError(f"store file {self.store.location(self.name)} has no module {name!r} "
-                             f"(it has {sorted(self.index.spans)[:6]})")
-        start, end = self.index.spans[name]
-        chunk = self._read(name, start, end)
-        self._verify(name, chunk)
+    def module(self, name: str, chunk: bytes | None = None) -> dict[str, torch.Tensor]:
+        """`{param: float32 tensor}`: this result's pseudo-gradient of module `name` (from `chunk`, its bytes
+        as `module_bytes` read them, when given)."""
+        chunk = self.module_bytes(name) if chunk is None else chunk
         from dipaco.codec.compress import decode_module
 
         try:
             return decode_module(self.index, name, chunk)
         except Exception as err:  # zstd / safetensors raise their own error types
             raise self._invalid(err) from None
+
+    def module_bytes(self, name: str) -> bytes:
+        """Module `name`'s bytes as stored (its span of the file, `index.spans[name]`), checked against `digests`."""
+        if name not in self.index.spans:
+            raise StoreError(f"store file {self.store.location(self.name)} has no module {name!r} "
+                             f"(it has {sorted(self.index.spans)[:6]})")
+        start, end = self.index.spans[name]
+        chunk = self._read(name, start, end)
+        self._verify(name, chunk)
+        return chunk
 
     def _read(self, part: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the file; with `digests`, a file that cannot give them (removed, truncated) is

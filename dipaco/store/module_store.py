@@ -281,11 +281,17 @@ class ModuleStore(StoreFiles):
     def read_update(self, round: int, name: str, *, suffixes: tuple[str, ...]) -> tuple[bytes, str] | None:
         """(the bytes, its suffix) of module `name`'s update to committed version `round`, the first of `suffixes`
         there is; None when there is none (the module did not change, or the update was pruned)."""
+        found = self.update_file(round, name, suffixes=suffixes)
+        return None if found is None else (self.read_bytes(found[0]), found[1])
+
+    def update_file(self, round: int, name: str, *, suffixes: tuple[str, ...]) -> tuple[str, str] | None:
+        """(the store name, its suffix) of module `name`'s update to committed version `round`, the first of
+        `suffixes` there is (for ranged reads: `read_range`); None when there is none."""
         folder = self._folder("updates", round)
         for suffix in suffixes:
             relative = f"{folder}/{name}{suffix}"
             if self.exists(relative):
-                return self.read_bytes(relative), suffix
+                return relative, suffix
         return None
 
     def module_checksum(self, round: int, name: str) -> str | None:

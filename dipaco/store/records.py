@@ -363,6 +363,7 @@ class DownloadUpdates(Record):
     residual_max: float  # the download residual's ‖r‖ / ‖θ‖ after the round, the largest over modules (before the flush, in a flush)
     residual_mean: float  # ... its mean over modules
     flush: bool = False  # the run's last version: the residual sent in full (float32 updates), none left
+    gathered: int = 0  # ... of which published as the round's results themselves (compression.download: results)
 
 
 @dataclass(frozen=True)

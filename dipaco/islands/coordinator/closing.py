@@ -48,12 +48,13 @@ class ClosedRound:
 class RoundCloser:
     def __init__(self, store: ModuleStore, topology: Topology, *, outer: OuterConfig, inner_steps: int,
                  decay_from: int | None, max_staleness: int, sizes: PathSizes | None, lease: Lease,
-                 fragments: FragmentSchedule | None = None, download: Codec | None = None):
+                 fragments: FragmentSchedule | None = None, download: Codec | None = None, gather: bool = False):
         """`outer`: the configured outer step; `inner_steps`: per task; `decay_from`: the path step where the
         inner lr decays (`outer.decay`); `max_staleness`: rounds.max_staleness (logged on a cancellation);
         `fragments`: the schedule, which knows a path's last task (its bytes counted apart in the stats);
-        `download`: the codec of the module updates each round publishes (None: none, `compression.download: full`)."""
-        self.download = download
+        `download`: the codec of the module updates each round publishes (None: none, `compression.download: full`);
+        `gather`: a plain average publishes its results themselves (`compression.download: results`)."""
+        self.download, self.gather = download, gather
         self.fragments = fragments or FragmentSchedule.every_round()
         self.store, self.topology, self.sizes, self.lease = store, topology, sizes, lease
         self.outer, self.inner_steps, self.decay_from, self.max_staleness = outer, inner_steps, decay_from, max_staleness
@@ -84,7 +85,8 @@ class RoundCloser:
             manifest = apply_round(self.store, self.topology, round=round, pending=pending, config=outer, plan=plan,
                                    sizes=self.sizes, norms=norms, metas=metas,
                                    digests={t.key: intake.digests.get(t.key) for t in pending},
-                                   check_lease=self.lease.renew, download=self.download, final=finished)
+                                   check_lease=self.lease.renew, download=self.download, final=finished,
+                                   gather=self.gather)
         except ResultChanged as changed:  # its bytes are not the ones checked: redone, the round closes later
             (task,) = [t for t in pending if (t.round, t.path, t.link, t.result_attempt) == changed.key]
             intake.redo(board, policy, task, str(changed))

@@ -12,6 +12,11 @@ and the committed module is `apply_update(before, bytes)` = before − d: the sa
 (`dipaco.codec.update`). A module no result touched is unchanged (no update; its residual is carried on).
 The run's last version (`final`) flushes: every module with a residual sends u + r in float32 (codec `none`),
 so the final model loses nothing; the summary then reports the residual the flush sent.
+
+With `compression.download: results` (`gather`), a module whose step is a plain weighted average and that
+carries no download residual is published as the round's results themselves (`publish_results`,
+`dipaco.codec.contributions`: the encoded contributions copied, nothing re-encoded, no residual); the others
+as above.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import math
 import torch
 
 from dipaco.codec.codec import Codec
+from dipaco.codec.contributions import SUFFIX, Contribution, apply_contributions, pack
 from dipaco.codec.update import FLOAT32, apply_update, encode_update
+from dipaco.config import OuterConfig
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import DownloadUpdates
 
@@ -29,10 +36,11 @@ Tensors = dict[str, torch.Tensor]
 
 
 class UpdatePublisher:
-    def __init__(self, store: ModuleStore, *, codec: Codec, final: bool):
-        """`codec`: compression.codec and its settings; `final`: the version is the run's last (the flush)."""
-        self.store, self.codec, self.final = store, codec, final
-        self.bytes = self.modules = self.float32_bytes = 0
+    def __init__(self, store: ModuleStore, *, codec: Codec, final: bool, gather: bool = False):
+        """`codec`: compression.codec and its settings; `final`: the version is the run's last (the flush);
+        `gather`: publish a plain average's results themselves (`compression.download: results`)."""
+        self.store, self.codec, self.final, self.gather = store, codec, final, gather
+        self.bytes = self.modules = self.float32_bytes = self.gathered = 0
         self.residuals: list[float] = []  # per module: ‖r‖ / ‖θ‖ after the round (before the flush, in a flush)
 
     def publish(self, round: int, name: str, *, before: Tensors, after: Tensors | None) -> Tensors:
@@ -57,11 +65,32 @@ class UpdatePublisher:
         self.residuals.append(_ratio(residual if self.final else left, committed))
         return committed
 
+    def gathers(self, round: int, name: str, config: OuterConfig) -> bool:
+        """Module `name`'s version `round` is published as its results: gather mode, a plain weighted average
+        (outer lr 1, no momentum, no rescale) and no download residual left by an earlier encoded update."""
+        plain = config.lr == 1.0 and config.momentum == 0 and not config.rescale_by_paths
+        return self.gather and plain and not self.store.read_download_residual(round - 1, name)
+
+    def publish_results(self, round: int, name: str, *, before: Tensors,
+                        contributions: list[tuple[Contribution, bytes]]) -> Tensors:
+        """Module `name`'s version `round` as committed: `before` − Σ w_i Δ_i over `contributions` (each with its
+        bytes as its result holds them), published as `updates/<round>/<name>.results.safetensors`."""
+        data = pack(name, contributions)
+        committed = apply_contributions(before, data, module=name)
+        self.store.write_update(round, name, data, suffix=SUFFIX)
+        self.bytes += len(data)
+        self.modules += 1
+        self.gathered += 1
+        self.float32_bytes += 4 * sum(t.numel() for t in before.values())
+        self.residuals.append(0.0)
+        return committed
+
     def summary(self) -> DownloadUpdates:
         """What this round published, for its manifest."""
         found = self.residuals or [0.0]
         return DownloadUpdates(bytes=self.bytes, modules=self.modules, float32_bytes=self.float32_bytes,
-                               residual_max=max(found), residual_mean=sum(found) / len(found), flush=self.final)
+                               residual_max=max(found), residual_mean=sum(found) / len(found), flush=self.final,
+                               gathered=self.gathered)
 
 
 def _ratio(residual: Tensors, params: Tensors) -> float:

@@ -5,7 +5,8 @@
 Per module: the weighted average of its contributions' pseudo-gradients (`dipaco.optim.weighting`), then
 the outer update (`dipaco.optim.outer`); a module no result touches is carried over unchanged. With a
 download codec (`compression.download: update`) each changed module's update is published and the committed
-version is the one it defines (`downloads.UpdatePublisher`: before − d, as the islands rebuild it). It streams
+version is the one it defines (`downloads.UpdatePublisher`: before − d, as the islands rebuild it); with
+`compression.download: results` a plain average publishes its results' bytes instead (v − Σ w_i Δ_i). It streams
 module by module and result by result (one module's bytes of one result at a time, `ResultReader`), so
 memory holds a few copies of one module whatever the grid (docs/islands.md).
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from dipaco.codec.codec import Codec
+from dipaco.codec.contributions import Contribution
 from dipaco.config import OuterConfig, RoundsConfig
 from dipaco.islands.coordinator.downloads import UpdatePublisher
 from dipaco.model.topology import Topology
@@ -38,7 +40,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
                 metas: dict[str, ResultMeta] | None = None,
                 digests: dict[str, dict[str, str] | None] | None = None,
                 check_lease: Callable[[], None] | None = None, download: Codec | None = None,
-                final: bool = False) -> RoundManifest:
+                final: bool = False, gather: bool = False) -> RoundManifest:
     """Outer step for `round` from the received, not yet applied tasks `pending`; stages module (and
     momentum) version `round` (under the store's lease token: `ModuleStore.fence`) and returns the manifest
     (not written) of what it applied and dropped and of the step every module took (`outer`: `config`'s settings).
@@ -52,7 +54,8 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     outer step raises a RuntimeError naming it and its results (nothing is committed). `check_lease` is called
     before each module is written (the coordinator's `Lease.renew`: `LeaseLost` once another took over).
     `download`: the codec of the module updates it publishes (None: none, islands read whole modules); `final`:
-    this version is the run's last, whose updates flush the download residual in full."""
+    this version is the run's last, whose updates flush the download residual in full; `gather`: a module
+    whose step is a plain average is published as its results' bytes (`compression.download: results`)."""
     tasks = {task.key: task for task in pending}
     metas = _read_metas(store, pending, metas or {})
     if plan is None:
@@ -60,7 +63,7 @@ def apply_round(store: ModuleStore, topology: Topology, *, round: int, pending: 
     if plan.round != round:
         raise ValueError(f"the plan is for round {plan.round}, not {round}")
     applied, dropped, readers = _entries(store, plan, tasks=tasks, metas=metas, digests=digests or {})
-    publisher = UpdatePublisher(store, codec=download, final=final) if download is not None else None
+    publisher = UpdatePublisher(store, codec=download, final=final, gather=gather) if download is not None else None
     floats = {name: _step_module(store, name, round=round, plan=plan, readers=readers, config=config, sizes=sizes,
                                  n_paths=topology.n_paths, norms=norms, publisher=publisher, check_lease=check_lease)
               for name in topology.modules}  # module -> its parameters
@@ -116,21 +119,25 @@ def _step_module(store: ModuleStore, name: str, *, round: int, plan: RoundPlan, 
     """Module `name`'s outer step from its results (streamed one at a time), its update published, then staged
     with its momentum; returns its parameter count."""
     sharing = plan.modules[name]  # each result's tokens and this module's staleness factor
-    outer_grad = None
-    if sharing:
-        weights, total = result_weights(sharing, n_paths=n_paths, sizes=sizes, config=config)
-        deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
-        outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
-                                      paths=plan.paths_through[name])
     before = params = store.read_module(round - 1, name)
     momentum = store.read_outer_state(round - 1, name)
-    if outer_grad is not None:
-        params, momentum = outer_update(params, momentum, outer_grad, config)
-        if not all(bool(torch.isfinite(t).all()) for t in params.values()):
-            raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
-                               f"{[e.key for e in sharing]}; nothing was committed")
-    if publisher is not None:  # the version the published update defines (a module untouched: unchanged)
-        params = publisher.publish(round, name, before=before, after=params if outer_grad is not None else None)
+    if sharing and publisher is not None and publisher.gathers(round, name, config):
+        params, momentum = _gather_module(name, before, round=round, plan=plan, readers=readers, config=config,
+                                          sizes=sizes, n_paths=n_paths, publisher=publisher), {}
+        outer_grad = {k: before[k].float() - params[k] for k in params}
+    else:
+        outer_grad = None
+        if sharing:
+            weights, total = result_weights(sharing, n_paths=n_paths, sizes=sizes, config=config)
+            deltas = (readers[e.key].module(name) for e in sharing)  # read one at a time, as the sum needs them
+            outer_grad = combine_streamed(deltas, weights, total=total, rescale_by_paths=config.rescale_by_paths,
+                                          paths=plan.paths_through[name])
+            params, momentum = outer_update(params, momentum, outer_grad, config)
+        if publisher is not None:  # the version the published update defines (a module untouched: unchanged)
+            params = publisher.publish(round, name, before=before, after=params if outer_grad is not None else None)
+    if outer_grad is not None and not all(bool(torch.isfinite(t).all()) for t in params.values()):
+        raise RuntimeError(f"round {round}: module {name} would not be finite after the outer step of "
+                           f"{[e.key for e in sharing]}; nothing was committed")
     if outer_grad is not None and norms is not None:
         norms[name] = (_norm(outer_grad.values()), _norm(params[k] - before[k] for k in params))
     if check_lease is not None:
@@ -139,6 +146,24 @@ def _step_module(store: ModuleStore, name: str, *, round: int, plan: RoundPlan, 
     if momentum:
         store.write_outer_state(round, name, momentum)
     return sum(t.numel() for t in before.values())
+
+
+def _gather_module(name: str, before: dict[str, torch.Tensor], *, round: int, plan: RoundPlan,
+                   readers: dict[str, ResultReader], config: OuterConfig, sizes: PathSizes | None, n_paths: int,
+                   publisher: UpdatePublisher) -> dict[str, torch.Tensor]:
+    """Module `name`'s version `round` as a plain weighted average of its results, published as those results'
+    bytes (`UpdatePublisher.publish_results`): `before` − Σ w_i Δ_i."""
+    sharing = plan.modules[name]
+    weights, total = result_weights(sharing, n_paths=n_paths, sizes=sizes, config=config)
+    contributions = []
+    for entry, weight in zip(sharing, weights, strict=True):
+        reader = readers[entry.key]
+        chunk = reader.module_bytes(name)
+        reader.module(name, chunk)  # decodable, or the result's error names its file
+        contributions.append((Contribution.of(key=entry.key, file=reader.name, span=reader.index.spans[name],
+                                              index=reader.index, module=name, weight=weight / total, chunk=chunk),
+                              chunk))
+    return publisher.publish_results(round, name, before=before, contributions=contributions)
 
 
 def _norm(tensors) -> float:

@@ -67,6 +67,7 @@ class CoordinatorSettings:
     decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
     inner: InnerRun | None = None  # the islands' AdamW and lr schedule: inner states checked, the poison bound per unit of lr
     download: Codec | None = None  # the codec of the module updates each round publishes (None: compression.download full)
+    gather: bool = False  # a plain average publishes its results themselves (compression.download: results)
 
     @classmethod
     def from_config(cls, config: Config) -> CoordinatorSettings:
@@ -75,7 +76,8 @@ class CoordinatorSettings:
                    keep_versions=config.store.keep_versions,
                    decay_from=path_decay_from(config.inner, rounds=config.run.rounds,
                                               warm_start_steps=config.warm_start_steps),
-                   inner=InnerRun.of(config), download=download_codec(config.compression))
+                   inner=InnerRun.of(config), download=download_codec(config.compression),
+                   gather=config.compression.download == "results")
 
 
 class Coordinator:
@@ -122,7 +124,8 @@ class Coordinator:
         self.intake.recheck(self.board, self.policy)  # received before a restart: checked again
         self.closer = RoundCloser(store, topology, outer=outer, inner_steps=settings.inner_steps,
                                   decay_from=settings.decay_from, max_staleness=settings.rounds.max_staleness,
-                                  sizes=sizes, lease=self.lease, fragments=self.fragments, download=settings.download)
+                                  sizes=sizes, lease=self.lease, fragments=self.fragments, download=settings.download,
+                                  gather=settings.gather)
         self.round_started = clock()
         self.cut = 0  # running tasks cut since the last commit
         self.last_norms: dict[str, tuple[float, float]] = {}  # of the last round this coordinator closed

@@ -52,7 +52,7 @@ class IslandWorker:
         self.board = BoardWatch(setup.store, island=name, clock=clock,
                                 every=setup.resilience.heartbeat_seconds if watching else None)
         self.held = HeldState(setup.store)  # the carried state of the path it trained last (dipaco.carried.state)
-        self.modules = HeldModules()  # its path's modules as it last loaded them (compression.download: update)
+        self.modules = HeldModules()  # its path's modules as it last loaded them, and its last uploads (compression.download)
         self.waiting: dict[str, float] = {}  # "key#attempt" -> since when (island clock) it waits for a hand-off
         self.down_until: float | None = None  # an injected death: back then (island clock)
         self.tasks_done = 0
@@ -124,7 +124,7 @@ class IslandWorker:
         # handed off with the result when the path will move (the board says so), or inside a DDP island (its
         # other ranks read it from the store)
         meta, stats, ref = push_result(self.setup, task, out, island=self.name,
-                                       handing_off=not task.keep_inner or self.ctx is not None)
+                                       handing_off=not task.keep_inner or self.ctx is not None, modules=self.modules)
         if self.checkpoint is not None:
             self.checkpoint.unlink(missing_ok=True)  # the result is in the store
         self.held.keep(ref, task.path, out.carried, uploaded=bool(meta.inner_upload))

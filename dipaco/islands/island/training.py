@@ -45,7 +45,6 @@ import torch
 from dipaco.carried.state import MOMENTS_OF, CarriedState, UploadPlan
 from dipaco.codec.codec import Codec
 from dipaco.codec.feedback import encode_with_feedback, with_residual
-from dipaco.codec.sparse import TopK
 from dipaco.config import CompressionConfig, HardwareConfig, InnerConfig, ResilienceConfig, RunConfig
 from dipaco.device import resolve_device
 from dipaco.eval.early_stopping import ValidationData
@@ -67,7 +66,7 @@ from dipaco.optim.inner import make_optimizer, optimizer_state, phase_steps, tra
 from dipaco.optim.prefetch import Prefetcher
 from dipaco.rounds.fragments import FragmentSchedule
 from dipaco.rounds.inputs import Grid
-from dipaco.store.board import inner_ref, read_result_ref, write_encoded_result, write_inner, write_result
+from dipaco.store.board import inner_ref, read_result_ref, result_file, write_encoded_result, write_inner
 from dipaco.store.module_store import ModuleStore
 from dipaco.store.records import ResultMeta, Task
 from sharding.reader import ShardReader
@@ -411,10 +410,12 @@ def _device(hardware: HardwareConfig, ctx: Parallel) -> torch.device:
 
 
 def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str, handing_off: bool = False,
-                timings: dict[str, float] | None = None) -> tuple[ResultMeta, dict, str]:
+                timings: dict[str, float] | None = None, modules: HeldModules | None = None
+                ) -> tuple[ResultMeta, dict, str]:
     """Upload a trained task: its carried state when `setup.uploads` says so (a checkpoint, the path's last
     task, or `handing_off`: the island lets the path go), then the compressed pseudo-gradient, then the
-    result metadata (the commit). Returns (the metadata as written, compression stats, the state's reference)."""
+    result metadata (the commit). Returns (the metadata as written, compression stats, the state's reference).
+    `modules`: the island's held modules, told the result's bytes (it need not download its own contributions)."""
     ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt, link=task.link)
     reason = setup.uploads.reason(step_offset=task.step_offset, steps=out.meta.steps, handing_off=handing_off)
     inner_bytes = 0
@@ -426,10 +427,12 @@ def push_result(setup: IslandSetup, task: Task, out: TrainedTask, *, island: str
     with timed(timings, "write_result"):
         if out.encoded is not None:  # error feedback: the bytes whose residual the carried state holds
             data, stats = out.encoded
-            meta = write_encoded_result(setup.store, task, data, meta, compression=out.codec)
         else:
-            topk = TopK.of(out.codec, density=setup.compression.density, bits=setup.compression.bits,
-                           chunk=setup.compression.chunk)
-            meta, stats = write_result(setup.store, task, out.pseudo_gradient, meta, compression=out.codec,
-                                       level=setup.compression.zstd_level, topk=topk)
+            c = setup.compression
+            data, stats = Codec.of(out.codec, level=c.zstd_level, density=c.density, bits=c.bits,
+                                   chunk=c.chunk).encode(out.pseudo_gradient)
+        meta = write_encoded_result(setup.store, task, data, meta, compression=out.codec)
+    if modules is not None:
+        modules.uploaded(result_file(round=task.round, path=task.path, attempt=task.attempt, link=task.link,
+                                     compression=out.codec), data)
     return meta, stats, ref
