@@ -127,3 +127,31 @@ def test_a_round_that_is_not_a_plain_average_publishes_an_update(tiny_routed, tm
     assert any(f.name.endswith(".topk.safetensors") for f in folder.iterdir())
     assert not any(f.name.endswith(".results.safetensors") for f in folder.iterdir())
     assert all(island.modules.fallbacks == 0 for island in islands)
+
+
+def test_async_islands_rebuild_every_version_from_the_results(tiny_routed, tmp_path):
+    """Async, one island polling every turn and three every third: a round gathers a chain of one path's results
+    beside the others'; every island still rebuilds each version it starts from to its checksum, without a
+    fallback."""
+    run = make_run(tiny_routed, tmp_path / "run", ["run.rounds=3", "inner.steps=2", "rounds.mode=async",
+                                                   "rounds.quorum=0.5", "rounds.grace_seconds=0", *TOPK, *PLAIN])
+    clock = Clock()
+    islands = [run.island(f"i{k}", clock, pinned=[k]) for k in range(run.topology.n_paths)]
+    coordinator = run.coordinator(clock)
+    for turn in range(2000):
+        if coordinator.tick():
+            break
+        for k, island in enumerate(islands):
+            if k == 0 or turn % 3 == 0:
+                island.poll()
+        clock.t += 0.5
+    else:
+        raise AssertionError(f"the run did not finish (round {coordinator.committed})")
+    rounds = run.store.current_round()
+    manifests = [read_manifest(run.store, v) for v in range(1, rounds + 1)]
+    assert sum(m.downloads.gathered for m in manifests) > 0
+    assert any(e.link > 0 for m in manifests for e in m.applied)  # a round gathered a chain of one path's results
+    for island in islands:
+        assert island.modules.fallbacks == 0
+        for m, (version, _, sha) in island.modules.modules.items():
+            assert sha == run.store.module_checksum(version, m)
