@@ -1,6 +1,7 @@
 """Compressed pseudo-gradients against an independent numpy quantiser: one scale per row of a matrix, one
 per vector or scalar; round-trip error within half a step; reproducible bytes; exact byte counts."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -44,12 +45,23 @@ def reference_quantise(x: np.ndarray, q_max: int) -> tuple[np.ndarray, np.ndarra
 
 
 def stored_scales(data: bytes) -> dict[str, torch.Tensor]:
-    """Every tensor's stored scales, read from the file's per-module zstd frames (format 2)."""
+    """Every tensor's stored scales, read from the file's per-module zstd frames (format 3: a module's scales
+    concatenated in the order its metadata lists the names, one per row: a 2-D tensor's first dimension)."""
     scales = {}
     for frame in load_safetensors(data).values():
-        blob = load_safetensors(zstandard.ZstdDecompressor().decompress(frame.numpy().tobytes()))
-        scales.update({k.removesuffix("::scale"): v for k, v in blob.items() if k.endswith("::scale")})
+        payload = zstandard.ZstdDecompressor().decompress(frame.numpy().tobytes())
+        meta = json.loads(safe_open_metadata(payload)["dipaco"])
+        flat, start = load_safetensors(payload)["scale"], 0
+        for name, shape in zip(meta["names"], meta["shapes"], strict=True):
+            rows = shape[0] if len(shape) >= 2 and shape[0] > 0 else 1
+            scales[name], start = flat[start:start + rows], start + rows
+        assert start == flat.numel()
     return scales
+
+
+def safe_open_metadata(payload: bytes) -> dict:
+    size = int.from_bytes(payload[:8], "little")
+    return json.loads(payload[8:8 + size])["__metadata__"]
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

@@ -42,9 +42,11 @@ def zstd_frame(prefix: bytes, *, zeros: int, claimed: int) -> bytes:
 
 
 def inner_header(method: str, shapes: dict[str, list[int]], *, data: int) -> bytes:
-    """A module frame's safetensors header declaring `shapes`, with one uint8 entry of `data` bytes per tensor."""
-    meta = {"method": method, "shapes": shapes} | ({"topk": SPEC.to_json()} if method == "topk" else {})
-    header = {f"{name}::q": {"dtype": "U8", "shape": [data], "data_offsets": [0, data]} for name in shapes}
+    """A module frame's safetensors header declaring `shapes` (format 3: names and shapes), with one uint8
+    part of `data` bytes."""
+    meta = ({"method": method, "names": list(shapes), "shapes": list(shapes.values())}
+            | ({"topk": SPEC.to_json()} if method == "topk" else {}))
+    header = {"q": {"dtype": "U8", "shape": [data], "data_offsets": [0, data]}}
     header["__metadata__"] = {"dipaco": json.dumps(meta)}
     text = json.dumps(header).encode()
     return struct.pack("<Q", len(text)) + text

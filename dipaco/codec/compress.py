@@ -14,10 +14,12 @@ compression existed. `topk` keeps the largest-magnitude `density` of each chunk 
 bits each (`dipaco.codec.sparse`, whose docstring defines the format). Decompression always yields
 float32, and the coordinator accumulates in float32.
 
-Tensors are named "module/param". A compressed file (format 2) is a safetensors file with one uint8
+Tensors are named "module/param". A compressed file (format 3) is a safetensors file with one uint8
 entry per module: a zstd frame (level `compression.zstd_level`) of a safetensors blob with that module's
-quantised values and float32 scales (shapes in its header; for `topk` also its density, bits and chunk,
-so a reader needs no settings). So one module can be read and decoded
+parts (`PARTS`: int8 / int4 values and float32 scales; top-k gaps, codes, lo and step), each part its tensors'
+pieces concatenated in the order of the tensors' names, sorted; the blob's metadata lists the names and
+shapes (for `topk` also its density, bits and chunk, so a reader needs no settings), from which a reader
+cuts each part back into the tensors' pieces (`part_sizes`). So one module can be read and decoded
 without the rest, as the coordinator's outer step does (it streams module by module):
 
     index = read_index(head, method="int8")            # head: the file's first header_size(...) bytes
@@ -27,7 +29,8 @@ without the rest, as the coordinator's outer step does (it streams module by mod
 A frame is decompressed as a stream: its header first (`declared_tensors` reads only that), then at most
 the bytes the tensors it declares take, so a frame of zeros claiming a huge size allocates nothing;
 `decompress(..., shapes=...)` also refuses a frame that declares other shapes than expected.
-(Format 1, before it, held the whole result in one zstd frame; readers refuse it by name.)
+(Format 1 held the whole result in one zstd frame, format 2 an entry per tensor and part, whose header
+cost 15% of a top-k frame; readers refuse both by name.)
 
 Run `python -m dipaco.codec.compress` to print the sizes and errors for a random pseudo-gradient.
 """
@@ -78,7 +81,9 @@ def unpack_int4(packed: torch.Tensor, numel: int) -> torch.Tensor:
     return torch.stack([low, high], dim=1).reshape(-1)[:numel].to(torch.int8)
 
 
-FORMAT = 2  # of compressed files: one zstd frame per module (1: one frame for the whole result)
+FORMAT = 3  # of compressed files: one zstd frame per module, a part's pieces concatenated (module docstring)
+PARTS = {"int8": ("q", "scale"), "int4": ("q", "scale"), "topk": ("gaps", "codes", "lo", "step")}
+FLOAT_PARTS = ("scale", "lo", "step")  # float32; the other parts are bytes
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
@@ -110,21 +115,24 @@ def compress(tensors: dict[str, torch.Tensor], *, method: str, level: int = 1,
 
 
 def _compress_module(tensors: dict[str, torch.Tensor], *, method: str, level: int, topk: TopK | None) -> bytes:
-    """One module's tensors → one zstd frame of a safetensors blob of quantised values and scales."""
-    bits = 8 if method == "int8" else 4
-    blob: dict[str, torch.Tensor] = {}
-    shapes: dict[str, list[int]] = {}
-    for name, tensor in tensors.items():
-        shapes[name] = list(tensor.shape)
+    """One module's tensors → one zstd frame of a safetensors blob of its parts (module docstring)."""
+    names = sorted(tensors)
+    pieces: dict[str, list[torch.Tensor]] = {part: [] for part in PARTS[method]}
+    for name in names:
         if topk is not None:
-            blob |= {f"{name}::{part}": value.contiguous() for part, value in encode_tensor(tensor, topk).items()}
-            continue
-        q, scale = quantize_rows(tensor, bits=bits)
-        blob[f"{name}::q"] = q.contiguous() if bits == 8 else pack_int4(q)
-        blob[f"{name}::scale"] = scale.contiguous()
-    meta = {"method": method, "shapes": shapes} | ({"topk": topk.to_json()} if topk is not None else {})
+            encoded = encode_tensor(tensors[name], topk)
+        else:
+            q, scale = quantize_rows(tensors[name], bits=8 if method == "int8" else 4)
+            encoded = {"q": q if method == "int8" else pack_int4(q), "scale": scale}
+        for part, value in encoded.items():
+            pieces[part].append(value.reshape(-1))
+    blob = {part: torch.cat(values) if values else torch.zeros(0, dtype=torch.float32 if part in FLOAT_PARTS
+                                                                  else torch.uint8)
+            for part, values in pieces.items()}
+    meta = ({"method": method, "names": names, "shapes": [list(tensors[n].shape) for n in names]}
+            | ({"topk": topk.to_json()} if topk is not None else {}))
     # one metadata key: safetensors writes a header map in arbitrary order, and the bytes must be reproducible
-    payload = save_safetensors(blob, metadata={"dipaco": json.dumps(meta)})
+    payload = save_safetensors({k: v.contiguous() for k, v in blob.items()}, metadata={"dipaco": json.dumps(meta)})
     return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
@@ -144,26 +152,45 @@ def _decompress_module(frame: bytes, *, method: str,
     del head
     blob = load_safetensors(payload)
     del payload
-    if spec is not None:
-        return _decode_topk(blob, declared, spec)
     out = {}
-    for name, shape in declared.items():
-        scale = blob.pop(f"{name}::scale")
-        q = blob.pop(f"{name}::q")
-        if method == "int4":
-            q = unpack_int4(q, math.prod(shape) if shape else 1).reshape(scale.shape[0], -1)
-        out[name] = dequantize_rows(q, scale, shape)
+    for name, parts in _split(blob, declared, method=method, topk=spec).items():
+        shape = declared[name]
+        if spec is not None:
+            out[name] = decode_tensor(parts, shape=shape, spec=spec, name=name)
+            continue
+        numel, rows = math.prod(shape), parts["scale"].numel()
+        q = parts["q"].view(torch.int8) if method == "int8" else unpack_int4(parts["q"], numel)
+        out[name] = dequantize_rows(q.reshape(rows, numel // rows if rows else 0), parts["scale"], shape)
     return out
 
 
-def _decode_topk(blob: dict[str, torch.Tensor], shapes: dict[str, list[int]], spec: TopK) -> dict[str, torch.Tensor]:
-    """A topk frame's blob and declared shapes → `{"module/param": float32 tensor}` (ValueError naming what is wrong)."""
-    out = {}
-    for name, shape in shapes.items():
-        parts = {part: blob.pop(f"{name}::{part}", None) for part in ("gaps", "codes", "lo", "step")}
-        out[name] = decode_tensor(parts, shape=shape, spec=spec, name=name)
-    if blob:
-        raise ValueError(f"unexpected entries {sorted(blob)[:3]} (not in the frame's shapes)")
+def part_sizes(shape: list[int], *, method: str, topk: TopK | None) -> dict[str, int]:
+    """The elements of each part (`PARTS[method]`) a tensor of `shape` takes in a frame."""
+    numel = math.prod(shape)
+    if topk is not None:
+        segments = topk.segments(numel)
+        chunks, kept = sum(s[0] for s in segments), sum(s[0] * s[2] for s in segments)
+        return {"gaps": 2 * kept, "codes": -(-kept * topk.bits // 8), "lo": chunks, "step": chunks}
+    rows = shape[0] if len(shape) >= 2 and shape[0] > 0 else 1
+    return {"q": numel if method == "int8" else (numel + 1) // 2, "scale": rows}
+
+
+def _split(blob: dict[str, torch.Tensor], declared: dict[str, list[int]], *, method: str,
+           topk: TopK | None) -> dict[str, dict[str, torch.Tensor]]:
+    """A frame's parts cut into each declared tensor's pieces (ValueError when a part's length is not theirs)."""
+    if set(blob) != set(PARTS[method]):
+        raise ValueError(f"a {method} frame holds parts {sorted(blob)}, not {sorted(PARTS[method])}")
+    sizes = {name: part_sizes(shape, method=method, topk=topk) for name, shape in declared.items()}
+    out: dict[str, dict[str, torch.Tensor]] = {name: {} for name in declared}
+    for part, values in blob.items():
+        flat = values.reshape(-1)
+        wanted = sum(s[part] for s in sizes.values())
+        if flat.numel() != wanted:
+            raise ValueError(f"part {part!r} holds {flat.numel()} elements, its tensors take {wanted}")
+        start = 0
+        for name in declared:
+            out[name][part] = flat[start:start + sizes[name][part]]
+            start += sizes[name][part]
     return out
 
 
@@ -186,14 +213,18 @@ def _frame_header(reader, *, method: str) -> tuple[bytearray, dict]:
 
 
 def _declared(meta: dict) -> dict[str, list[int]]:
-    """`{"module/param": shape}` a frame's metadata declares (ValueError when it is not a list of sizes)."""
-    shapes = meta.get("shapes")
-    if not isinstance(shapes, dict):
-        raise ValueError(f"a module frame declares shapes {shapes!r}, not an object")
-    for name, shape in shapes.items():
+    """`{"module/param": shape}` a frame's metadata declares, in its order (ValueError when the names are not
+    distinct strings or a shape is not a list of sizes)."""
+    names, shapes = meta.get("names"), meta.get("shapes")
+    if not (isinstance(names, list) and isinstance(shapes, list) and len(names) == len(shapes)):
+        raise ValueError(f"a module frame declares names {str(names)[:80]} and shapes {str(shapes)[:80]}, "
+                         "not two lists of one length")
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"a module frame's names {names[:6]} are not distinct strings")
+    for name, shape in zip(names, shapes, strict=True):
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
             raise ValueError(f"{name}: shape {shape!r} is not a list of sizes")
-    return shapes
+    return dict(zip(names, shapes, strict=True))
 
 
 def _check_shapes(declared: dict[str, list[int]], shapes: dict[str, list[int]]) -> None:
@@ -216,17 +247,11 @@ def _topk_spec(meta: dict) -> TopK:
 
 
 def _data_bytes(shapes: dict[str, list[int]], *, method: str, topk: TopK | None) -> int:
-    """The bytes of the tensors after a frame's header that encode tensors of `shapes` with `method`."""
+    """The bytes of the parts after a frame's header that encode tensors of `shapes` with `method`."""
     total = 0
     for shape in shapes.values():
-        numel = math.prod(shape)
-        if topk is not None:
-            segments = topk.segments(numel)
-            chunks, kept = sum(s[0] for s in segments), sum(s[0] * s[2] for s in segments)
-            total += 2 * kept + -(-kept * topk.bits // 8) + 8 * chunks  # gaps, codes, lo and step
-            continue
-        rows = shape[0] if len(shape) >= 2 and shape[0] > 0 else 1
-        total += (numel if method == "int8" else (numel + 1) // 2) + 4 * rows  # values, then a scale per row
+        total += sum(n * (4 if part in FLOAT_PARTS else 1)
+                     for part, n in part_sizes(shape, method=method, topk=topk).items())
     return total
 
 
