@@ -12,6 +12,7 @@ join the same island by running that command there with TORCHFT_LIGHTHOUSE set t
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ def run_group(*, name: str, args: list[str], workers: int, threads: int, logs: P
     exited; a worker that fails before the run is `finished` is restarted. Returns the restarts; raises naming
     the worker's log when the restarts run out or when no worker ended cleanly."""
     lighthouse = start_lighthouse()
-    env = {LIGHTHOUSE_ENV: lighthouse.address()}
+    env = {LIGHTHOUSE_ENV: lighthouse.address(), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}  # torchft's own
     log.info("island %s: lighthouse at %s, %d workers of %d threads", name, lighthouse.address(), workers, threads)
     tasks = [Task(name=f"island {name} worker {k}", args=[*args, "--worker", str(k)], log=logs / f"{name}-w{k}.log")
              for k in range(workers)]

@@ -37,10 +37,18 @@ from dipaco.islands.island.elastic_state import IslandState, Progress, presence_
 from dipaco.islands.island.held import awaiting_handoff
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.polling import IslandWorker
-from dipaco.islands.island.training import (IslandSetup, TrainedTask, data_seed, finish_task, push_result,
-                                            start_from_drift, start_task)
+from dipaco.islands.island.training import (
+    IslandSetup,
+    TrainedTask,
+    data_seed,
+    finish_task,
+    push_result,
+    start_from_drift,
+    start_task,
+)
 from dipaco.optim.inner import lr_at, phase_steps
 from dipaco.store.board import inner_ref, result_exists
+from dipaco.store.module_store import StoreError
 from dipaco.store.records import Task
 from dipaco.store.run_state import run_finished
 
@@ -56,6 +64,8 @@ class ElasticIsland:
         self.presence = self.island.presence
         self.presence.silent, self.presence.workers = True, workers  # it beats only while it leads
         self.state = IslandState(presence=self.presence, held=self.island.held, begin=self._begin)
+        for noisy in ("torchft", "torchft_quorums", "torchft_commits"):  # each logs a line a step
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
         self.ctx = join(self.replica, resolve_device(setup.hardware.device), live=self.state)
         self.unpushed: tuple[Task, TrainedTask] | None = None  # its last task's result until the store has it
         self.watch: Callable[[], None] = lambda: None  # the board watch of its task (called while it leads)
@@ -74,8 +84,18 @@ class ElasticIsland:
                 while not self.stopped:
                     self.round()
         finally:
+            if not self.presence.silent:  # its leader, stopped before the run's end: the path moves on exactly
+                self._hand_off_on_stop()
             self.ctx.shutdown()
         return len(self.trained)
+
+    def _hand_off_on_stop(self) -> None:
+        try:
+            if not run_finished(self.store):
+                self.island.held.hand_off()
+        except (StoreError, OSError) as err:
+            log.warning("island %s: could not hand path %s's carried state off (%s)", self.name,
+                        self.island.held.path, err)
 
     def round(self) -> None:
         manager = self.ctx.manager
@@ -128,7 +148,9 @@ class ElasticIsland:
             self.unpushed = None
         if message["stop"]:
             self.stopped = True
-            if not self.presence.silent:
+            if not self.trained and not self.state.healed:
+                self.presence.silent = True  # it never was the island (it started after the others ended): no "done"
+            elif not self.presence.silent:
                 self.island.report_traffic()
         elif message["task"] is None:
             time.sleep(self.poll_seconds)

@@ -81,7 +81,7 @@ class IslandState:
     def __init__(self, *, presence: Presence, held: HeldState, begin: Callable[[Task, float | None], Progress]):
         self.presence, self.held, self.begin = presence, held, begin
         self.progress: Progress | None = None
-        self.healed = 0  # times this worker was healed inside a task
+        self.healed = 0  # times this worker was healed from a peer
 
     def state_dict(self) -> dict:
         state = {"presence": presence_of(self.presence), "held": held_of(self.held), "task": None}
@@ -94,6 +94,7 @@ class IslandState:
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        self.healed += 1
         restore_presence(self.presence, state["presence"])
         restore_held(self.held, state["held"])
         if state["task"] is None:
@@ -113,4 +114,3 @@ class IslandState:
         pr.begun.optimizer.load_state_dict(state["optimizer"])
         pr.begun.carried = dataclasses.replace(pr.begun.carried, residual=dict(state["residual"]))
         pr.done, pr.steps, pr.losses, pr.tokens = state["done"], state["steps"], list(state["losses"]), state["tokens"]
-        self.healed += 1

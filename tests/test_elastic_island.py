@@ -1,0 +1,191 @@
+"""Elastic islands started by `dipaco island` (`hardware.workers_per_island`): the setting's checks, and a
+`dipaco train` whose one island of two workers loses the worker that does its store work mid-task. The other
+worker finishes the task alone and pushes it, the island keeps its incarnation (no task is lost or redone), the
+heartbeat shows the island shrink and grow back, the killed worker, restarted by its island, rejoins from its
+live peer and trains later tasks, and the run reaches its end. Real processes: marked slow."""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import copy_run, start_dipaco
+
+from dipaco.config import load_config
+from dipaco.config_keys import ConfigError
+from dipaco.islands.island import elastic_messages
+
+STEPS = 8  # inner steps per task, paced to STEP_SECONDS: a task takes about 3 s
+STEP_SECONDS = 0.4
+ROUNDS = 3  # 12 tasks: the killed worker is back (imports, heal) long before the last
+
+
+def test_workers_per_island_is_validated_by_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"hardware\.workers_per_island.*0"):
+        load_config(Path(__file__).parent.parent / "configs" / "tiny.yaml", ["hardware.workers_per_island=0"])
+
+
+def test_an_elastic_island_without_torchft_is_refused_by_name(tiny_routed, tmp_path, monkeypatch):
+    from dipaco.stages.island import island
+
+    monkeypatch.setitem(sys.modules, "torchft", None)  # import torchft then raises ImportError
+    run = copy_run(tiny_routed, tmp_path / "run")
+    config = load_config(run.config, ["hardware.workers_per_island=2"])
+    with pytest.raises(ValueError, match=r"hardware\.workers_per_island 2: an elastic island needs torchft.*"
+                                         r"dipaco\[elastic\]"):
+        island(config, run, pull=True, paths=None, name="island-0", argv=["island"])
+
+
+class OneMember:
+    """A quorum of one (torchft's `Manager.allreduce` as it sums over a single member)."""
+
+    def allreduce(self, tensor, reduce_op):
+        class Done:
+            def wait(self):
+                return tensor
+        return Done()
+
+
+def test_a_message_and_a_digest_cross_a_quorum_of_one_unchanged():
+    message = {"task": {"key": "path-0001-round-000002", "chain": ["a", "b"]}, "stop": False, "text": "é"}
+    assert elastic_messages.share_json(OneMember(), message) == message
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.tensor(1.5)}
+    digest = elastic_messages.digest_of(tensors)
+    assert digest == elastic_messages.digest_of(dict(reversed(tensors.items())))  # by name, not by order
+    assert digest != elastic_messages.digest_of({**tensors, "a": torch.tensor(1.25)})
+    assert elastic_messages.same_everywhere(OneMember(), digest)
+    assert elastic_messages.lowest_holder(OneMember(), rank=0, world=1, holds=True) == 0
+
+
+class SharedSum:
+    """A quorum of `members` threads: each `allreduce` returns once every member gave its tensor, all summed."""
+
+    def __init__(self, members: int):
+        self.barrier, self.given = threading.Barrier(members), {}
+
+    def member(self, rank: int):
+        shared = self
+
+        class Member:
+            def allreduce(self, tensor, reduce_op):
+                shared.given[rank] = tensor.clone()
+                shared.barrier.wait()
+                total = sum(shared.given.values())
+                shared.barrier.wait()
+                tensor.copy_(total)
+
+                class Done:
+                    def wait(self):
+                        return tensor
+                return Done()
+        return Member()
+
+
+def on_members(call, members: int) -> list:
+    """`call(manager, rank)` on `members` threads at once, over one `SharedSum`; their returns by rank."""
+    quorum, out = SharedSum(members), [None] * members
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, call(quorum.member(r), r))) for r in range(members)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return out
+
+
+def test_members_agree_on_a_leader_a_message_and_whether_their_digests_match():
+    message = {"task": {"key": "path-0001-round-000002"}, "stop": False}
+    got = on_members(lambda m, r: elastic_messages.share_json(m, message if r == 1 else None), 3)
+    assert got == [message] * 3  # the leader's bytes, every member
+    assert on_members(lambda m, r: elastic_messages.lowest_holder(m, rank=r, world=3, holds=r >= 1), 3) == [1] * 3
+    assert on_members(lambda m, r: elastic_messages.lowest_holder(m, rank=r, world=3, holds=False), 3) == [0] * 3
+    same, other = elastic_messages.digest_of({"a": torch.ones(3)}), elastic_messages.digest_of({"a": torch.zeros(3)})
+    assert on_members(lambda m, r: elastic_messages.same_everywhere(m, same), 3) == [True] * 3
+    assert on_members(lambda m, r: elastic_messages.same_everywhere(m, other if r == 2 else same), 3) == [False] * 3
+
+
+def worker_pids(run_root: Path, worker: int) -> list[int]:
+    """The processes of `dipaco island ... --worker <worker>` of this run (from /proc: Linux only)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "dipaco" in args and str(run_root) in args and any(
+                a == "--worker" and b == str(worker) for a, b in zip(args, args[1:])):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def results(store: Path) -> dict[str, dict]:
+    """Every result pushed to the store, by "task key#attempt"."""
+    found = {}
+    for file in store.glob("results/*/path-*.json"):
+        meta = read_json(file)
+        if meta is not None:
+            found[f"path-{meta['path']:04d}-round-{meta['round']:06d}#{meta['attempt']}"] = meta
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the worker's process in /proc")
+def test_an_elastic_island_loses_its_leading_worker_mid_task_and_goes_on(tiny_routed, tmp_path):
+    """About 150 s on 2 shared cores (a `dipaco train` of 4 paths x 3 rounds, one island of two workers)."""
+    pytest.importorskip("torchft")
+    run = copy_run(tiny_routed, tmp_path / "run")
+    store, logs = run.root / "store", run.root / "logs"
+    beat_file = store / "heartbeats" / "island-0.json"
+    train = start_dipaco("train", "--config", str(run.config), "--run", str(run.root), "hardware.islands=1",
+                         "hardware.workers_per_island=2", f"inner.steps={STEPS}", f"faults.step_seconds={STEP_SECONDS}",
+                         f"run.rounds={ROUNDS}", "store.keep_versions=0")  # every result kept
+    beats: list[dict] = []  # the heartbeats seen, in order
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # the second task: the first one's result pushed (by worker 0, the leader), worker 0 a few steps in
+            beat = read_json(beat_file)
+            if beat is not None and beat["status"] == "training" and f"{beat['task']}#0" not in results(store) and results(store):
+                break
+            assert train.poll() is None and time.monotonic() < deadline, "the island never trained a second task"
+            time.sleep(0.05)
+        time.sleep(3 * STEP_SECONDS)
+        in_flight, before = f"{beat['task']}#0", read_json(beat_file)
+        assert in_flight not in results(store) and before["world"] == 2
+        led = (logs / "island-0-w0.log").read_text()
+        assert "pushed" in led and "pushed" not in (logs / "island-0-w1.log").read_text()  # worker 0 does the store work
+        (victim,) = worker_pids(run.root, 0)
+        os.killpg(victim, signal.SIGKILL)  # mid-task, wherever it is in its step
+        while train.poll() is None:
+            assert time.monotonic() < deadline + 120, "the run did not end"
+            if (beat := read_json(beat_file)) is not None and (not beats or beat["seq"] != beats[-1]["seq"]):
+                beats.append(beat)
+            time.sleep(0.05)
+    finally:
+        if train.poll() is None:
+            os.killpg(train.pid, signal.SIGKILL)
+    assert train.returncode == 0, (logs / "island-0.log").read_text()[-3000:]
+    assert json.loads((run.root / "train.json").read_text())["rounds_completed"] == ROUNDS  # the run reached its end
+
+    pushed = results(store)
+    assert len(pushed) == 4 * ROUNDS and all(key.endswith("#0") for key in pushed)  # none lost, none redone
+    assert all(len(m["losses"]) == STEPS and m["island"] == "island-0" for m in pushed.values())  # every step trained
+    assert {b["incarnation"] for b in beats} == {before["incarnation"]}  # the island itself never died
+    worlds = [b["world"] for b in beats]
+    assert 1 in worlds and worlds[-1] == 2 and 2 in worlds[worlds.index(1):], worlds  # shrank, grew back
+    other = (logs / "island-0-w1.log").read_text()
+    assert f"{in_flight.removesuffix('#0')} attempt 0 pushed" in other  # the surviving worker finished and pushed it
+    assert "island island-0 worker 0 exited with code -9" in (logs / "island-0.log").read_text()
+    rejoined = (logs / "island-0-w0.log").read_text()[len(led):]  # the restarted worker's own log
+    later = [key for key in pushed if key != in_flight]  # it died in `in_flight`: any other it sealed came later
+    assert any(f"(island-0-w0): {key} sealed" in rejoined for key in later), rejoined[-3000:]
