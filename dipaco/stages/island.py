@@ -75,6 +75,9 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
     faults = dataclasses.replace(config.faults, mtbf=config.faults.mtbf if fail_mtbf is None else fail_mtbf,
                                  return_after=config.faults.return_after if return_after is None else return_after)
     if config.hardware.workers_per_island > 1:
+        if max_tasks is not None:
+            raise ValueError(f"--max-tasks {max_tasks}: an elastic island (hardware.workers_per_island "
+                             f"{config.hardware.workers_per_island}) works until the run's end")
         elastic_island(config, run, store, name=name, paths=paths, faults=faults, slowdown=slowdown, worker=worker,
                        argv=argv)
         return
@@ -97,8 +100,8 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         ddp.shutdown(ctx)
 
 
-def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str, paths: list[int] | None, faults: FaultsConfig,
-                   slowdown: float, worker: int | None, argv: list[str] | None) -> None:
+def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str, paths: list[int] | None,
+                   faults: FaultsConfig, slowdown: float, worker: int | None, argv: list[str] | None) -> None:
     """An island of `hardware.workers_per_island` workers: worker `worker` of it, or (None) its lighthouse and
     every worker, started again as `argv` (this command line) with `--worker k` and restarted when one dies."""
     workers = config.hardware.workers_per_island
@@ -106,6 +109,10 @@ def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str
         elastic.require_torchft()
     except ImportError as err:
         raise ValueError(f"hardware.workers_per_island {workers}: {err}") from err
+    device = resolve_device(config.hardware.device)
+    if device.type != "cpu":
+        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island trains on the CPU (gloo) only so "
+                         f"far, not on {device} (hardware.device {config.hardware.device!r}); set hardware.device cpu")
     if faults.mtbf > 0:
         raise ValueError(f"hardware.workers_per_island {workers}: an elastic island fails by its workers' deaths "
                          f"(kill one), not by injected failures (faults.mtbf {faults.mtbf})")
