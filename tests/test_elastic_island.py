@@ -108,6 +108,83 @@ def test_members_agree_on_a_leader_a_message_and_whether_their_digests_match():
     assert on_members(lambda m, r: elastic_messages.same_everywhere(m, other if r == 2 else same), 3) == [False] * 3
 
 
+class FixedQuorum:
+    """torchft's `Manager` at the edge: member `rank` of a quorum of `world` that never changes (`SharedSum`)."""
+
+    def __init__(self, member, *, rank: int, world: int):
+        self.member, self.rank, self.world = member, rank, world
+
+    def start_quorum(self):
+        pass
+
+    def participating_rank(self):
+        return self.rank
+
+    def num_participants(self):
+        return self.world
+
+    def allreduce(self, tensor, reduce_op):
+        return self.member.allreduce(tensor, reduce_op)
+
+    def should_commit(self):
+        return True
+
+    def shutdown(self, wait=True):
+        pass
+
+
+def test_two_workers_push_the_replayed_pseudo_gradient_identical_on_both(tiny_routed, tmp_path):
+    """Two `ElasticIsland` workers in threads over a fixed quorum of two, the real coordinator ticking beside them:
+    the task they seal is identical on both, equals a replay of its steps as two shares of each batch
+    (tests/test_elastic.py's `replay`), and only the leader writes the heartbeat, with world 2 of 2."""
+    from test_elastic import replay
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.elastic import ElasticContext
+    from dipaco.islands.island.elastic_island import ElasticIsland
+    from dipaco.stages.island import island_setup
+    from dipaco.store.board import result_exists
+    from dipaco.store.heartbeat_files import read_heartbeats
+
+    run, quorum, clock = make_run(tiny_routed, tmp_path / "run", []), SharedSum(2), Clock()
+
+    def joined(rank):
+        def join(replica, device, *, live):
+            return ElasticContext(manager=FixedQuorum(quorum.member(rank), rank=rank, world=2), replica=replica,
+                                  live=live)
+        return join
+
+    workers = [ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=r, workers=2, join=joined(r),
+                             poll_seconds=0.01) for r in range(2)]
+    sealed: list[list] = [[], []]
+
+    def work(rank):
+        worker = workers[rank]
+        while not worker.trained or worker.unpushed is not None:  # until its first task is sealed and pushed
+            worker.round()
+            if worker.unpushed is not None and not sealed[rank]:
+                sealed[rank].append(worker.unpushed)
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    coordinator, deadline = run.coordinator(clock), time.monotonic() + 60
+    while any(t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, "the two workers did not seal and push a task"
+        coordinator.tick()
+        clock.t += 0.5
+        time.sleep(0.05)
+    (task, first), (same_task, second) = sealed[0][0], sealed[1][0]
+    assert same_task == task and result_exists(run.store, round=task.round, path=task.path, attempt=task.attempt)
+    expected = replay(run.setup, task, [{"step": s, "world": 2} for s in range(run.config.inner.steps)])
+    assert first.pseudo_gradient.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(first.pseudo_gradient[key], second.pseudo_gradient[key]), key
+        torch.testing.assert_close(first.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
+    beat = read_heartbeats(run.store)["e0"]
+    assert (beat.world, beat.workers) == (2, 2) and workers[1].presence.seq == beat.seq  # the follower kept in step
+
+
 def worker_pids(run_root: Path, worker: int) -> list[int]:
     """The processes of `dipaco island ... --worker <worker>` of this run (from /proc: Linux only)."""
     pids = []
