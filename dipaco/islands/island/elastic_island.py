@@ -220,6 +220,9 @@ class ElasticIsland:
                 pr.done += 1
                 pr.losses.append(float(control[0]))
                 pr.tokens += int(batch.size)
+                if self.ctx.on_commit is not None:
+                    self.ctx.on_commit(elastic.StepRecord(task=pr.task.key, step=pr.done - 1, world=world,
+                                                          rank=-1 if rank is None else rank, loss=loss))
         pr.seconds += time.perf_counter() - started + pr.pacer.pad(time.perf_counter() - started)
 
     def _flags(self) -> tuple[float, float]:

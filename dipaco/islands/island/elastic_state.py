@@ -16,6 +16,7 @@ each other, as the ranks of a DDP island do.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.presence import Presence
 from dipaco.islands.island.training import TaskStart, TrainedTask
 from dipaco.store.records import Task
+
+log = logging.getLogger(__name__)
 
 PRESENCE = ("incarnation", "seq", "status", "current", "last_path", "finished")  # what the workers share of it
 
@@ -114,3 +117,5 @@ class IslandState:
         pr.begun.optimizer.load_state_dict(state["optimizer"])
         pr.begun.carried = dataclasses.replace(pr.begun.carried, residual=dict(state["residual"]))
         pr.done, pr.steps, pr.losses, pr.tokens = state["done"], state["steps"], list(state["losses"]), state["tokens"]
+        log.info("healed from a live peer into %s attempt %d at its step %d of %d", task.key, task.attempt, pr.done,
+                 pr.steps)
