@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 
 class ElasticIsland:
+    """One worker of an elastic island: its rounds, and the island's store work while it leads."""
+
     def __init__(self, setup: IslandSetup, *, name: str, worker: int, workers: int, pinned: list[int] | None = None,
                  poll_seconds: float = 0.1, join: Callable[..., elastic.ElasticContext] = elastic.join):
         self.setup, self.store, self.poll_seconds = setup, setup.store, poll_seconds
