@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["island"].add_argument("--slowdown", type=float, default=None,
                                    help="inject a straggler: every inner step takes this many times longer (faults.slowdown)")
     parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
+    parsers["island"].add_argument("--worker", type=int, default=None,
+                                   help="run worker K of an elastic island (hardware.workers_per_island > 1) whose "
+                                        "lighthouse TORCHFT_LIGHTHOUSE names; without it `dipaco island` starts the "
+                                        "lighthouse and every worker on this machine")
     parsers["eval"].add_argument("--mode", action="append", default=None,
                                  help="prefix | every:W | likelihood | oracle | oracle-split | all-paths (repeat; default eval.modes)")
     parsers["eval"].add_argument("--best", action="store_true", default=None,
@@ -204,6 +208,7 @@ class TqdmHandler(logging.StreamHandler):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line (an elastic island's workers rerun it)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[TqdmHandler()],
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
     from dipaco.islands.processes import exit_with_parent

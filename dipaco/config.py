@@ -229,6 +229,7 @@ class HardwareConfig(Section):
     threads_per_island: Count = 0  # threads (torch, faiss, BLAS) per island process and of pretrain, route, reroute and eval; 0 = cores // islands for islands, the default elsewhere
     compile: bool = False  # torch.compile each island's path model, once per island process (docs/islands.md#speed)
     tf32: bool = False  # on CUDA, fp32 matmuls on TF32 tensor cores (Ampere and later; matters with precision fp32)
+    workers_per_island: PositiveInt = 1  # worker processes per island; above 1 an elastic island (CPU, torchft: pip install 'dipaco[elastic]'): the workers split each batch, and the island goes on when one dies (docs/islands.md#elastic-islands)
 
 
 @dataclass(kw_only=True)

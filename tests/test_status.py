@@ -101,6 +101,8 @@ def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
         assert fast.poll()  # trains its task and reports it
         coordinator.tick()  # receives it and hands fast the next task; busy's task is still running
         busy_task, fast_task = busy.next_task().key, fast.next_task().key
+        busy.presence.world, busy.presence.workers = 1, 2  # an elastic island short of a worker
+        busy.heartbeat()
 
         text, status = status_of(capsys, "--run", run.root)
         assert not status["finished"] and "round 0 committed, running" in text
@@ -110,6 +112,8 @@ def test_status_of_a_running_run(tiny_routed, tmp_path, capsys):
         assert islands["busy"]["task"] == busy_task and islands["busy"]["alive"]
         assert islands["fast"]["task"] == fast_task != busy_task and islands["fast"]["alive"]
         assert busy_task in text and "2 running" in text and "1 received" in text
+        assert (islands["busy"]["world"], islands["busy"]["workers"], islands["fast"]["workers"]) == (1, 2, 1)
+        assert "1 of 2" in text and "1 of 1" in text
         assert status["results_applied"] == 0 and status["results_target"] == 8
     finally:
         coordinator.lease.release()

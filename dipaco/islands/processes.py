@@ -94,6 +94,12 @@ def _start(task: Task, env: dict[str, str], *, cwd: str | None = None) -> tuple[
     return proc, out
 
 
+def start(task: Task, *, threads: int, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, object]:
+    """Start `python -m dipaco <task.args>` (output appended to its log, `threads` torch threads, extra `env`
+    variables) in a process group of its own; returns the process and its open log (close it once it ends)."""
+    return _start(task, {**_env(threads), **(env or {})})
+
+
 def stop_processes(procs: list[subprocess.Popen], *, grace: float = STOP_SECONDS) -> None:
     """SIGTERM the process group of every process still running, wait up to `grace` s, then SIGKILL."""
     alive = [p for p in procs if p.poll() is None]

@@ -3,9 +3,12 @@
     dipaco island --config configs/tiny.yaml --run runs/tiny                  # any path, until the run ends
     dipaco island --config configs/tiny.yaml --run runs/tiny --pull --path 3  # pinned to path 3
     torchrun --nproc-per-node 2 -m dipaco -- island ...                       # DDP inside the island
+    dipaco island ... --name island-0 hardware.workers_per_island=2           # an elastic island: 2 workers
 
 The island itself (`dipaco.islands.island`) talks only to the store; this stage builds it from the
-config and the command line.
+config and the command line. With `hardware.workers_per_island` N > 1 it is an elastic island: this command
+runs its lighthouse and N worker processes (`dipaco.islands.elastic_group`), each this command again with
+`--worker k` (`dipaco.islands.island.elastic_island`).
 """
 
 from __future__ import annotations
@@ -16,17 +19,22 @@ import json
 import os
 import socket
 
-from dipaco.config import Config
+from dipaco.config import Config, FaultsConfig
 from dipaco.device import resolve_device
-from dipaco.islands.island import ddp
+from dipaco.islands.elastic_group import run_group
+from dipaco.islands.island import ddp, elastic
+from dipaco.islands.island.elastic_island import ElasticIsland
 from dipaco.islands.island.faults import FaultClock
 from dipaco.islands.island.pinned import run_pinned_task
 from dipaco.islands.island.polling import IslandWorker, follow_leader
 from dipaco.islands.island.training import IslandSetup
+from dipaco.islands.processes import THREADS_ENV, available_cores
 from dipaco.pipeline.context import PathFactory
 from dipaco.run_dir import RunDir
 from dipaco.store.board import check_island_name
 from dipaco.store.ledger import publish_counts
+from dipaco.store.module_store import ModuleStore
+from dipaco.store.run_state import run_finished
 
 
 def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory: PathFactory | None = None) -> IslandSetup:
@@ -44,7 +52,7 @@ def island_setup(config: Config, run: RunDir, *, slowdown: float = 1.0, factory:
 
 def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, name: str | None,
            fail_mtbf: float | None = None, return_after: float | None = None, max_tasks: int | None = None,
-           slowdown: float | None = None) -> None:
+           slowdown: float | None = None, worker: int | None = None, argv: list[str] | None = None) -> None:
     """Run a pull-based island (`pull`), or train each of `paths` once for the next round. `slowdown`
     (default: `faults.slowdown` for the island named island-0, else 1) makes it that many times slower."""
     if name is not None:
@@ -66,6 +74,15 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         slowdown = config.faults.slowdown if name == "island-0" else 1.0
     faults = dataclasses.replace(config.faults, mtbf=config.faults.mtbf if fail_mtbf is None else fail_mtbf,
                                  return_after=config.faults.return_after if return_after is None else return_after)
+    if config.hardware.workers_per_island > 1:
+        if max_tasks is not None:
+            raise ValueError(f"--max-tasks {max_tasks}: an elastic island (hardware.workers_per_island "
+                             f"{config.hardware.workers_per_island}) works until the run's end")
+        elastic_island(config, run, store, name=name, paths=paths, faults=faults, slowdown=slowdown, worker=worker,
+                       argv=argv)
+        return
+    if worker is not None:
+        raise ValueError(f"--worker {worker}: only an elastic island (hardware.workers_per_island > 1) has workers")
     setup = island_setup(config, run, slowdown=slowdown)
     ctx = ddp.init_from_env(resolve_device(config.hardware.device))
     if ctx is not None and faults.mtbf > 0:
@@ -83,6 +100,40 @@ def island(config: Config, run: RunDir, *, pull: bool, paths: list[int] | None, 
         ddp.shutdown(ctx)
 
 
+def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str, paths: list[int] | None,
+                   faults: FaultsConfig, slowdown: float, worker: int | None, argv: list[str] | None) -> None:
+    """An island of `hardware.workers_per_island` workers: worker `worker` of it, or (None) its lighthouse and
+    every worker, started again as `argv` (this command line) with `--worker k` and restarted when one dies."""
+    workers = config.hardware.workers_per_island
+    try:
+        elastic.require_torchft()
+    except ImportError as err:
+        raise ValueError(f"hardware.workers_per_island {workers}: {err}") from err
+    device = resolve_device(config.hardware.device)
+    if device.type != "cpu":
+        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island trains on the CPU (gloo) only so "
+                         f"far, not on {device} (hardware.device {config.hardware.device!r}); set hardware.device cpu")
+    if faults.mtbf > 0:
+        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island fails by its workers' deaths "
+                         f"(kill one), not by injected failures (faults.mtbf {faults.mtbf})")
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island is not started by torchrun")
+    if worker is None:
+        if not argv:
+            raise ValueError("an elastic island restarts its workers from its own command line, which is unknown here")
+        threads = max(1, int(os.environ.get(THREADS_ENV) or available_cores()) // workers)
+        restarts = run_group(name=name, args=[*argv, "--name", name], workers=workers, threads=threads, logs=run.logs,
+                             finished=lambda: run_finished(store))
+        print(f"island {name}: {workers} workers, {restarts} restarts")
+        return
+    if not 0 <= worker < workers:
+        raise ValueError(f"--worker {worker} is not one of hardware.workers_per_island {workers} (0..{workers - 1})")
+    setup = island_setup(config, run, slowdown=slowdown)
+    done = ElasticIsland(setup, name=name, worker=worker, workers=workers, pinned=paths).run()
+    print(f"island {name} worker {worker}: sealed {done} tasks")
+
+
 def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
     island(config, run, pull=args.pull or not args.path, paths=args.path, name=args.name, fail_mtbf=args.fail_mtbf,
-           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown)
+           return_after=args.return_after, max_tasks=args.max_tasks, slowdown=args.slowdown, worker=args.worker,
+           argv=getattr(args, "argv", None))

@@ -102,7 +102,8 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
                         "beat_seconds_ago": age, "alive": beat.status != "done" and age < config.resilience.heartbeat_timeout,
-                        "failures": beat.failures, "pinned": list(beat.pinned)})
+                        "failures": beat.failures, "pinned": list(beat.pinned), "world": beat.world,
+                        "workers": beat.workers})
 
     history = read_history(store)
     best = best_rounds(history)
@@ -290,9 +291,10 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"outer steps (train.json): {status['outer_steps']}")
     lines.append(f"\nislands ({len(status['islands'])})")
     if status["islands"]:
-        lines.append(format_table(["island", "status", "task", "last beat", "alive", "failures"],
+        lines.append(format_table(["island", "status", "task", "last beat", "alive", "workers", "failures"],
                                     [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
-                                      "yes" if i["alive"] else "no", i["failures"]] for i in status["islands"]]))
+                                      "yes" if i["alive"] else "no", f"{i['world']} of {i['workers']}", i["failures"]]
+                                     for i in status["islands"]]))
     for bad in status["malformed_heartbeats"]:
         lines.append(f"malformed heartbeat, ignored: {bad['reason']}")
     queue = status["queue"]

@@ -53,6 +53,15 @@ def require_torchft() -> Any:
     return torchft
 
 
+def start_lighthouse(*, join_timeout_ms: int = 1000) -> Any:
+    """A torchft lighthouse for one island, on any free port of this machine (`.address()`, `.shutdown()`):
+    it forms a quorum of whichever workers are there (at least one) `join_timeout_ms` after the first asks."""
+    require_torchft()
+    from torchft.coordination import LighthouseServer
+
+    return LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=join_timeout_ms)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One committed inner step of a task, as a worker saw it."""
@@ -103,7 +112,7 @@ class ElasticContext:
 
     manager: Any  # torchft.Manager
     replica: str  # this worker's name in the quorum
-    live: LiveState
+    live: Any  # a `LiveState`, or what the caller gave `join`
     on_commit: Callable[[StepRecord], None] | None = None  # told of every committed step (tests, logs)
     store: Any = None  # this replica group's TCPStore (the manager's rendezvous), kept alive with it
 
@@ -116,9 +125,10 @@ class ElasticContext:
         self.manager.shutdown(wait=False)
 
 
-def join(replica: str, device: torch.device, *, lighthouse: str | None = None,
-         timeout: float = 60.0) -> ElasticContext:
-    """Join the island's lighthouse (`lighthouse`, else torchft's TORCHFT_LIGHTHOUSE) as worker `replica`."""
+def join(replica: str, device: torch.device, *, lighthouse: str | None = None, timeout: float = 60.0,
+         live: Any = None) -> ElasticContext:
+    """Join the island's lighthouse (`lighthouse`, else torchft's TORCHFT_LIGHTHOUSE) as worker `replica`; `live`:
+    what it heals peers with and is healed from (`state_dict`, `load_state_dict`; default a `LiveState`)."""
     require_torchft()
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
@@ -131,7 +141,7 @@ def join(replica: str, device: torch.device, *, lighthouse: str | None = None,
                          "(torchft_lighthouse --min_replicas 1)")
     host = socket.gethostname()
     store = torch.distributed.TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this replica group's
-    live = LiveState()
+    live = LiveState() if live is None else live
     wait = timedelta(seconds=timeout)
     manager = Manager(pg=ProcessGroupGloo(timeout=wait), min_replica_size=1, load_state_dict=live.load_state_dict,
                       state_dict=live.state_dict, replica_id=replica, store_addr=host, store_port=store.port,
@@ -176,7 +186,7 @@ def elastic_steps(ctx: ElasticContext, model: torch.nn.Module, optimizer: torch.
             break  # healed from a peer that had finished the task
         step, world, rank = live.done, ctx.manager.num_participants(), ctx.manager.participating_rank()
         batch = cursor.at(step)
-        loss = _accumulate(model, batch, rank=rank, world=world, device=device, precision=precision)
+        loss = accumulate(model, batch, rank=rank, world=world, device=device, precision=precision)
         lr = lr_at(start_step + step, config=config, total_steps=total_steps)
         if not _commit(ctx, optimizer, params, lr=lr, grad_clip=config.grad_clip):
             failed += 1
@@ -195,7 +205,7 @@ def elastic_steps(ctx: ElasticContext, model: torch.nn.Module, optimizer: torch.
             "failed_steps": failed, "records": records}
 
 
-def _accumulate(model: torch.nn.Module, batch: np.ndarray, *, rank: int | None, world: int, device: torch.device,
+def accumulate(model: torch.nn.Module, batch: np.ndarray, *, rank: int | None, world: int, device: torch.device,
                 precision: str) -> float:
     """Backward of this worker's rows of `batch` (rows rank, rank + world, ...), its loss weighted by its share
     of the rows (summed over the quorum: the whole batch's mean loss); its unweighted loss (NaN: no rows)."""

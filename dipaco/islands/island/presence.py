@@ -2,8 +2,9 @@
 
 The heartbeat names the island, its incarnation (new after each injected death), its status (idle /
 training / done), the task it trains, the paths it is pinned to, the path it trained last and the tasks
-it finished; `seq` goes up with every beat, and a background thread beats every
-`resilience.heartbeat_seconds` while the island works. A silent island (failed) writes nothing.
+it finished, and for an elastic island its workers in the quorum (`world`) of `workers`; `seq` goes up with
+every beat, and a background thread beats every `resilience.heartbeat_seconds` while the island works. A silent
+island (failed, or a worker of an elastic island that does not lead it now) writes nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Presence:
         self.last_path: int | None = None
         self.finished: list[str] = []  # "key#attempt" of tasks this incarnation completed
         self.silent = False  # failed: no heartbeats
+        self.world, self.workers = 1, 1  # an elastic island: its workers in the quorum now, and when whole
         self._lock = threading.Lock()
 
     def beat(self) -> None:
@@ -49,7 +51,8 @@ class Presence:
             write_heartbeat(self.store, Heartbeat(
                 island=self.name, incarnation=self.incarnation, seq=self.seq, status=self.status,
                 task=self.current, pinned=tuple(self.pinned), last_path=self.last_path,
-                finished=tuple(self.finished[-8:]), time=time.time(), failures=self.faults.failures))
+                finished=tuple(self.finished[-8:]), time=time.time(), failures=self.faults.failures,
+                world=min(self.world, self.workers), workers=self.workers))
 
     def training(self, task: Task) -> None:
         self.status, self.current = "training", task.key

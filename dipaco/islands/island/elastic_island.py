@@ -1,0 +1,297 @@
+"""One worker of an elastic island (`hardware.workers_per_island` > 1): every worker trains the island's task with
+its quorum, and one live worker at a time does the island's store work.
+
+    TORCHFT_LIGHTHOUSE=http://host:29510 dipaco island --config c.yaml --run r --name island-0 --worker 1
+    ElasticIsland(setup, name="island-0", worker=1, workers=2).run()
+
+`dipaco island` starts the island's lighthouse and its workers (`dipaco.islands.elastic_group`). The workers
+go through rounds, each one torchft quorum (`start_quorum` ... `should_commit`), of the kind the island's state
+says (`elastic_state.IslandState`, which a worker behind heals from a live peer as it joins):
+- between tasks, a boundary round: its leader (the lowest rank that holds the last task's result not pushed
+  yet, else rank 0) pushes that result unless the store has it already, beats, reads the board, hands its held
+  carried state off when asked, and tells every member the next task, to wait, or to stop (the run is over);
+- in a task, a step round: one inner step, its batch split over the quorum (`elastic.accumulate`); the step
+  leader's board watch (cut, cancelled) travels with the gradients, so every member stops at the same step;
+- after the task's last step, a seal round: every member computes the result (`training.finish_task`) and the
+  members check that their pseudo-gradients and carried states are identical by digest (`elastic_messages`):
+  an island whose workers disagree stops rather than push one of them.
+The leader of the latest round writes the island's heartbeat, `world` its quorum's size; when it dies, the
+next round's leader takes the role, and the result it held is pushed by another member at the next boundary.
+A failed round (a member died in it) is tried again by the others; every committed step trained its whole batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed
+
+from dipaco.device import resolve_device
+from dipaco.islands.island import elastic
+from dipaco.islands.island.cancellation import TaskCancelled, TaskCut
+from dipaco.islands.island.elastic_messages import digest_of, lowest_holder, same_everywhere, share_json
+from dipaco.islands.island.elastic_state import IslandState, Progress, presence_of, restore_presence
+from dipaco.islands.island.held import awaiting_handoff
+from dipaco.islands.island.pacing import Pacer
+from dipaco.islands.island.polling import IslandWorker
+from dipaco.islands.island.training import (
+    IslandSetup,
+    TrainedTask,
+    data_seed,
+    finish_task,
+    push_result,
+    start_from_drift,
+    start_task,
+)
+from dipaco.optim.inner import lr_at, phase_steps
+from dipaco.store.board import inner_ref, result_exists
+from dipaco.store.module_store import StoreError
+from dipaco.store.records import Task
+from dipaco.store.run_state import run_finished
+
+log = logging.getLogger(__name__)
+
+
+class ElasticIsland:
+    """One worker of an elastic island: its rounds, and the island's store work while it leads."""
+
+    def __init__(self, setup: IslandSetup, *, name: str, worker: int, workers: int, pinned: list[int] | None = None,
+                 poll_seconds: float = 0.1, join: Callable[..., elastic.ElasticContext] = elastic.join):
+        self.setup, self.store, self.poll_seconds = setup, setup.store, poll_seconds
+        self.replica = f"{name}-w{worker}"
+        self.island = IslandWorker(setup, name=name, pinned=pinned)  # its board, presence, held state and modules
+        self.presence = self.island.presence
+        self.presence.silent, self.presence.workers = True, workers  # it beats only while it leads
+        self.state = IslandState(presence=self.presence, held=self.island.held, begin=self._begin)
+        for noisy in ("torchft", "torchft_quorums", "torchft_commits"):  # each logs a line a step
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+        self.ctx = join(self.replica, resolve_device(setup.hardware.device), live=self.state)
+        self.unpushed: tuple[Task, TrainedTask] | None = None  # its last task's result until the store has it
+        self.watch: Callable[[], None] = lambda: None  # the board watch of its task (called while it leads)
+        self.waiting: dict[str, float] = {}  # "key#attempt" -> since when its leader waits for a hand-off
+        self.stopped = False
+        self.trained: list[str] = []  # "key#attempt" of the tasks it sealed
+
+    @property
+    def name(self) -> str:
+        return self.island.name
+
+    def run(self) -> int:
+        """Rounds until the run's last round is committed; returns the tasks it sealed."""
+        try:
+            with self.presence.beating(self.setup.resilience.heartbeat_seconds):
+                while not self.stopped:
+                    self.round()
+        finally:
+            if not self.presence.silent:  # its leader, stopped before the run's end: the path moves on exactly
+                self._hand_off_on_stop()
+            self.ctx.shutdown()
+        return len(self.trained)
+
+    def _hand_off_on_stop(self) -> None:
+        try:
+            if not run_finished(self.store):
+                self.island.held.hand_off()
+        except (StoreError, OSError) as err:
+            log.warning("island %s: could not hand path %s's carried state off (%s)", self.name,
+                        self.island.held.path, err)
+
+    def round(self) -> None:
+        manager = self.ctx.manager
+        manager.start_quorum()  # a worker behind heals here: `self.state` is then its peer's
+        rank, world = manager.participating_rank(), max(manager.num_participants(), 1)
+        progress = self.state.progress
+        if progress is None:
+            self._boundary(rank, world)
+        elif progress.done < progress.steps:
+            self._step(progress, rank, world)
+        else:
+            self._seal(progress, rank, world)
+
+    def _lead(self, leading: bool, world: int) -> None:
+        self.presence.silent, self.presence.world = not leading, world
+
+    # --- between tasks ---------------------------------------------------------------------------------
+    def _boundary(self, rank: int | None, world: int) -> None:
+        manager = self.ctx.manager
+        leader = lowest_holder(manager, rank=rank, world=world, holds=self.unpushed is not None)
+        self._lead(rank == leader, world)
+        message = share_json(manager, self._decide() if rank == leader else None)
+        if not manager.should_commit():
+            return
+        if message is None:
+            raise elastic.ElasticError(f"island {self.name}: a committed boundary round lost its leader's message")
+        self._apply(message)
+
+    def _decide(self) -> dict:
+        """The leader's store work between tasks, and what it tells the other members."""
+        island, held = self.island, self.island.held
+        pushed = self._push() if self.unpushed is not None else None
+        stop = run_finished(self.store)
+        task = None if stop else island.next_task()  # hands the held state off when the board asks
+        if task is not None and self._awaiting_handoff(task):
+            task = None
+        if task is not None:
+            if held.path != task.path:
+                held.hand_off()  # it lets its last path go
+            self.presence.training(task)
+        island.heartbeat()
+        return {"stop": stop, "task": task.to_json() if task is not None else None, "pushed": pushed,
+                "presence": presence_of(self.presence), "held_uploaded": held.uploaded}
+
+    def _apply(self, message: dict) -> None:
+        """Every member: the leader's decision."""
+        restore_presence(self.presence, message["presence"])
+        self.island.held.uploaded = message["held_uploaded"]
+        if self.unpushed is not None and message["pushed"] == _key(self.unpushed[0]):
+            self.unpushed = None
+        if message["stop"]:
+            self.stopped = True
+            if not self.trained and not self.state.healed:
+                self.presence.silent = True  # it never was the island (it started after the others ended): no "done"
+            elif not self.presence.silent:
+                self.island.report_traffic()
+        elif message["task"] is None:
+            time.sleep(self.poll_seconds)
+        else:
+            task = Task.from_json(message["task"], file=f"island {self.name}'s leader")
+            self.state.progress = self._begin(task, None)
+            self.watch = self.island.board.watch(task)
+
+    def _push(self) -> str:
+        """Push the last task's result unless the store has it already (its leader then died after the push)."""
+        task, out = self.unpushed
+        if not result_exists(self.store, round=task.round, path=task.path, attempt=task.attempt, link=task.link):
+            meta, _, _ = push_result(self.setup, task, out, island=self.name, handing_off=not task.keep_inner)
+            log.info("island %s (%s): %s attempt %d pushed, loss %.3f, %d bytes up, trained by %d workers at the "
+                     "end", self.name, self.replica, task.key, task.attempt, meta.train_loss, meta.bytes,
+                     meta.data_parallel_ranks)
+            self.island.report_traffic()
+        return _key(task)
+
+    def _awaiting_handoff(self, task: Task) -> bool:
+        """As `IslandWorker`: wait for the live island holding `task`'s carried state to hand it off, at most
+        `resilience.heartbeat_timeout` (then the task resumes from the path's checkpoint)."""
+        if not awaiting_handoff(self.store, task, held=self.island.held):
+            self.waiting.pop(_key(task), None)
+            return False
+        since = self.waiting.setdefault(_key(task), time.monotonic())
+        return time.monotonic() - since < self.setup.resilience.heartbeat_timeout
+
+    def _begin(self, task: Task, val_loss: float | None) -> Progress:
+        """Start `task` on this worker: its modules, model, optimizer and carried state (`training.start_task`),
+        the score of its base version (`val_loss` when a peer has it), and its batches."""
+        setup, inner = self.setup, self.setup.inner
+        begun = start_task(setup, task, ctx=self.ctx, held=self.island.held, timings=None, checkpoint=None,
+                           modules=self.island.modules)
+        if val_loss is None:
+            val_loss = float("nan") if task.chain else setup.validation.loss(begun.model, path=task.path)
+        if begun.carried.drift:
+            start_from_drift(begun.params, begun.carried.drift, setup.topology, path=task.path)
+        begun.model.train()
+        batches = setup.reader.iter_batches(task.path, "train", batch_size=inner.batch_size,
+                                            seed=data_seed(setup.run.seed, path=task.path),
+                                            skip_batches=task.step_offset)
+        first, total = phase_steps(inner, steps=setup.run.rounds * inner.steps, after=setup.warm_start_steps)
+        return Progress(task=task, begun=begun, cursor=elastic.BatchCursor(batches), val_loss=val_loss,
+                        pacer=Pacer(step_seconds=setup.step_seconds, slowdown=setup.slowdown),
+                        first=first + task.step_offset, total=total, steps=task.steps or inner.steps)
+
+    # --- in a task -------------------------------------------------------------------------------------
+    def _step(self, pr: Progress, rank: int | None, world: int) -> None:
+        """One inner step of the task on this worker's rows; the leader's cut / cancel flags ride along."""
+        self._lead(rank == 0, world)
+        started = time.perf_counter()
+        cut, cancelled = self._flags() if rank == 0 else (0.0, 0.0)
+        batch = pr.cursor.at(pr.done)
+        begun, hardware = pr.begun, self.setup.hardware
+        loss = elastic.accumulate(begun.model, batch, rank=rank, world=world, device=begun.device,
+                                  precision=hardware.precision)
+        share = len(range(rank, batch.shape[0], world)) / batch.shape[0] if rank is not None else 0.0
+        control = torch.tensor([loss * share if share else 0.0, cut, cancelled], dtype=torch.float64)
+        if self._commit(pr, control):
+            if control[2] > 0:
+                self._drop(pr)
+                return
+            if control[1] > 0:
+                pr.steps = pr.done  # cut: it reports the steps trained so far
+            else:
+                pr.done += 1
+                pr.losses.append(float(control[0]))
+                pr.tokens += int(batch.size)
+                if self.ctx.on_commit is not None:
+                    self.ctx.on_commit(elastic.StepRecord(task=pr.task.key, step=pr.done - 1, world=world,
+                                                          rank=-1 if rank is None else rank, loss=loss))
+        pr.seconds += time.perf_counter() - started + pr.pacer.pad(time.perf_counter() - started)
+
+    def _flags(self) -> tuple[float, float]:
+        try:
+            self.watch()
+        except TaskCut:
+            return 1.0, 0.0
+        except TaskCancelled:
+            return 0.0, 1.0
+        return 0.0, 0.0
+
+    def _commit(self, pr: Progress, control: torch.Tensor) -> bool:
+        """Sum `control` and the gradients over the quorum; when every member finished the round, take the step
+        (unless a flag stops the task). False: the round failed (it is tried again)."""
+        manager, params = self.ctx.manager, pr.begun.params
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
+        for param, grad in zip(params.values(), grads, strict=True):
+            param.grad = grad
+        works = [manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in (control, *grads)]
+        for work in works:
+            work.wait()
+        committed = manager.should_commit()
+        if committed and not control[1:].any():
+            inner = self.setup.inner
+            if inner.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(list(params.values()), inner.grad_clip)
+            for group in pr.begun.optimizer.param_groups:
+                group["lr"] = lr_at(pr.first + pr.done, config=inner, total_steps=pr.total)
+            pr.begun.optimizer.step()
+        pr.begun.optimizer.zero_grad(set_to_none=True)
+        return committed
+
+    def _drop(self, pr: Progress) -> None:
+        """The board no longer wants the task: every member leaves it without a result."""
+        self.state.progress = None
+        self.setup.models.release_gradients()
+        self.island.cancelled.append(pr.key)
+        self.presence.idle()
+        log.warning("island %s (%s): stopped %s (the board no longer wants its result)", self.name, self.replica,
+                    pr.key)
+
+    # --- after a task ----------------------------------------------------------------------------------
+    def _seal(self, pr: Progress, rank: int | None, world: int) -> None:
+        """The task's result on every member, checked identical by digest; then it is held until pushed."""
+        self._lead(rank == 0, world)
+        task = pr.task
+        if pr.out is None:  # once: finish_task consumes the task's θ_start
+            stats = {"losses": list(pr.losses), "tokens": pr.tokens, "seconds": pr.seconds, "steps": pr.steps}
+            pr.out = finish_task(self.setup, task, pr.begun, stats, val_loss=pr.val_loss, ctx=self.ctx, timings=None)
+            self.setup.models.release_gradients()
+        out = pr.out
+        same = same_everywhere(self.ctx.manager, digest_of(out.pseudo_gradient, out.carried.to_tensors()[0]))
+        if not self.ctx.manager.should_commit():
+            return
+        if not same:
+            raise elastic.ElasticError(f"island {self.name}: its workers' pseudo-gradients or carried states of "
+                                       f"{task.key} differ (by digest); it stops rather than push one of them")
+        upload = self.setup.uploads.reason(step_offset=task.step_offset, steps=out.meta.steps,
+                                           handing_off=not task.keep_inner)
+        ref = inner_ref(path=task.path, round=task.round, attempt=task.attempt, link=task.link)
+        self.island.held.keep(ref, task.path, out.carried, uploaded=upload is not None)
+        self.presence.finished_task(task)
+        self.unpushed, self.state.progress = (task, out), None
+        self.trained.append(pr.key)
+        log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers", self.name, self.replica, pr.key,
+                 out.meta.steps, out.meta.train_loss, world)
+
+
+def _key(task: Task) -> str:
+    return f"{task.key}#{task.attempt}"
