@@ -58,11 +58,13 @@ def test_a_task_is_held_for_its_live_holder_then_released_after_the_grace():
     assert late.assign(rest, idle("i3"), now=60.0) == [("p1", "i3")]  # past the grace: the path moves
 
 
-@pytest.mark.parametrize("why", ["dead", "cut"])
-def test_a_holder_that_is_dead_or_was_cut_is_not_waited_for(why):
-    """The board names a dead holder, one back as another incarnation, or a cut one as `away`."""
+def test_a_holder_that_is_dead_cut_or_training_another_task_is_not_waited_for():
+    """The board names a dead holder, one back as another incarnation, or a cut one as `away`; one training
+    another path's task (`busy`) will not ask for work soon."""
     p = policy(median=20.0)
     assert p.assign([task(1, "i1")], idle("i3"), now=50.0, away={"i1"}) == [("p1", "i3")]
+    assert p.assign([task(1, "i1")], idle("i3"), now=50.0, busy={"i1": 30}) == [("p1", "i3")]
+    assert p.assign([task(1, "i1")], idle("i3"), now=50.0, busy={"i2": 30}) == []
 
 
 def test_a_slow_holders_path_is_not_held_the_straggler_rule_moves_it():
@@ -100,7 +102,7 @@ def test_every_path_stays_on_its_island_and_uploads_its_inner_state_only_with_it
     its last; the islands' own store clients counted inner-state bytes up equal to the sizes (os.stat) of
     the last tasks' carried-state files, and no island read an inner state but the run's first (the warm
     start's, for each path's first task)."""
-    from tiny_runs import Clock
+    from tiny_runs import Clock, make_run
 
     from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
     from dipaco.islands.island import polling
@@ -109,7 +111,6 @@ def test_every_path_stays_on_its_island_and_uploads_its_inner_state_only_with_it
     from dipaco.store.board import inner_ref, read_result_meta, warm_start_inner_ref
     from dipaco.store.module_store import ModuleStore
     from dipaco.store.traffic import ByteCounts
-    from tiny_runs import make_run
 
     rounds = 4
     run = make_run(tiny_routed, tmp_path / "run", [f"run.rounds={rounds}", "store.keep_versions=0"])

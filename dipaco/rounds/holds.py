@@ -9,10 +9,10 @@ An open task whose path's holder (`OpenTask.holder`: the island that trained the
 carried state in memory) is not idle yet, typically because its result has just arrived and its
 heartbeat says so a moment later, is held for it: no other island takes it. The hold ends when the
 holder is idle (it takes the task: `tasks.assign` gives a path to the island that trained it last), when
-the holder is `away` (dead, back as another incarnation, cut as a straggler, or slow, so that the
-straggler rule moves its path: `dipaco.rounds.moves`), or after the grace: `HOLD_FRACTION` of the median
-task time, at least `HOLD_BEATS` heartbeat intervals (a holder that is alive but busy elsewhere is not
-waited for longer). A path whose state is in the store (`holder` None: the first task, a hand-off, fewer
+the holder is `away` (dead, back as another incarnation, cut as a straggler, training another task, or
+slow, so that the straggler rule moves its path: `dipaco.rounds.moves`), or after the grace: `HOLD_FRACTION` of the median
+task time, at least `HOLD_BEATS` heartbeat intervals (a holder that is alive but does not ask for work is
+not waited for longer). A path whose state is in the store (`holder` None: the first task, a hand-off, fewer
 islands than paths) is never held.
 """
 

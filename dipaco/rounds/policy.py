@@ -166,12 +166,13 @@ class RoundPolicy:
         """Which idle island takes which open task (`busy`: island -> the steps done of the path it trains,
         at its task's start); a straggler's path moves (`moves.PathMoves`, from the speeds `measured`). With
         `now`, a task whose path's holder is not idle yet is held for it (`holds.PathHolds`) unless the holder
-        is `away` (dead, another incarnation, cut) or slow (the straggler rule moves its path)."""
+        is `away` (dead, another incarnation, cut), training another task (`busy`: not back soon) or slow (the
+        straggler rule moves its path)."""
         open, idle = list(open), list(idle)
         if now is not None:
             slow = {t.holder for t in open if t.holder is not None and self.moves.slow(t.holder)}
             open = self.holds.release(open, idle, now=now, median=self.clock.median_task_seconds(),
-                                      away={*away, *slow})
+                                      away={*away, *(busy or {}), *slow})
         return self.moves.assign(open, idle, busy=busy)
 
     def next_release(self) -> float | None:
