@@ -179,11 +179,9 @@ class TaskBoard:
 
     def keeps_inner(self, path: int, island: str, liveness: Liveness, now: float) -> bool:
         """Whether `island` keeps `path`'s carried state in memory after its task, the path's next task being
-        expected back on it: it is pinned to that path alone, the task is the path's first (islands are still
-        joining, so how many are alive says nothing yet; should the path move, its holder hands the state off
-        then, the same upload), or every path can have a live island of its own. Otherwise (fewer islands
-        than paths: they take the paths in turn) it hands the state off with its result."""
-        if tuple(liveness.seen[island].beat.pinned) == (path,) or self.paths[path].steps_done == 0:
+        expected back on it: it is pinned to that path alone, or every path can have a live island of its own.
+        Otherwise (fewer islands than paths: they take the paths in turn) it hands the state off with its result."""
+        if tuple(liveness.seen[island].beat.pinned) == (path,):
             return True
         working = [n for n, seen in liveness.seen.items() if liveness.alive(n, now) and seen.beat.status != "done"]
         return len(working) >= len(self.paths)
