@@ -69,6 +69,7 @@ class OpenTask:
     path: int
     base: int
     steps_done: int = 0  # inner steps its path has trained so far: the path furthest behind goes first
+    holder: str | None = None  # the island that trained its path last and holds its carried state in memory (None: in the store)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
     if policy.close_due(now, running=[Running(...)], open=[OpenTask(...)]):
         plan = policy.plan(); ...write it...; policy.commit(plan)
     policy.paths_to_open(busy={0, 3}); policy.rebase(open_tasks); policy.cancel(running); policy.cut(running, now)
-    policy.on_lost(task_base); policy.assign(open_tasks, idle_islands, busy={island: steps}); policy.keep_from(keep_rounds=2, bases=[...])
+    policy.on_lost(task_base); policy.assign(open_tasks, idle_islands, busy={island: steps}, now=t, away={...})
+    policy.keep_from(keep_rounds=2, bases=[...])
 
 The coordinator's `tick` drives it in this order: `received` for each result; a task for each of
 `paths_to_open`; `on_lost` for lost tasks; `close_due`, and when due `plan`, write, `commit`, `rebase`
@@ -15,10 +16,11 @@ grace window, cutting, the run's length) are in docs/islands.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from dipaco.config import RoundsConfig
 from dipaco.rounds import tasks
+from dipaco.rounds.holds import PathHolds
 from dipaco.rounds.inputs import Grid, IdleIsland, OpenTask, Result, Running
 from dipaco.rounds.length import RunLength, unfinished
 from dipaco.rounds.moves import PathMoves
@@ -31,16 +33,19 @@ class RoundPolicy:
     """The committed version, the results not yet used, the run's length and the quorum clock."""
 
     def __init__(self, grid: Grid, config: RoundsConfig, *, rounds: int | None = None, inner_steps: int = 1,
-                 committed: int = 0, applied: Iterable[tuple] = (), fragments: int = 1):
+                 committed: int = 0, applied: Iterable[tuple] = (), fragments: int = 1, beat_seconds: float = 0.0):
         """`rounds` × `inner_steps`: the run's length, in steps applied per path (`run.rounds`; None = no
         end). `applied`: (round, path[, steps]) of every result applied by committed rounds (manifests).
         `fragments` (outer.fragments) > 1: results and running tasks carry only some modules
-        (`Result.modules`, `Running.modules`), and an async quorum counts for a module only those that carry it."""
+        (`Result.modules`, `Running.modules`), and an async quorum counts for a module only those that carry it.
+        `beat_seconds` (resilience.heartbeat_seconds): an open task waits for its path's holder at least a
+        few of them (`holds.PathHolds`)."""
         self.grid, self.config, self.committed, self.rounds = grid, config, committed, rounds
         self.fragments = fragments
         self.length = RunLength(grid.n_paths, rounds, inner_steps=inner_steps, applied=applied)
         self.clock = QuorumClock(grid, config)
         self.moves = PathMoves(margin=config.move_margin, enabled=config.mode == "async")
+        self.holds = PathHolds(beat_seconds=beat_seconds)
         self.pending: dict[str, Result] = {}
 
     def received(self, result: Result) -> None:
@@ -156,11 +161,23 @@ class RoundPolicy:
     def on_lost(self, base: int, *, resumable: bool = False) -> str:
         return tasks.on_lost(base, committed=self.committed, config=self.config, resumable=resumable)
 
-    def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland], *,
-               busy: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
+    def assign(self, open: Iterable[OpenTask], idle: Iterable[IdleIsland], *, busy: Mapping[str, int] | None = None,
+               now: float | None = None, away: Collection[str] = ()) -> list[tuple[str, str]]:
         """Which idle island takes which open task (`busy`: island -> the steps done of the path it trains,
-        at its task's start); a straggler's path moves (`moves.PathMoves`, from the speeds `measured`)."""
+        at its task's start); a straggler's path moves (`moves.PathMoves`, from the speeds `measured`). With
+        `now`, a task whose path's holder is not idle yet is held for it (`holds.PathHolds`) unless the holder
+        is `away` (dead, another incarnation, cut), training another task (`busy`: not back soon) or slow (the
+        straggler rule moves its path)."""
+        open, idle = list(open), list(idle)
+        if now is not None:
+            slow = {t.holder for t in open if t.holder is not None and self.moves.slow(t.holder)}
+            open = self.holds.release(open, idle, now=now, median=self.clock.median_task_seconds(),
+                                      away={*away, *(busy or {}), *slow})
         return self.moves.assign(open, idle, busy=busy)
+
+    def next_release(self) -> float | None:
+        """When the earliest held task's grace ends (a pass is due then with no other event)."""
+        return self.holds.next_release()
 
     def measured(self, island: str | None, *, steps: int, seconds: float | None) -> None:
         """`island` trained `steps` inner steps in `seconds` (the result's time in inner steps)."""

@@ -85,16 +85,22 @@ def assign(open: Iterable[OpenTask], idle: Iterable[IdleIsland]) -> list[tuple[s
     """(task key, island) for the open tasks idle islands take now: oldest base first, then the path
     furthest behind, then the lowest path; an island pinned to the path first, then the one that
     trained it last (unless it was cut: a straggler's path moves to an island that was not), then
-    islands never cut before islands that were."""
+    islands whose own path (the one they trained last) has no open task left to take (a path is not
+    taken from the island that holds it while another island is free), then islands never cut before
+    islands that were."""
     waiting = sorted(idle, key=lambda i: i.name)
+    open = sorted(open, key=lambda t: (t.base, t.steps_done, t.path))
+    left = {t.path for t in open}  # paths with an open task not yet given
     decisions = []
-    for task in sorted(open, key=lambda t: (t.base, t.steps_done, t.path)):
+    for task in open:
         candidates = [i for i in waiting if i.may_take(task.path)]
         if not candidates:
             continue
         island = min(candidates, key=lambda i: (0 if task.path in i.pinned else 1,
                                                 0 if i.last_path == task.path and not i.was_cut else 1,
+                                                1 if i.last_path in left and not i.was_cut else 0,
                                                 1 if i.was_cut else 0, i.name))
         waiting.remove(island)
+        left.discard(task.path)
         decisions.append((task.key, island.name))
     return decisions

@@ -109,6 +109,19 @@ class RoundsSimulation:
                 if x.work is None and x.ident not in self.uploading
                 and (x.response == "elastic" or now >= x.blocked_until)]  # a restarting learner is not alive
 
+    def _holders(self) -> dict[int, str]:
+        """Path -> the learner holding its carried state in memory, as the coordinator's board says
+        (`TaskBoard.keeps_inner`): unpinned learners, at least one per path (fewer: they hand it off)."""
+        if self.pinned or len(self.learners) < self.syncer.policy.grid.n_paths:
+            return {}
+        return self.trained_by
+
+    def _away(self) -> set[str]:
+        """The learners down (restarting; the simulator knows at once): a path they trained last does not
+        wait for them."""
+        now = self.queue.now
+        return {island_name(x.ident) for x in self.learners if x.response == "restart" and now < x.blocked_until}
+
     def _fail(self, learner: Learner) -> None:
         learner.fail()
         if learner.work is None and learner.response == "restart":
@@ -155,7 +168,7 @@ class RoundsSimulation:
         now = self.queue.now
         self.trace.append(("tick", now))
         while True:
-            decided = self.syncer.tick(now, self._idle())
+            decided = self.syncer.tick(now, self._idle(), holders=self._holders(), away=self._away())
             if decided.plan is not None:
                 self._account(decided.plan, now)
             for task, island in decided.cancelled:
@@ -166,7 +179,7 @@ class RoundsSimulation:
                 self._start(task, island, now)
             if not decided.handed and decided.plan is None and not decided.cut:
                 break
-        for deadline in (self.syncer.grace_deadline(), self.syncer.next_cut()):
+        for deadline in (self.syncer.grace_deadline(), self.syncer.next_cut(), self.syncer.next_release()):
             if deadline is not None and deadline > now and deadline not in self.wake_scheduled:
                 self.wake_scheduled.add(deadline)
                 self.queue.at(deadline, self._tick)

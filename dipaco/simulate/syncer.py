@@ -10,7 +10,7 @@ coordinator keeps in its task board.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dipaco.config import RoundsConfig
 from dipaco.model.topology import Topology
@@ -74,11 +74,13 @@ class Syncer:
                                     started=started, steps=steps, chain=task.chain))
         return True
 
-    def tick(self, now: float, idle: list[IdleIsland]) -> Pass:
+    def tick(self, now: float, idle: list[IdleIsland], *, holders: dict[int, str] | None = None,
+             away: set[str] | None = None) -> Pass:
         """One coordinator pass, in its order: open the tasks the policy names; cut the running tasks it
         names; close the round if the policy says so, then cancel and cut the running tasks the policy
         names and open tasks from the new version; hand open tasks to idle islands. Once the run's length
-        is applied (`policy.done`) it decides nothing, as the coordinator."""
+        is applied (`policy.done`) it decides nothing, as the coordinator. `holders`: path -> the island
+        holding its carried state (an open task waits for it, `holds.PathHolds`); `away`: islands not alive."""
         if self.policy.done:
             return Pass(handed=[], plan=None, cancelled=[], cut=[])
         self._open_tasks()
@@ -100,7 +102,8 @@ class Syncer:
         cut += self._cut(now)
         handed = []
         busy = {island: task.steps_done for task, island, _ in self.running.values()}
-        for key, island in self.policy.assign(self._open_view(), idle, busy=busy):
+        open = [replace(t, holder=(holders or {}).get(t.path)) for t in self._open_view()]
+        for key, island in self.policy.assign(open, idle, busy=busy, now=now, away=away or set()):
             task = self.open.pop(key)
             self.running[key] = (task, island, now)
             handed.append((task, island))
@@ -120,6 +123,10 @@ class Syncer:
     def grace_deadline(self) -> float | None:
         """When a running grace window ends (the round may close then with no other event)."""
         return self.policy.grace_deadline()
+
+    def next_release(self) -> float | None:
+        """When an open task held for its path's holder is released (a pass is due then with no other event)."""
+        return self.policy.next_release()
 
     def next_cut(self) -> float | None:
         """When a running task becomes late enough to be cut (a pass is due then with no other event)."""

@@ -110,7 +110,7 @@ class Coordinator:
         self.liveness = Liveness(store, timeout=settings.resilience.heartbeat_timeout)
         self.policy = RoundPolicy(Grid.of(topology), settings.rounds, rounds=settings.run_rounds,
                                   inner_steps=settings.inner_steps, committed=self.committed, applied=applied,
-                                  fragments=outer.fragments)
+                                  fragments=outer.fragments, beat_seconds=settings.resilience.heartbeat_seconds)
         self.board.carried = self.intake.carried  # what each running task's result will carry
         self.board.capacity = self.liveness.capacity  # an elastic island short of workers is cut later
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it

@@ -47,7 +47,21 @@ class TaskBoard:
 
     # --- views ---------------------------------------------------------------------------------------
     def open_tasks(self) -> list[OpenTask]:
-        return [open_view(t) for t in self.tasks.values() if t.status == "open"]
+        """The open tasks, each with its path's holder when the island that holds the path's carried state in
+        memory holds the state the task starts from (`holds.PathHolds` may keep the task for that island)."""
+        return [replace(open_view(t), holder=self.holder_of(t)) for t in self.tasks.values() if t.status == "open"]
+
+    def holder_of(self, task: Task) -> str | None:
+        state = self.paths.get(task.path)
+        return state.holder if state is not None and state.inner == task.inner_from else None
+
+    def away(self, liveness: Liveness, now: float) -> set[str]:
+        """The holders an open task does not wait for: dead, back as another incarnation (it holds nothing),
+        or cut as stragglers."""
+        gone = {s.holder for s in self.paths.values() if s.holder is not None
+                and (not liveness.alive(s.holder, now)
+                     or liveness.seen[s.holder].beat.incarnation != s.holder_incarnation)}
+        return gone | self.cut_islands
 
     def running(self) -> list[Running]:
         return [Running(key=t.key, path=t.path, base=t.base, started=self.started.get(t.key), cut=t.status == "cut",
@@ -153,7 +167,8 @@ class TaskBoard:
         """Idle islands take open tasks as the policy says (a straggler's path may move to a faster island:
         the island holding its carried state hands it off, `handoff_from`)."""
         busy = {t.island: t.step_offset for t in self.tasks.values() if t.status in RUNNING and t.island is not None}
-        for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now), busy=busy):
+        for key, island in policy.assign(self.open_tasks(), self.idle_islands(liveness, now), busy=busy, now=now,
+                                         away=self.away(liveness, now)):
             task = self.tasks[key]
             self.tasks[key] = replace(task, status="assigned", island=island,
                                       incarnation=liveness.seen[island].beat.incarnation,
