@@ -149,3 +149,39 @@ def test_every_path_stays_on_its_island_and_uploads_its_inner_state_only_with_it
     warm = run.dir.store / warm_start_inner_ref()  # every path's first task starts from it (if the run has one)
     assert counts.bytes("down", "inner_state") == (n * warm.stat().st_size if warm.exists() else 0)
     assert sum(i.held.handed_off for i in islands) == 0
+
+
+@pytest.mark.parametrize("expected", [4, 0])
+def test_islands_joining_one_by_one_keep_their_first_paths_state_when_the_launcher_said_how_many(tiny_routed,
+                                                                                                 tmp_path, expected):
+    """4 islands of a 4-path sync run join one per turn. Told that the launcher starts 4 (`expected_islands`, as
+    `dipaco train` does), no first task uploads its carried state, only the last tasks; not told (0), the first
+    islands to join upload theirs with their first result (fewer islands than paths were alive)."""
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.coordinator.service import Coordinator, CoordinatorSettings
+    from dipaco.islands.island.polling import IslandWorker
+    from dipaco.pipeline.context import PathFactory
+    from dipaco.store.board import read_result_meta
+    from dipaco.store.module_store import ModuleStore
+
+    rounds = 2
+    run = make_run(tiny_routed, tmp_path / "run", [f"run.rounds={rounds}", "store.keep_versions=0"])
+    n, clock, url = run.topology.n_paths, Clock(), str(run.dir.store)
+    settings = dataclasses.replace(CoordinatorSettings.from_config(run.config), expected_islands=expected)
+    coordinator = Coordinator(ModuleStore(url), run.topology, settings=settings,
+                              sizes=PathFactory(run.config, run.dir).path_sizes, clock=clock)
+    islands = [IslandWorker(dataclasses.replace(run.setup, store=ModuleStore(url)), name=f"i{k}", clock=clock)
+               for k in range(n)]
+    for turn in range(200):
+        if coordinator.tick():
+            break
+        for island in islands[:turn + 1]:  # island k first polls at turn k
+            island.poll()
+        clock.t += 0.5
+    else:
+        raise AssertionError(f"the run did not end (round {coordinator.committed})")
+    first = [read_result_meta(run.store, round=1, path=p, attempt=0).inner_upload for p in range(n)]
+    last = [read_result_meta(run.store, round=rounds, path=p, attempt=0).inner_upload for p in range(n)]
+    assert last == ["last"] * n
+    assert (first == [""] * n) == (expected == n), first

@@ -17,6 +17,7 @@ traffic every process measured, by direction, kind and process, every session's 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -117,8 +118,9 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     started = time.perf_counter()
     checks = ResultChecks(store, topology, resilience=config.resilience, inner_steps=config.inner.steps,
                           tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
-    service = Coordinator(store, topology, settings=CoordinatorSettings.from_config(config),
-                          sizes=factory.path_sizes, checks=checks, lease=lease)
+    settings = dataclasses.replace(CoordinatorSettings.from_config(config),
+                                   expected_islands=processes if local_islands else 0)  # it starts them
+    service = Coordinator(store, topology, settings=settings, sizes=factory.path_sizes, checks=checks, lease=lease)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
     def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version

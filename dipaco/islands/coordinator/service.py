@@ -66,6 +66,8 @@ class CoordinatorSettings:
     keep_versions: int = 2  # module versions retention keeps (store.keep_versions)
     decay_from: int | None = None  # the path step where the inner lr starts to decay (outer.decay); None = never
     inner: InnerRun | None = None  # the islands' AdamW and lr schedule: inner states checked, the poison bound per unit of lr
+    expected_islands: int = 0  # islands the run's launcher starts (dipaco train): while fewer have joined, a path's
+    # first task keeps its carried state on its island as if all had (0 = not known: the islands alive count)
     download: Codec | None = None  # the codec of the module updates each round publishes (None: compression.download full)
     gather: bool = False  # a plain average publishes its results themselves (compression.download: results)
 
@@ -113,6 +115,7 @@ class Coordinator:
                                   fragments=outer.fragments, beat_seconds=settings.resilience.heartbeat_seconds)
         self.board.carried = self.intake.carried  # what each running task's result will carry
         self.board.capacity = self.liveness.capacity  # an elastic island short of workers is cut later
+        self.board.expected_islands = settings.expected_islands  # joining islands keep their first paths' state
         if self.policy.done and not run_finished(store):  # finished by a coordinator that did not mark it
             state = store.state() or {}
             commit_round(store, topology, self.committed, finished=True,

@@ -42,6 +42,7 @@ class TaskBoard:
         self.cut_islands: set[str] = set()  # islands a task of which was cut (stragglers), this coordinator's life
         self.carried: Callable[[Task], list[str] | None] = lambda task: None  # the modules a task's result carries (fragments)
         self.capacity: Callable[[str | None], float] = lambda island: 1.0  # share of an island's workers it has now
+        self.expected_islands = 0  # islands the run's launcher starts (`dipaco train`); 0 = not known
         self._written = written  # the board's JSON as last written
         self._snapshot: tuple | None = None  # (round, tasks, paths) as last written or found unchanged
 
@@ -180,11 +181,13 @@ class TaskBoard:
     def keeps_inner(self, path: int, island: str, liveness: Liveness, now: float) -> bool:
         """Whether `island` keeps `path`'s carried state in memory after its task, the path's next task being
         expected back on it: it is pinned to that path alone, or every path can have a live island of its own.
-        Otherwise (fewer islands than paths: they take the paths in turn) it hands the state off with its result."""
+        Otherwise (fewer islands than paths: they take the paths in turn) it hands the state off with its result.
+        While fewer islands have joined than the launcher starts (`expected_islands`), those count as working."""
         if tuple(liveness.seen[island].beat.pinned) == (path,):
             return True
         working = [n for n, seen in liveness.seen.items() if liveness.alive(n, now) and seen.beat.status != "done"]
-        return len(working) >= len(self.paths)
+        joining = len(liveness.seen) < self.expected_islands
+        return max(len(working), self.expected_islands if joining else 0) >= len(self.paths)
 
     def handoff_from(self, task: Task, island: str, liveness: Liveness, now: float) -> str | None:
         """The island that must hand `task`'s carried state over to `island` (`dipaco.carried.state`): the
