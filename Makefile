@@ -141,7 +141,7 @@ corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc a
 corpus-manpages:  ## build the second, less separable corpus (data/manpages.jsonl.zst) from Debian's manpages and manpages-dev
 	$(PYTHON) scripts/build_manpages_corpus.py
 
-corpus-large:  ## build the large corpus (data/large/, ~35x the bundled one) from Debian's linux-source-6.1 and documentation packages
+corpus-large:  ## build the large corpus (data/large/, about 33x the bundled one in characters) from Debian's linux-source-6.1 and documentation packages
 	nice -n 10 $(PYTHON) scripts/build_large_corpus.py
 
 bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (over 20 min on one core; ARGS='--budget 4', '--config configs/manpages.yaml --name quality-manpages-full')

@@ -1,6 +1,6 @@
-"""Build the large corpus, data/large/large_corpus.jsonl.zst (about 35x the bundled one), from Debian
-packages: the Linux 6.1 kernel source, the Python 3.11 and Perl 5.36 documentation and the man pages
-(scripts/large_corpus_sources.py says what is read from each).
+"""Build the large corpus, data/large/large_corpus.jsonl.zst (about 33x the bundled one in characters),
+from Debian packages: the Linux 6.1 kernel source, the Python 3.11 and Perl 5.36 documentation and the
+man pages (scripts/large_corpus_sources.py says what is read from each).
 
 Every package is the version apt's package lists name as candidate; its .deb is taken from
 /var/cache/apt/archives or fetched by ``apt-get download`` into data/large/debs, and refused by name

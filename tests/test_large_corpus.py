@@ -1,6 +1,6 @@
 """scripts/build_large_corpus.py on a tiny fake package tree (real .debs built by dpkg-deb, no download):
-its documents, duplicate removal, fixed order (a rebuild is byte-identical), manifest and checksums, the skip of an up-to-date corpus,
-and the refusal of a corrupt archive by name."""
+its documents, duplicate removal, fixed order (a rebuild is byte-identical), manifest and checksums, the
+skip of an up-to-date corpus, and the refusal of a corrupt archive by name."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ twiddles the file descriptor until it is done, and says so at some length, so th
 holds more than the two hundred characters a document of the corpus needs to be kept at all.
 """
 
+MAN_DEV = MAN.replace(b" 2 ", b" 3 ").replace(b"until it is done", b"until it is finished")  # not a duplicate
+
 
 def make_deb(root: Path, package: str, files: dict[str, bytes], out: Path) -> AptRecord:
     """A real .deb of `files` built by dpkg-deb, and the record apt would list for it."""
@@ -105,7 +107,7 @@ def packages(tmp_path_factory) -> tuple[Path, dict[str, AptRecord]]:
                      "usr/share/perl/5.36.0/pod/perltoc.pod": POD.replace("perlfrob", "perltoc").encode(),
                      **copyright_of("perl-doc")},
         "manpages": {"usr/share/man/man2/frob.2.gz": gzip.compress(MAN), **copyright_of("manpages")},
-        "manpages-dev": {"usr/share/man/man3/frob.3.gz": gzip.compress(MAN.replace(b" 2 ", b" 3 ").replace(b"until it is done", b"until it is finished"))},
+        "manpages-dev": {"usr/share/man/man3/frob.3.gz": gzip.compress(MAN_DEV)},
     }
     records = {p: make_deb(root / "trees", p, files, cache) for p, files in trees.items()}
     return cache, records
