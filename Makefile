@@ -12,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-wire bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-wire bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages corpus-large clean help pretrain reroute simulate
 
 help:  ## this list: each target with its description
 	@echo "stage targets take CONFIG=configs/<name>.yaml (default: the run's own config.yaml) RUN=$(RUN) ARGS='section.key=value ...'"
@@ -140,6 +140,9 @@ corpus:  ## rebuild the bundled corpus from Debian's bible-kjv, python3.11-doc a
 
 corpus-manpages:  ## build the second, less separable corpus (data/manpages.jsonl.zst) from Debian's manpages and manpages-dev
 	$(PYTHON) scripts/build_manpages_corpus.py
+
+corpus-large:  ## build the large corpus (data/large/, about 33x the bundled one in characters) from Debian's linux-source-6.1 and documentation packages
+	nice -n 10 $(PYTHON) scripts/build_large_corpus.py
 
 bench-quality:  ## DiPaCo vs DiLoCo vs dense in one run at the demo budget (over 20 min on one core; ARGS='--budget 4', '--config configs/manpages.yaml --name quality-manpages-full')
 	$(OFFLINE) $(PYTHON) bench/bench_quality.py $(ARGS)
