@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from dipaco.store.publish import file_sha256
 
 MARKER = ".dipaco-extracted"  # written last into an extracted tree: the .deb's SHA256
 
@@ -65,11 +66,8 @@ def apt_record(package: str) -> AptRecord:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """The sha256 of a file's bytes (hex), read in blocks (dipaco.store.publish's)."""
+    return file_sha256(path)
 
 
 def verify(path: Path, record: AptRecord) -> None:
