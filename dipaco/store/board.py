@@ -288,10 +288,9 @@ class ResultReader:
         except Exception as err:  # json / safetensors header errors
             raise self._invalid(err) from None
 
-    def module(self, name: str, chunk: bytes | None = None) -> dict[str, torch.Tensor]:
-        """`{param: float32 tensor}`: this result's pseudo-gradient of module `name` (from `chunk`, its bytes
-        as `module_bytes` read them, when given)."""
-        chunk = self.module_bytes(name) if chunk is None else chunk
+    def module(self, name: str) -> dict[str, torch.Tensor]:
+        """`{param: float32 tensor}`: this result's pseudo-gradient of module `name`."""
+        chunk = self.module_bytes(name)
         from dipaco.codec.compress import decode_module
 
         try:

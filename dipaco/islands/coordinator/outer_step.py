@@ -158,8 +158,7 @@ def _gather_module(name: str, before: dict[str, torch.Tensor], *, round: int, pl
     contributions = []
     for entry, weight in zip(sharing, weights, strict=True):
         reader = readers[entry.key]
-        chunk = reader.module_bytes(name)
-        reader.module(name, chunk)  # decodable, or the result's error names its file
+        chunk = reader.module_bytes(name)  # the bytes acceptance decoded and checked (`digests`), else ResultChanged
         contributions.append((Contribution.of(key=entry.key, file=reader.name, span=reader.index.spans[name],
                                               index=reader.index, module=name, weight=weight / total, chunk=chunk),
                               chunk))
