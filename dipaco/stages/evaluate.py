@@ -50,53 +50,6 @@ from dipaco.threads import use_threads
 log = logging.getLogger(__name__)
 
 
-def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
-    """The routed model (prefix routing, last round) against the baselines, then every eval mode
-    (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
-    use_threads(config.hardware.threads_per_island)
-    check(run, config, ("route", "shard", "train"))  # shards of another router would score nonsense
-    factory = PathFactory(config, run)
-    device = resolve_device(config.hardware.device)
-    topology, store = factory.topology, factory.store
-    round = store.current_round()
-    if round == 0:
-        raise ValueError(f"store {store.url} has no trained round: run `dipaco train --run {run.root}` first")
-    docs, _, shard_paths = factory.reader.test_documents()
-    prefix = factory.prefix_tokens
-    router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
-    scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.hardware.precision,
-                   pad_id=factory.tokenizer.pad_token_id or 0)
-    table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
-                      score=partial(token_losses, **scoring))
-    paths = router(docs)
-    last = {topology.representative(q): round for q in range(topology.n_routed)}  # replicas are one model
-    routed = routed_scores(table, prefix_routes(docs, paths, prefix=prefix), last, topology.n_paths)
-    nll, tokens = routed["nll"], routed["tokens"]
-    summary = _load(run.train_summary)
-    rows = [_routed_row(config, run, factory, round=round, nll=nll, tokens=tokens, summary=summary)]
-    rows += _baseline_rows(config, run, factory, docs=docs, scoring=scoring)
-    results = {
-        "round": round,
-        "test_documents": len(docs),
-        "scored_tokens": int(tokens.sum()),
-        "prefix_tokens": prefix,
-        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths))))
-        if len(docs) else None,
-        "models": rows,
-        "per_path": per_path_table(topology, paths, nll, tokens),
-        "bytes": wire_bytes(summary, n_paths=topology.n_paths),
-        "traffic": read_summary(factory.store),  # the training's store traffic, measured by every process
-    }
-    results["paths_without_test_documents"] = _paths_without_documents(results["per_path"])
-    modes = config.eval.modes if modes is None else modes
-    best = config.eval.best if best is None else best
-    if modes:
-        results["modes"] = _evaluate_modes(config, factory, table, route=router, paths=paths, modes=modes,
-                                           rounds=last, best=best)
-    _write_results(run, results)
-    return results
-
-
 def _routed_row(config: Config, run: RunDir, factory: PathFactory, *, round: int, nll: np.ndarray,
                 tokens: np.ndarray, summary: dict) -> dict:
     """The routed mixture's row of the comparison table: its size at module version `round`, the steps and
@@ -189,16 +142,63 @@ def _evaluate_modes(config: Config, factory: PathFactory, table: LossTable, *, r
                           best=best_rounds, n_paths=topology.n_paths, prefix=factory.prefix_tokens)
 
 
-def _write_results(run: RunDir, results: dict) -> None:
-    """Write `results` to eval.json, or, when they hold a NaN or infinite number, to eval-rejected.json
-    (eval.json left as it was) and fail naming the numbers."""
+def _refuse_non_finite(run: RunDir, results: dict, *, round: int) -> None:
+    """When `results` (of module version `round`) hold a NaN or infinite number: write them to
+    eval-rejected.json (eval.json is left as it was) and fail naming the numbers."""
     broken = non_finite(results)
     if broken:
         rejected = write_json(run.root / "eval-rejected.json", results)
         raise ValueError(f"evaluation gave non-finite numbers ({', '.join(broken[:4])}); {run.eval_results} "
                          f"was not replaced, the results are in {rejected}. Check the store's module files "
-                         f"(round {results['round']}) and the baselines")
+                         f"(round {round}) and the baselines")
+
+
+def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
+    """The routed model (prefix routing, last round) against the baselines, then every eval mode
+    (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
+    use_threads(config.hardware.threads_per_island)
+    check(run, config, ("route", "shard", "train"))  # shards of another router would score nonsense
+    factory = PathFactory(config, run)
+    device = resolve_device(config.hardware.device)
+    topology, store = factory.topology, factory.store
+    round = store.current_round()
+    if round == 0:
+        raise ValueError(f"store {store.url} has no trained round: run `dipaco train --run {run.root}` first")
+    docs, _, shard_paths = factory.reader.test_documents()
+    prefix = factory.prefix_tokens
+    router = PrefixRouter(factory.router, factory.tokenizer, topology, prefix_tokens=prefix)
+    scoring = dict(batch_size=config.eval.batch_size, device=device, precision=config.hardware.precision,
+                   pad_id=factory.tokenizer.pad_token_id or 0)
+    table = LossTable(docs=docs, load=lambda path, version: factory.load_path(path=path, round=version, device=device),
+                      score=partial(token_losses, **scoring))
+    paths = router(docs)
+    last = {topology.representative(q): round for q in range(topology.n_routed)}  # replicas are one model
+    routed = routed_scores(table, prefix_routes(docs, paths, prefix=prefix), last, topology.n_paths)
+    nll, tokens = routed["nll"], routed["tokens"]
+    summary = _load(run.train_summary)
+    rows = [_routed_row(config, run, factory, round=round, nll=nll, tokens=tokens, summary=summary)]
+    rows += _baseline_rows(config, run, factory, docs=docs, scoring=scoring)
+    results = {
+        "round": round,
+        "test_documents": len(docs),
+        "scored_tokens": int(tokens.sum()),
+        "prefix_tokens": prefix,
+        "routing_agrees_with_shards": float(np.mean(paths == topology.representative(topology.routed_path(shard_paths))))
+        if len(docs) else None,
+        "models": rows,
+        "per_path": per_path_table(topology, paths, nll, tokens),
+        "bytes": wire_bytes(summary, n_paths=topology.n_paths),
+        "traffic": read_summary(factory.store),  # the training's store traffic, measured by every process
+    }
+    results["paths_without_test_documents"] = _paths_without_documents(results["per_path"])
+    modes = config.eval.modes if modes is None else modes
+    best = config.eval.best if best is None else best
+    if modes:
+        results["modes"] = _evaluate_modes(config, factory, table, route=router, paths=paths, modes=modes,
+                                           rounds=last, best=best)
+    _refuse_non_finite(run, results, round=round)
     write_json(run.eval_results, results)
+    return results
 
 
 def wire_bytes(summary: dict, *, n_paths: int) -> dict | None:
