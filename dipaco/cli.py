@@ -70,91 +70,56 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+COMMAND_HELP = {  # command -> its help line, listed by `dipaco --help` in this order
+    "run": "the whole pipeline: route, shard, train, baselines, eval, report (done stages are skipped; made with other settings: refused, see --restart-from)",
+    "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
+    "shard": "tokenize and pack each path's documents into checked zstd shards",
+    "train": "run (or resume) the outer rounds with local island processes",
+    "island": "a pull-based island worker (or, with --path and no --pull, one path for one round)",
+    "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
+    "baselines": "train the dense baselines (equal steps, equal compute)",
+    "eval": "routed evaluation of the held-out documents against the dense baselines",
+    "export": "write the whole mixture (every path, the router, the tokenizer) as one directory that "
+              "dipaco.load, dipaco serve and lm_eval read (or --path N: one path as a Hugging Face model)",
+    "generate": "route a prompt to a path and generate a continuation with it",
+    "report": "write report.md with plots into the run directory",
+    "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
+    "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
+    "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
+    "status": "the live board of a run: rounds, islands and their tasks, queue, goodput, bytes, per-path losses",
+    "serve": "an exported mixture behind OpenAI's completions API (/v1/completions: logprobs, echo, "
+             "streaming; lm_eval's local-completions), each request routed by its prompt to one path",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `dipaco` command line: one subcommand per `COMMAND_HELP` entry (and the internal one-baseline
+    command, not listed), each with its arguments in the order its --help shows them."""
     parser = argparse.ArgumentParser(prog="dipaco", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"dipaco {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-    commands = {
-        "run": "the whole pipeline: route, shard, train, baselines, eval, report (done stages are skipped; made with other settings: refused, see --restart-from)",
-        "route": "train the tokenizer, fit the router on document prefixes, assign documents to paths",
-        "shard": "tokenize and pack each path's documents into checked zstd shards",
-        "train": "run (or resume) the outer rounds with local island processes",
-        "island": "a pull-based island worker (or, with --path and no --pull, one path for one round)",
-        "coordinator": "the round loop alone: task board, outer steps, module versions (islands run elsewhere)",
-        "baselines": "train the dense baselines (equal steps, equal compute)",
-        "eval": "routed evaluation of the held-out documents against the dense baselines",
-        "export": "write the whole mixture (every path, the router, the tokenizer) as one directory that "
-                  "dipaco.load, dipaco serve and lm_eval read (or --path N: one path as a Hugging Face model)",
-        "generate": "route a prompt to a path and generate a continuation with it",
-        "report": "write report.md with plots into the run directory",
-        "pretrain": "train the dense warm-start model (before routing; every module starts from it)",
-        "reroute": "one discriminative re-routing phase: score the router split, fit the router, re-shard",
-        "simulate": "chaos simulation at paper scale: goodput of data parallel, elastic, sync and async rounds",
-        "status": "the live board of a run: rounds, islands and their tasks, queue, goodput, bytes, per-path losses",
-        "serve": "an exported mixture behind OpenAI's completions API (/v1/completions: logprobs, echo, "
-                 "streaming; lm_eval's local-completions), each request routed by its prompt to one path",
-    }
-    parsers = {}
-    for name, help_text in commands.items():
-        parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+    parsers = {name: sub.add_parser(name, help=help_text, description=help_text)
+               for name, help_text in COMMAND_HELP.items()}
     parsers[TRAIN_ONE_BASELINE] = sub.add_parser(TRAIN_ONE_BASELINE)  # internal: no help, so not listed
-    for name in parsers:
-        if name == "status":  # reads a run's store, writes nothing: --run or --store
-            _status_options(parsers[name])
-            continue
-        if name == "serve":  # reads an exported mixture, no run
-            _serve_options(parsers[name])
-            continue
-        if name == "export":
-            parsers[name].add_argument("out", help="output directory: new, empty, or an earlier export (--overwrite)")
-            parsers[name].add_argument("--overwrite", action="store_true",
-                                       help="replace an earlier dipaco export in OUT (never anything else)")
-        if name == "generate":
-            parsers[name].add_argument("prompt", help="the text to continue")
-        _common(parsers[name], store_only=name in STORE_ONLY_STAGES)
+    _status_options(parsers.pop("status"))  # reads a run's store, writes nothing: --run or --store
+    _serve_options(parsers.pop("serve"))  # reads an exported mixture, no run
+    parsers["export"].add_argument("out", help="output directory: new, empty, or an earlier export (--overwrite)")
+    parsers["export"].add_argument("--overwrite", action="store_true",
+                                   help="replace an earlier dipaco export in OUT (never anything else)")
+    parsers["generate"].add_argument("prompt", help="the text to continue")
+    for name, stage_parser in parsers.items():
+        _common(stage_parser, store_only=name in STORE_ONLY_STAGES)
     for name in ("export", "generate"):
-        parsers[name].add_argument("--round", type=int, default=None, help="module version (default: the last)")
-        parsers[name].add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
-    which = parsers["export"].add_mutually_exclusive_group()
-    which.add_argument("--path", type=int, help="only this path, as a Hugging Face model directory")
-    which.add_argument("--all", action="store_true", help="the whole mixture (the default; kept for older scripts)")
-    parsers["export"].add_argument("--route", default="router", choices=["router", "likelihood"],
-                                   help="the mixture's default routing at load (either can be chosen at load)")
-    parsers["export"].add_argument("--per-path", action="store_true",
-                                   help="also each routed path as its own Hugging Face directory (OUT/path-0003/)")
-    parsers["export"].add_argument("--baselines", action="store_true",
-                                   help="also the run's dense baselines, as Hugging Face directories in OUT/baselines/")
-    parsers["generate"].add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
-    parsers["generate"].add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parsers["generate"].add_argument("--seed", type=int, default=0, help="sampling seed")
-    parsers["generate"].add_argument("--route", default="router", choices=["router", "likelihood"],
-                                     help="pick the path by the run's router (default) or by the paths' own "
-                                          "likelihood of the prompt's routing prefix (the `likelihood` eval mode)")
+        _version_options(parsers[name])
+    _export_options(parsers["export"])
+    _generate_options(parsers["generate"])
     for name in ("run", "train", "coordinator"):
         parsers[name].add_argument("--force", action="store_true",
                                    help="take over the store's coordinator lease even if another coordinator seems to "
                                         "hold it (only when you know it is gone: docs/islands.md#crash-safety)")
-    parsers["island"].add_argument("--path", type=int, action="append", default=None,
-                                   help="a path this island trains (repeat for several); with --pull: pin to it")
-    parsers["island"].add_argument("--pull", action="store_true",
-                                   help="pull tasks from the coordinator (the default when no --path is given)")
-    parsers["island"].add_argument("--name", default=None, help="island name (default: host-pid)")
-    parsers["island"].add_argument("--fail-mtbf", type=float, default=None,
-                                   help="inject failures with this mean time between failures in seconds (faults.mtbf)")
-    parsers["island"].add_argument("--return-after", type=float, default=None,
-                                   help="a failed island comes back after this many seconds (faults.return_after)")
-    parsers["island"].add_argument("--slowdown", type=float, default=None,
-                                   help="inject a straggler: every inner step takes this many times longer (faults.slowdown)")
-    parsers["island"].add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
-    parsers["island"].add_argument("--worker", type=int, default=None,
-                                   help="run worker K of an elastic island (hardware.workers_per_island > 1) whose "
-                                        "lighthouse TORCHFT_LIGHTHOUSE names; without it `dipaco island` starts the "
-                                        "lighthouse and every worker on this machine")
-    parsers["eval"].add_argument("--mode", action="append", default=None,
-                                 help="prefix | every:W | likelihood | oracle | oracle-split | all-paths (repeat; default eval.modes)")
-    parsers["eval"].add_argument("--best", action="store_true", default=None,
-                                 help="also evaluate each path at its round with the lowest validation loss")
+    _island_options(parsers["island"])
+    _eval_options(parsers["eval"])
     parsers["simulate"].add_argument("--no-sweep", action="store_true",
                                      help="only the four strategies at the configured cluster, not the goodput-vs-chips sweep")
     parsers["run"].add_argument("--restart-from", choices=STAGE_ORDER, default=None, metavar="STAGE",
@@ -162,6 +127,63 @@ def build_parser() -> argparse.ArgumentParser:
                                      "artifacts are moved to RUN/superseded/<time>/; for a run whose config changed")
     parsers[TRAIN_ONE_BASELINE].add_argument("--name", required=True, help="dense-equal-steps, dense-equal-compute or dense-large")
     return parser
+
+
+def _version_options(parser: argparse.ArgumentParser) -> None:
+    """Which module version a command that reads trained paths (export, generate) takes."""
+    parser.add_argument("--round", type=int, default=None, help="module version (default: the last)")
+    parser.add_argument("--best", action="store_true", help="each path at its best round (validation loss)")
+
+
+def _export_options(parser: argparse.ArgumentParser) -> None:
+    """`dipaco export`'s own options after the common ones: what the export holds and how it routes."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--path", type=int, help="only this path, as a Hugging Face model directory")
+    which.add_argument("--all", action="store_true", help="the whole mixture (the default; kept for older scripts)")
+    parser.add_argument("--route", default="router", choices=["router", "likelihood"],
+                        help="the mixture's default routing at load (either can be chosen at load)")
+    parser.add_argument("--per-path", action="store_true",
+                        help="also each routed path as its own Hugging Face directory (OUT/path-0003/)")
+    parser.add_argument("--baselines", action="store_true",
+                        help="also the run's dense baselines, as Hugging Face directories in OUT/baselines/")
+
+
+def _generate_options(parser: argparse.ArgumentParser) -> None:
+    """`dipaco generate`'s own options after the common ones: sampling and routing."""
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--route", default="router", choices=["router", "likelihood"],
+                        help="pick the path by the run's router (default) or by the paths' own "
+                             "likelihood of the prompt's routing prefix (the `likelihood` eval mode)")
+
+
+def _island_options(parser: argparse.ArgumentParser) -> None:
+    """`dipaco island`'s own options after the common ones: its paths, name, injected faults and workers."""
+    parser.add_argument("--path", type=int, action="append", default=None,
+                        help="a path this island trains (repeat for several); with --pull: pin to it")
+    parser.add_argument("--pull", action="store_true",
+                        help="pull tasks from the coordinator (the default when no --path is given)")
+    parser.add_argument("--name", default=None, help="island name (default: host-pid)")
+    parser.add_argument("--fail-mtbf", type=float, default=None,
+                        help="inject failures with this mean time between failures in seconds (faults.mtbf)")
+    parser.add_argument("--return-after", type=float, default=None,
+                        help="a failed island comes back after this many seconds (faults.return_after)")
+    parser.add_argument("--slowdown", type=float, default=None,
+                        help="inject a straggler: every inner step takes this many times longer (faults.slowdown)")
+    parser.add_argument("--max-tasks", type=int, default=None, help="stop after this many tasks")
+    parser.add_argument("--worker", type=int, default=None,
+                        help="run worker K of an elastic island (hardware.workers_per_island > 1) whose "
+                             "lighthouse TORCHFT_LIGHTHOUSE names; without it `dipaco island` starts the "
+                             "lighthouse and every worker on this machine")
+
+
+def _eval_options(parser: argparse.ArgumentParser) -> None:
+    """`dipaco eval`'s own options after the common ones: the eval modes and best rounds."""
+    parser.add_argument("--mode", action="append", default=None,
+                        help="prefix | every:W | likelihood | oracle | oracle-split | all-paths (repeat; default eval.modes)")
+    parser.add_argument("--best", action="store_true", default=None,
+                        help="also evaluate each path at its round with the lowest validation loss")
 
 
 # command -> (stage module, its function): imported on use, so `dipaco --help` stays fast. A function takes

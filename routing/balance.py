@@ -79,38 +79,16 @@ from the best penalties. Deterministic. stats: "sizes", "ratio",
     n, k = d.shape
     t0 = time.perf_counter()
     lo, hi = size_bounds(n, k, max_ratio)
-
-    def hard_ratio(p: np.ndarray) -> tuple[float, np.ndarray]:
-        sizes = np.bincount((d + p).argmin(axis=1), minlength=k)
-        return (float(sizes.max() / sizes.min()) if sizes.min() else float("inf")), sizes
-
-    p = np.zeros(k, dtype=np.float32)
-    best_ratio, best_sizes = hard_ratio(p)
-    best_p, steps = p.copy(), 0
+    best_p = np.zeros(k, dtype=np.float32)
+    best_ratio, best_sizes = _hard_ratio(d, best_p)
+    steps = 0
     if k > 1 and best_ratio > max_ratio:
-        two = np.partition(d, 1, axis=1)[:, :2]
-        tau = 0.1 * max(float(np.median(two[:, 1] - two[:, 0])), 1e-6)
-        logp = np.zeros(k, dtype=np.float64)
-        for _ in range(anneal):
-            for _ in range(iters):
-                z = -(d + logp.astype(np.float32)) / tau
-                z -= z.max(axis=1, keepdims=True)
-                w = np.exp(z)
-                soft = (w / w.sum(axis=1, keepdims=True)).sum(axis=0)
-                logp += tau * np.log(np.maximum(soft, 1e-12) / (n / k))
-                steps += 1
-                ratio, sizes = hard_ratio(logp.astype(np.float32))
-                if ratio < best_ratio:
-                    best_ratio, best_sizes, best_p = ratio, sizes, logp.astype(np.float32)
-                if best_ratio <= max_ratio:
-                    break
-            if best_ratio <= max_ratio:
-                break
-            tau /= 2
+        best_ratio, best_sizes, best_p, steps = _sinkhorn(d, (best_ratio, best_sizes, best_p), max_ratio=max_ratio,
+                                                          iters=iters, anneal=anneal)
     if best_ratio > max_ratio:
         p, moves = _auction(d, best_p, lo=lo, hi=hi, max_ratio=max_ratio, max_moves=20 * k)
         steps += moves
-        ratio, sizes = hard_ratio(p)
+        ratio, sizes = _hard_ratio(d, p)
         if ratio < best_ratio:
             best_ratio, best_sizes, best_p = ratio, sizes, p
     converged = bool(best_ratio <= max_ratio)
@@ -120,6 +98,41 @@ from the best penalties. Deterministic. stats: "sizes", "ratio",
         logger.warning("balance: penalties reach a largest / smallest path ratio of %.3g (target %.3g); "
                        "training documents are placed exactly by capacity", best_ratio, max_ratio)
     return best_p, stats
+
+
+def _hard_ratio(d: np.ndarray, p: np.ndarray) -> tuple[float, np.ndarray]:
+    """(largest / smallest path size, sizes (k,)) of the hard assignment argmin(d + p) (inf: an empty path)."""
+    sizes = np.bincount((d + p).argmin(axis=1), minlength=d.shape[1])
+    return (float(sizes.max() / sizes.min()) if sizes.min() else float("inf")), sizes
+
+
+def _sinkhorn(
+    d: np.ndarray, best: tuple[float, np.ndarray, np.ndarray], *, max_ratio: float, iters: int, anneal: int
+) -> tuple[float, np.ndarray, np.ndarray, int]:
+    """The annealed log-domain Sinkhorn search of `fit_penalties` on distances d (N, k) float32: returns the
+    (ratio, sizes, penalties) of the best hard assignment seen, `best` included, and the steps taken; it
+    stops as soon as the ratio is within `max_ratio`."""
+    n, k = d.shape
+    best_ratio, best_sizes, best_p = best
+    steps = 0
+    two = np.partition(d, 1, axis=1)[:, :2]
+    tau = 0.1 * max(float(np.median(two[:, 1] - two[:, 0])), 1e-6)
+    logp = np.zeros(k, dtype=np.float64)
+    for _ in range(anneal):
+        for _ in range(iters):
+            z = -(d + logp.astype(np.float32)) / tau
+            z -= z.max(axis=1, keepdims=True)
+            w = np.exp(z)
+            soft = (w / w.sum(axis=1, keepdims=True)).sum(axis=0)
+            logp += tau * np.log(np.maximum(soft, 1e-12) / (n / k))
+            steps += 1
+            ratio, sizes = _hard_ratio(d, logp.astype(np.float32))
+            if ratio < best_ratio:
+                best_ratio, best_sizes, best_p = ratio, sizes, logp.astype(np.float32)
+            if best_ratio <= max_ratio:
+                return best_ratio, best_sizes, best_p, steps
+        tau /= 2
+    return best_ratio, best_sizes, best_p, steps
 
 
 def _auction(d: np.ndarray, p: np.ndarray, *, lo: int, hi: int, max_ratio: float,

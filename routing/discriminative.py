@@ -73,8 +73,6 @@ def fit_discriminative(
     """((W, b), stats): stats hold "accuracy" (on the fitting pairs, before the bias shift),
     "label_sizes", "predicted_sizes_before" / "predicted_sizes" (hard argmax counts on `features`),
     "target", "seconds". target=None keeps the logistic regression's own bias."""
-    from sklearn.linear_model import LogisticRegression
-
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
     if x.ndim != 2 or len(x) != len(y) or len(x) == 0:
@@ -82,38 +80,11 @@ def fit_discriminative(
     if y.min() < 0 or y.max() >= n_paths:
         raise ValueError(f"labels must be path ids in [0, {n_paths}), got [{y.min()}, {y.max()}]")
     t0 = time.perf_counter()
-    classes = np.unique(y)
-    w = np.zeros((n_paths, x.shape[1]))
-    b = np.zeros(n_paths)
-    if len(classes) == 1:
-        b[:] = -10.0
-        b[classes[0]] = 0.0
-    else:
-        lr = LogisticRegression(C=c, max_iter=1000, random_state=seed)
-        lr.fit(x, y)
-        coef, inter = lr.coef_, lr.intercept_
-        if len(classes) == 2:  # binary: sklearn keeps one row for the positive class
-            coef = np.stack([-coef[0] / 2, coef[0] / 2])
-            inter = np.array([-inter[0] / 2, inter[0] / 2])
-        w[classes], b[classes] = coef, inter
-        unseen = np.setdiff1d(np.arange(n_paths), classes)
-        # distinct small random rows, so the bias can give unseen paths documents (identical zero
-        # rows would tie, and the lowest path id would take them all)
-        scale = 0.1 * float(np.linalg.norm(coef, axis=1).mean()) / np.sqrt(x.shape[1])
-        w[unseen] = np.random.default_rng(seed).normal(0.0, scale, (len(unseen), x.shape[1]))
-        b[unseen] = inter.min() - 10.0
+    w, b = _logistic_rows(x, y, n_paths=n_paths, c=c, seed=seed)
     accuracy = float(np.mean(np.argmax(x @ w.T + b, axis=1) == y))
     before = np.bincount(np.argmax(x @ w.T + b, axis=1), minlength=n_paths)
     if target is not None:
-        target = np.asarray(target, dtype=np.float64)
-        if target.shape != (n_paths,) or (target <= 0).any():
-            raise ValueError(f"target must be {n_paths} positive shares, got {target}")
-        target = target / target.sum()
-        logits = x @ w.T
-        for _ in range(bias_iters):
-            q = _softmax(logits + b).mean(axis=0)
-            b += np.log(target) - np.log(np.maximum(q, 1e-12))
-        b = _match_hard(logits, b, np.round(target * len(x)).astype(np.int64), moves=20 * n_paths)
+        target, b = _shift_bias(x, w, b, target, n_paths=n_paths, bias_iters=bias_iters)
     after = np.bincount(np.argmax(x @ w.T + b, axis=1), minlength=n_paths)
     stats = {
         "documents": int(len(y)),
@@ -127,3 +98,53 @@ def fit_discriminative(
     logger.info("discriminative router: accuracy %.3f on %d docs, sizes %s -> %s", accuracy, len(y),
                 before.tolist(), after.tolist())
     return (w.astype(np.float32), b.astype(np.float32)), stats
+
+
+def _logistic_rows(
+    x: np.ndarray, y: np.ndarray, *, n_paths: int, c: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(W (n_paths, D), b (n_paths,)) float64 of a logistic regression of labels y (N,) on x (N, D).
+
+    One label: that path's bias 0, every other -10. A path no label names gets a distinct small random
+    row and a bias 10 below the lowest fitted one, so that the bias shift can still give it documents.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    classes = np.unique(y)
+    w = np.zeros((n_paths, x.shape[1]))
+    b = np.zeros(n_paths)
+    if len(classes) == 1:
+        b[:] = -10.0
+        b[classes[0]] = 0.0
+        return w, b
+    lr = LogisticRegression(C=c, max_iter=1000, random_state=seed)
+    lr.fit(x, y)
+    coef, inter = lr.coef_, lr.intercept_
+    if len(classes) == 2:  # binary: sklearn keeps one row for the positive class
+        coef = np.stack([-coef[0] / 2, coef[0] / 2])
+        inter = np.array([-inter[0] / 2, inter[0] / 2])
+    w[classes], b[classes] = coef, inter
+    unseen = np.setdiff1d(np.arange(n_paths), classes)
+    # distinct small random rows, so the bias can give unseen paths documents (identical zero
+    # rows would tie, and the lowest path id would take them all)
+    scale = 0.1 * float(np.linalg.norm(coef, axis=1).mean()) / np.sqrt(x.shape[1])
+    w[unseen] = np.random.default_rng(seed).normal(0.0, scale, (len(unseen), x.shape[1]))
+    b[unseen] = inter.min() - 10.0
+    return w, b
+
+
+def _shift_bias(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, target: np.ndarray, *, n_paths: int, bias_iters: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(target shares normalised, b shifted): `bias_iters` steps moving the mean soft assignment of x (N, D)
+    to the target shares, then single moves matching the hard argmax counts to them (`_match_hard`)."""
+    target = np.asarray(target, dtype=np.float64)
+    if target.shape != (n_paths,) or (target <= 0).any():
+        raise ValueError(f"target must be {n_paths} positive shares, got {target}")
+    target = target / target.sum()
+    logits = x @ w.T
+    b = b.copy()
+    for _ in range(bias_iters):
+        q = _softmax(logits + b).mean(axis=0)
+        b += np.log(target) - np.log(np.maximum(q, 1e-12))
+    return target, _match_hard(logits, b, np.round(target * len(x)).astype(np.int64), moves=20 * n_paths)

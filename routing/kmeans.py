@@ -67,14 +67,7 @@ def kmeans(
     """
     x = _as_points(x)
     n, d = x.shape
-    if not 1 <= k <= n:
-        raise ValueError(f"k-means needs 1 <= k <= N, got k={k} clusters for N={n} points")
-    if init not in ("k-means++", "random"):
-        raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
-    if niter < 1 or max_points_per_centroid < 1:
-        raise ValueError(
-            f"niter and max_points_per_centroid must be >= 1, got {niter}, {max_points_per_centroid}"
-        )
+    _check_settings(k, n=n, init=init, niter=niter, max_points_per_centroid=max_points_per_centroid)
     t0 = time.perf_counter()
     km = faiss.Kmeans(
         d,
@@ -107,6 +100,18 @@ def kmeans(
         "k-means k=%d N=%d D=%d: objective %.4g in %.2fs", k, n, d, stats["objective"], stats["seconds"]
     )
     return centroids, stats
+
+
+def _check_settings(k: int, *, n: int, init: str, niter: int, max_points_per_centroid: int) -> None:
+    """Refuse k outside [1, n] (n points), an unknown init, and niter or max_points_per_centroid below 1."""
+    if not 1 <= k <= n:
+        raise ValueError(f"k-means needs 1 <= k <= N, got k={k} clusters for N={n} points")
+    if init not in ("k-means++", "random"):
+        raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
+    if niter < 1 or max_points_per_centroid < 1:
+        raise ValueError(
+            f"niter and max_points_per_centroid must be >= 1, got {niter}, {max_points_per_centroid}"
+        )
 
 
 def _kmeans_pp(x: np.ndarray, k: int, *, seed: int, max_points: int) -> np.ndarray | None:

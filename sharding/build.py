@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,91 +106,100 @@ def build_shards(
     doc_ids, doc_paths, doc_split = check_inputs(
         texts, doc_ids=doc_ids, doc_paths=doc_paths, doc_split=doc_split, n_paths=n_paths
     )
-    if not 1 <= min_test_tokens <= config.seq_len:
-        raise ValueError(f"min_test_tokens must be in [1, seq_len={config.seq_len}], got {min_test_tokens}")
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no eos token; sharding needs one to separate documents")
+    _check_arguments(tokenizer, config=config, min_test_tokens=min_test_tokens)
     out_dir = Path(out_dir)
     prepare_out_dir(out_dir, overwrite=overwrite)
     token_dtype = token_dtype_for(vocab_size_of(tokenizer))
-    staging = out_dir / STAGING_DIR
-    stage_tokens = min(config.tokens_per_shard, STAGING_TOKENS)
-    stage_writers = [
-        BlockWriter(
-            staging / path_dir_name(p),
-            prefix="stage",
-            seq_len=config.seq_len,
-            dtype=token_dtype,
-            tokens_per_shard=stage_tokens,
-            root=out_dir,
-        )
-        for p in range(n_paths)
-    ]
-    test_writer = DocumentWriter(
-        out_dir / TEST_DIR,
-        prefix="test",
-        dtype=token_dtype,
-        tokens_per_shard=config.tokens_per_shard,
-        root=out_dir,
-    )
-    final_writers: list[BlockWriter] = []
+    writers = _Writers.open(out_dir, n_paths=n_paths, config=config, token_dtype=token_dtype)
     try:
         counts = tokenize_routed(
-            texts,
-            doc_ids=doc_ids,
-            doc_paths=doc_paths,
-            doc_split=doc_split,
-            tokenizer=tokenizer,
-            stage_writers=stage_writers,
-            test_writer=test_writer,
-            config=config,
-            min_test_tokens=min_test_tokens,
-            batch_size=batch_size,
-            token_dtype=token_dtype,
+            texts, doc_ids=doc_ids, doc_paths=doc_paths, doc_split=doc_split, tokenizer=tokenizer,
+            stage_writers=writers.stage, test_writer=writers.test, config=config,
+            min_test_tokens=min_test_tokens, batch_size=batch_size, token_dtype=token_dtype,
         )
-        dropped = [len(w.close()) for w in stage_writers]
-        test_writer.close()
-        _check_path_sizes(stage_writers, counts["path_tokens"], seq_len=config.seq_len)
-        paths = []
-        final = {"seq_len": config.seq_len, "dtype": token_dtype, "tokens_per_shard": config.tokens_per_shard}
-        for p, staged in enumerate(tqdm(stage_writers, desc="write shards", unit="path", disable=None)):
-            directory = out_dir / path_dir_name(p)
-            train_w, val_w = (
-                BlockWriter(directory, prefix=s, root=out_dir, **final) for s in ("train", "val")
-            )
-            final_writers += [train_w, val_w]  # before writing: a failure removes their files
-            _split_path(
-                staged, train_w, val_w, path=p, out_dir=out_dir, config=config, token_dtype=token_dtype
-            )
-            paths.append(
-                {
-                    "path": p,
-                    "train": {**split_entry(train_w), "documents": int(counts["path_docs"][p])},
-                    "val": split_entry(val_w),
-                    "dropped_tokens": dropped[p],
-                }
-            )
+        paths = _write_paths(writers, counts, out_dir=out_dir, config=config, token_dtype=token_dtype)
         tokenizer.save_pretrained(str(out_dir / TOKENIZER_DIR))
         index = make_index(
-            tokenizer,
-            config=config,
-            n_paths=n_paths,
-            paths=paths,
-            test_writer=test_writer,
-            counts=counts,
-            router_fingerprint=router_fingerprint,
-            min_test_tokens=min_test_tokens,
-            token_dtype=token_dtype,
+            tokenizer, config=config, n_paths=n_paths, paths=paths, test_writer=writers.test, counts=counts,
+            router_fingerprint=router_fingerprint, min_test_tokens=min_test_tokens, token_dtype=token_dtype,
         )
         write_json(out_dir / INDEX_NAME, index)  # last: from now on the directory is complete
     except BaseException:
-        remove_files([f for w in [*stage_writers, test_writer, *final_writers] for f in w.files], out_dir)
+        remove_files(writers.files(), out_dir)
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(out_dir / STAGING_DIR, ignore_errors=True)
     log_summary(index, out_dir)
     return index
+
+
+def _check_arguments(tokenizer: PreTrainedTokenizerFast, *, config: ShardingConfig, min_test_tokens: int) -> None:
+    """Refuse a ``min_test_tokens`` outside ``[1, seq_len]`` and a tokenizer without an EOS token."""
+    if not 1 <= min_test_tokens <= config.seq_len:
+        raise ValueError(f"min_test_tokens must be in [1, seq_len={config.seq_len}], got {min_test_tokens}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; sharding needs one to separate documents")
+
+
+@dataclass
+class _Writers:
+    """The writers of one build: a staging writer per path, the test documents' writer, and each path's train
+    and val writers as they are made; on a failure every file they wrote is removed (``files``)."""
+
+    stage: list[BlockWriter]
+    test: DocumentWriter
+    final: list[BlockWriter] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, out_dir: Path, *, n_paths: int, config: ShardingConfig, token_dtype: str) -> _Writers:
+        """Staging writers under ``out_dir/.staging/`` (files of at most ``STAGING_TOKENS`` tokens) and the
+        test documents' writer."""
+        stage_tokens = min(config.tokens_per_shard, STAGING_TOKENS)
+        stage = [
+            BlockWriter(
+                out_dir / STAGING_DIR / path_dir_name(p),
+                prefix="stage",
+                seq_len=config.seq_len,
+                dtype=token_dtype,
+                tokens_per_shard=stage_tokens,
+                root=out_dir,
+            )
+            for p in range(n_paths)
+        ]
+        test = DocumentWriter(
+            out_dir / TEST_DIR, prefix="test", dtype=token_dtype, tokens_per_shard=config.tokens_per_shard, root=out_dir
+        )
+        return cls(stage=stage, test=test)
+
+    def files(self) -> list[Path]:
+        """Every file the writers wrote."""
+        return [f for w in [*self.stage, self.test, *self.final] for f in w.files]
+
+
+def _write_paths(
+    writers: _Writers, counts: dict[str, Any], *, out_dir: Path, config: ShardingConfig, token_dtype: str
+) -> list[dict[str, Any]]:
+    """Close the staging and test writers, check every path has 2 blocks, then split each path's staged
+    blocks into its train and val shards; return the paths' index entries."""
+    dropped = [len(w.close()) for w in writers.stage]
+    writers.test.close()
+    _check_path_sizes(writers.stage, counts["path_tokens"], seq_len=config.seq_len)
+    paths = []
+    final = {"seq_len": config.seq_len, "dtype": token_dtype, "tokens_per_shard": config.tokens_per_shard}
+    for p, staged in enumerate(tqdm(writers.stage, desc="write shards", unit="path", disable=None)):
+        directory = out_dir / path_dir_name(p)
+        train_w, val_w = (BlockWriter(directory, prefix=s, root=out_dir, **final) for s in ("train", "val"))
+        writers.final += [train_w, val_w]  # before writing: a failure removes their files
+        _split_path(staged, train_w, val_w, path=p, out_dir=out_dir, config=config, token_dtype=token_dtype)
+        paths.append(
+            {
+                "path": p,
+                "train": {**split_entry(train_w), "documents": int(counts["path_docs"][p])},
+                "val": split_entry(val_w),
+                "dropped_tokens": dropped[p],
+            }
+        )
+    return paths
 
 
 def _check_path_sizes(stage_writers: list[BlockWriter], path_tokens: np.ndarray, *, seq_len: int) -> None:

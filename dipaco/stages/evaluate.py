@@ -24,6 +24,7 @@ import json
 import logging
 import math
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +50,109 @@ from dipaco.threads import use_threads
 log = logging.getLogger(__name__)
 
 
+def _routed_row(config: Config, run: RunDir, factory: PathFactory, *, round: int, nll: np.ndarray,
+                tokens: np.ndarray, summary: dict) -> dict:
+    """The routed mixture's row of the comparison table: its size at module version `round`, the steps and
+    tokens it trained (the warm start's included), and its perplexity over the routed documents' `nll` and
+    `tokens` (one entry per document)."""
+    topology, store = factory.topology, factory.store
+    warm = warm_start(config, run)
+    steps = steps_per_path(store, topology.n_paths, tokens_per_step=config.inner.batch_size * factory.reader.seq_len,
+                           fallback=round * config.inner.steps)
+    return {
+        "model": f"DiPaCo {'x'.join(map(str, topology.levels))} routed",
+        "paths": topology.n_paths,
+        "params_per_path": count_parameters(factory.new_model()),
+        "params_total": sum(t.numel() for name in topology.modules for t in store.read_module(round, name).values()),
+        "pretrain_steps": warm["steps"],
+        "steps_per_path": steps,
+        "steps_total": warm["steps"] + steps,
+        "tokens_seen": summary.get("tokens"),
+        "train_tokens_total": warm["tokens"] + summary["tokens"] if summary.get("tokens") is not None else None,
+        "train_seconds": summary.get("seconds"),
+        "perplexity": perplexity(nll.sum(), tokens.sum()),
+        "scored_tokens": int(tokens.sum()),
+        "skipped_prefix_tokens": factory.prefix_tokens,
+    }
+
+
+def _baseline_rows(config: Config, run: RunDir, factory: PathFactory, *, docs: list[np.ndarray],
+                   scoring: dict) -> list[dict]:
+    """A row per trained dense baseline, each scoring the tokens after the routing prefix of every test
+    document in `docs` (the routed paths' tokens); a baseline not trained is left out (logged)."""
+    prefix, device = factory.prefix_tokens, scoring["device"]
+    rows = []
+    for name, budget in baseline_budgets(config, factory.topology.n_paths).items():
+        folder = run.baselines / name
+        if not is_trained(folder):
+            log.info("baseline %s not trained; run `dipaco baselines` to compare with it", name)
+            continue
+        model, info = load_dense(folder, factory.spec)
+        started = int(info.get("pretrain_steps", 0))  # the warm start it continued from (0: from scratch)
+        _warn_if_stale(config, name, folder, info, budget=budget)
+        b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)  # the routed paths' tokens
+        rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
+                     "params_total": info["parameters"], "pretrain_steps": started, "steps_per_path": info["steps"],
+                     "steps_total": started + info["steps"], "tokens_seen": info["tokens"],
+                     "train_tokens_total": int(info.get("pretrain_tokens", 0)) + info["tokens"],
+                     "train_seconds": info["seconds"], "perplexity": perplexity(b_nll.sum(), b_tokens.sum()),
+                     "scored_tokens": int(b_tokens.sum()), "skipped_prefix_tokens": prefix})
+    return rows
+
+
+def _warn_if_stale(config: Config, name: str, folder: Path, info: dict, *, budget: int) -> None:
+    """Log a warning when baseline `name` (its `info` as saved in `folder`) was trained for another budget
+    (warm-start steps included) or from another init (`eval.baselines_init`) than `config` asks for."""
+    started = int(info.get("pretrain_steps", 0))
+    if started + info["steps"] != budget:
+        log.warning("baseline %s in %s trained %d steps (+%d of the warm start), but this config's budget is %d "
+                    "(%d warm-start steps included): delete the folder and run `dipaco baselines` again", name,
+                    folder, info["steps"], started, budget, config.pretrain_steps)
+    init = "warm-start" if continues_warm_start(name, init=config.eval.baselines_init,
+                                                pretrain_steps=config.pretrain_steps,
+                                                warm_start=config.warm_start.init_modules) else "scratch"
+    if info.get("init", "scratch") != init:
+        log.warning("baseline %s in %s was trained from %s, this config asks for %s (eval.baselines_init): "
+                    "delete the folder and run `dipaco baselines` again", name, folder,
+                    info.get("init", "scratch"), init)
+
+
+def _paths_without_documents(per_path: list[dict]) -> list[int]:
+    """The paths no test document was routed to (logged): their cells are null, not NaN, since an empty path
+    is not a broken one."""
+    empty = [row["path"] for row in per_path if not row["documents"]]
+    if empty:
+        log.warning("no test document was routed to path(s) %s: they are not scored (null in eval.json)",
+                    ", ".join(map(str, empty)))
+    return empty
+
+
+def _evaluate_modes(config: Config, factory: PathFactory, table: LossTable, *, route: PrefixRouter,
+                    paths: np.ndarray, modes: list[str], rounds: dict[int, int], best: bool) -> dict:
+    """Every eval mode in `modes` from the loss `table`, at the last `rounds` and, when `best`, also at each
+    path's round with the lowest validation loss (`dipaco.eval.modes`)."""
+    topology = factory.topology
+    best_rounds = None
+    if best:
+        from dipaco.eval.early_stopping import best_of_run
+
+        best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
+                                  device=resolve_device(config.hardware.device))[0]
+    return evaluate_modes(table, route=route, paths=paths, modes=modes, rounds=rounds,
+                          best=best_rounds, n_paths=topology.n_paths, prefix=factory.prefix_tokens)
+
+
+def _refuse_non_finite(run: RunDir, results: dict, *, round: int) -> None:
+    """When `results` (of module version `round`) hold a NaN or infinite number: write them to
+    eval-rejected.json (eval.json is left as it was) and fail naming the numbers."""
+    broken = non_finite(results)
+    if broken:
+        rejected = write_json(run.root / "eval-rejected.json", results)
+        raise ValueError(f"evaluation gave non-finite numbers ({', '.join(broken[:4])}); {run.eval_results} "
+                         f"was not replaced, the results are in {rejected}. Check the store's module files "
+                         f"(round {round}) and the baselines")
+
+
 def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, best: bool | None = None) -> dict:
     """The routed model (prefix routing, last round) against the baselines, then every eval mode
     (`modes`, default `eval.modes`; each path at its best round too when `best`, default `eval.best`)."""
@@ -72,50 +176,8 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
     routed = routed_scores(table, prefix_routes(docs, paths, prefix=prefix), last, topology.n_paths)
     nll, tokens = routed["nll"], routed["tokens"]
     summary = _load(run.train_summary)
-    warm = warm_start(config, run)
-    steps = steps_per_path(store, topology.n_paths, tokens_per_step=config.inner.batch_size * factory.reader.seq_len,
-                           fallback=round * config.inner.steps)
-    rows = [{
-        "model": f"DiPaCo {'x'.join(map(str, topology.levels))} routed",
-        "paths": topology.n_paths,
-        "params_per_path": count_parameters(factory.new_model()),
-        "params_total": sum(t.numel() for name in topology.modules for t in store.read_module(round, name).values()),
-        "pretrain_steps": warm["steps"],
-        "steps_per_path": steps,
-        "steps_total": warm["steps"] + steps,
-        "tokens_seen": summary.get("tokens"),
-        "train_tokens_total": warm["tokens"] + summary["tokens"] if summary.get("tokens") is not None else None,
-        "train_seconds": summary.get("seconds"),
-        "perplexity": perplexity(nll.sum(), tokens.sum()),
-        "scored_tokens": int(tokens.sum()),
-        "skipped_prefix_tokens": prefix,
-    }]
-    budgets = baseline_budgets(config, topology.n_paths)
-    for name, budget in budgets.items():
-        folder = run.baselines / name
-        if not is_trained(folder):
-            log.info("baseline %s not trained; run `dipaco baselines` to compare with it", name)
-            continue
-        model, info = load_dense(folder, factory.spec)
-        started = int(info.get("pretrain_steps", 0))  # the warm start it continued from (0: from scratch)
-        if started + info["steps"] != budget:
-            log.warning("baseline %s in %s trained %d steps (+%d of the warm start), but this config's budget is %d "
-                        "(%d warm-start steps included): delete the folder and run `dipaco baselines` again", name,
-                        folder, info["steps"], started, budget, config.pretrain_steps)
-        init = "warm-start" if continues_warm_start(name, init=config.eval.baselines_init,
-                                                    pretrain_steps=config.pretrain_steps,
-                                                    warm_start=config.warm_start.init_modules) else "scratch"
-        if info.get("init", "scratch") != init:
-            log.warning("baseline %s in %s was trained from %s, this config asks for %s (eval.baselines_init): "
-                        "delete the folder and run `dipaco baselines` again", name, folder,
-                        info.get("init", "scratch"), init)
-        b_nll, b_tokens = score_documents(model.to(device), docs, skip=prefix, **scoring)  # the routed paths' tokens
-        rows.append({"model": name, "paths": 1, "params_per_path": info["parameters"],
-                     "params_total": info["parameters"], "pretrain_steps": started, "steps_per_path": info["steps"],
-                     "steps_total": started + info["steps"], "tokens_seen": info["tokens"],
-                     "train_tokens_total": int(info.get("pretrain_tokens", 0)) + info["tokens"],
-                     "train_seconds": info["seconds"], "perplexity": perplexity(b_nll.sum(), b_tokens.sum()),
-                     "scored_tokens": int(b_tokens.sum()), "skipped_prefix_tokens": prefix})
+    rows = [_routed_row(config, run, factory, round=round, nll=nll, tokens=tokens, summary=summary)]
+    rows += _baseline_rows(config, run, factory, docs=docs, scoring=scoring)
     results = {
         "round": round,
         "test_documents": len(docs),
@@ -128,25 +190,13 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
         "bytes": wire_bytes(summary, n_paths=topology.n_paths),
         "traffic": read_summary(factory.store),  # the training's store traffic, measured by every process
     }
-    results["paths_without_test_documents"] = [row["path"] for row in results["per_path"] if not row["documents"]]
-    if results["paths_without_test_documents"]:  # their cells are null, not NaN: an empty path is not a broken one
-        log.warning("no test document was routed to path(s) %s: they are not scored (null in eval.json)",
-                    ", ".join(map(str, results["paths_without_test_documents"])))
+    results["paths_without_test_documents"] = _paths_without_documents(results["per_path"])
     modes = config.eval.modes if modes is None else modes
     best = config.eval.best if best is None else best
     if modes:
-        from dipaco.eval.early_stopping import best_of_run
-
-        best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
-                                  device=resolve_device(config.hardware.device))[0] if best else None
-        results["modes"] = evaluate_modes(table, route=router, paths=paths, modes=modes, rounds=last,
-                                          best=best_rounds, n_paths=topology.n_paths, prefix=prefix)
-    broken = non_finite(results)
-    if broken:
-        rejected = write_json(run.root / "eval-rejected.json", results)
-        raise ValueError(f"evaluation gave non-finite numbers ({', '.join(broken[:4])}); {run.eval_results} "
-                         f"was not replaced, the results are in {rejected}. Check the store's module files "
-                         f"(round {round}) and the baselines")
+        results["modes"] = _evaluate_modes(config, factory, table, route=router, paths=paths, modes=modes,
+                                           rounds=last, best=best)
+    _refuse_non_finite(run, results, round=round)
     write_json(run.eval_results, results)
     return results
 

@@ -34,10 +34,10 @@ from dipaco.run_dir import RunDir
 from dipaco.store.board import read_board, read_manifest
 from dipaco.store.goodput import by_work, median_rate
 from dipaco.store.heartbeat_files import read_heartbeats
-from dipaco.store.lease import read_holder
+from dipaco.store.lease import Holder, read_holder
 from dipaco.store.ledger import read_summary
 from dipaco.store.module_store import ModuleStore, StoreError
-from dipaco.store.records import TASK_STATUSES, ManifestEntry, RoundStats
+from dipaco.store.records import TASK_STATUSES, Board, ManifestEntry, RoundStats, Task
 from dipaco.store.run_state import committed_record
 from dipaco.store.traffic import ring_allreduce_bytes
 from dipaco.tables import format_table
@@ -74,40 +74,75 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
         raise StoreError(f"store {store.url} has no committed round yet: `dipaco train` has not started on it")
     config = src.config or Config()
     round = int(state["round"])
+    board, last_stats = _latest_board(store)
+    tasks = dict(board.tasks) if board else {}
+    holder = read_holder(store)
+    applied = AppliedResults.read(store, round)
+    islands, malformed = _islands(store, tasks, now=now, heartbeat_timeout=config.resilience.heartbeat_timeout)
+    n_paths = len(board.paths) if board else max(applied.by_path, default=-1) + 1
+    paths = _paths(store, board, applied.by_path, n_paths=n_paths)
+    summary = _train_summary(src.run)
+    goodput = _goodput(summary, applied.entries(), islands=len(islands), config=config if src.config else None,
+                       since_start=None if holder is None else now - holder.started,
+                       finished=bool(state.get("finished")))
+    return {
+        "store": store.url,
+        "round": round,
+        "finished": bool(state.get("finished")),
+        "coordinator": _coordinator(holder, now=now),
+        "module_versions": [v for v in store.versions("modules") if v <= round],  # not one being written
+        "results_applied": sum(len(e) for e in applied.by_path.values()),
+        "results_target": config.run.rounds * n_paths if src.config else None,
+        "stale": int(applied.stale),
+        "dropped": applied.dropped,
+        "cancelled": _cancelled(summary, last_stats),
+        "useful_island_seconds": applied.useful,
+        "bytes_up": applied.bytes_up,
+        "bytes": applied.moved.to_json(workers=summary.get("data_parallel_workers") or max(1, len(islands))),
+        "traffic": read_summary(store),
+        "goodput": goodput,
+        "last_round": _last_round(last_stats),
+        "outer_steps": _outer_steps(summary, src.run),
+        "islands": islands,
+        "malformed_heartbeats": [{"file": file, "reason": reason} for file, reason in sorted(malformed.items())],
+        "queue": {status: sum(1 for t in tasks.values() if t.status == status) for status in TASK_STATUSES},
+        "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
+                  for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
+        "paths": paths,
+    }
+
+
+def _latest_board(store: ModuleStore) -> tuple[Board | None, RoundStats | None]:
+    """The newest task board (the one written, else the last commit's when that is newer) and the last
+    commit's round stats."""
     committed_board, last_stats = committed_record(store)
     board = read_board(store)
     if committed_board is not None and (board is None or board.round < committed_board.round):
         board = committed_board
-    tasks = dict(board.tasks) if board else {}
-    holder = read_holder(store)
+    return board, last_stats
 
-    applied: dict[int, list] = {}  # path -> its applied manifest entries, oldest first (with their round)
-    useful = bytes_up = stale = dropped = 0
-    moved = ByteCounts()
-    for r in range(1, round + 1):
-        manifest = read_manifest(store, r)
-        if manifest is None:
-            continue
-        for entry in manifest.applied:
-            applied.setdefault(entry.path, []).append((r, entry))
-            useful += entry.seconds
-            bytes_up += entry.bytes
-            stale += entry.staleness > 0
-            moved.add(entry)
-        dropped += len(manifest.dropped)
 
-    islands, malformed = [], {}  # malformed: heartbeat files that are not an island's valid heartbeat (shown, ignored)
+def _islands(store: ModuleStore, tasks: dict[str, Task], *, now: float,
+             heartbeat_timeout: float) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Each island's row from its heartbeat (its running task from `tasks` when it has one), and the heartbeat
+    files that are not an island's valid heartbeat (file -> reason: shown, ignored)."""
+    islands, malformed = [], {}
     for name, beat in sorted(read_heartbeats(store, malformed=malformed).items()):
         assigned = [t.key for t in tasks.values() if t.status in ("assigned", "cut") and t.island == name]
         age = max(0.0, now - beat.time)  # the island's wall clock against this one's: skew can make it negative
         islands.append({"island": name, "status": beat.status, "task": assigned[0] if assigned else beat.task,
-                        "beat_seconds_ago": age, "alive": beat.status != "done" and age < config.resilience.heartbeat_timeout,
+                        "beat_seconds_ago": age, "alive": beat.status != "done" and age < heartbeat_timeout,
                         "failures": beat.failures, "pinned": list(beat.pinned), "world": beat.world,
                         "workers": beat.workers})
+    return islands, malformed
 
+
+def _paths(store: ModuleStore, board: Board | None, applied: dict[int, list[tuple[int, ManifestEntry]]], *,
+           n_paths: int) -> list[dict[str, Any]]:
+    """Each path's row: inner steps done (the board's), results applied, its latest train loss (the last
+    applied result's) and its latest and best validation losses (best.json's history)."""
     history = read_history(store)
     best = best_rounds(history)
-    n_paths = len(board.paths) if board else max(applied, default=-1) + 1
     paths = []
     for path in range(n_paths):
         entries = applied.get(path, [])
@@ -119,45 +154,23 @@ def collect(src: Source, *, now: float | None = None) -> dict[str, Any]:
                       "train_loss_round": last_round, "val_loss": val[latest] if latest is not None else None,
                       "val_loss_version": latest, "best_val_loss": val[best[path]] if path in best else None,
                       "best_version": best.get(path)})
+    return paths
 
-    summary = _train_summary(src.run)
-    entries = [entry for path_entries in applied.values() for _, entry in path_entries]
-    goodput = _goodput(summary, entries, islands=len(islands), config=config if src.config else None,
-                       since_start=None if holder is None else now - holder.started,
-                       finished=bool(state.get("finished")))
-    counts = {status: sum(1 for t in tasks.values() if t.status == status) for status in TASK_STATUSES}
-    cancelled = _cancelled(summary, last_stats)
-    target = config.run.rounds * n_paths if src.config else None
-    return {
-        "store": store.url,
-        "round": round,
-        "finished": bool(state.get("finished")),
-        "coordinator": None if holder is None else {"host": holder.host, "pid": holder.pid, "token": holder.token,
-                                                     "started_seconds_ago": now - holder.started,
-                                                     "renewed_seconds_ago": now - holder.renewed_at},
-        "module_versions": [v for v in store.versions("modules") if v <= round],  # not one being written
-        "results_applied": sum(len(e) for e in applied.values()),
-        "results_target": target,
-        "stale": int(stale),
-        "dropped": dropped,
-        "cancelled": cancelled,
-        "useful_island_seconds": useful,
-        "bytes_up": bytes_up,
-        "bytes": moved.to_json(workers=summary.get("data_parallel_workers") or max(1, len(islands))),
-        "traffic": read_summary(store),
-        "goodput": goodput,
-        "last_round": None if last_stats is None else {"round": last_stats.round, "seconds": last_stats.seconds,
-                                                        "applied": last_stats.applied, "in_flight": last_stats.in_flight,
-                                                        "cancelled": last_stats.cancelled,
-                                                        "outer_step": describe_step(last_stats.outer, last_stats.outer_step)},
-        "outer_steps": _outer_steps(summary, src.run),
-        "islands": islands,
-        "malformed_heartbeats": [{"file": file, "reason": reason} for file, reason in sorted(malformed.items())],
-        "queue": counts,
-        "tasks": [{"task": t.key, "status": t.status, "island": t.island, "attempt": t.attempt, "base": t.base}
-                  for t in sorted(tasks.values(), key=lambda t: (t.base, t.path))],
-        "paths": paths,
-    }
+
+def _coordinator(holder: Holder | None, *, now: float) -> dict[str, Any] | None:
+    """The coordinator holding the store's lease (None: none holds it)."""
+    if holder is None:
+        return None
+    return {"host": holder.host, "pid": holder.pid, "token": holder.token, "started_seconds_ago": now - holder.started,
+            "renewed_seconds_ago": now - holder.renewed_at}
+
+
+def _last_round(stats: RoundStats | None) -> dict[str, Any] | None:
+    """The last committed round's stats (None before a commit recorded them)."""
+    if stats is None:
+        return None
+    return {"round": stats.round, "seconds": stats.seconds, "applied": stats.applied, "in_flight": stats.in_flight,
+            "cancelled": stats.cancelled, "outer_step": describe_step(stats.outer, stats.outer_step)}
 
 
 @dataclass
@@ -185,6 +198,39 @@ class ByteCounts:
         return {"sent": self.sent, "float32_diloco": self.float32,
                 "data_parallel": int(ring_allreduce_bytes(self.data_parallel, workers)), "data_parallel_workers": workers,
                 "by_island": dict(sorted(self.by_island.items())), "by_module": dict(sorted(self.by_module.items()))}
+
+
+@dataclass
+class AppliedResults:
+    """The results the round manifests of rounds 1..the committed one record as applied, and their totals."""
+
+    by_path: dict[int, list[tuple[int, ManifestEntry]]] = field(default_factory=dict)  # path -> (round, entry), oldest first
+    useful: float = 0  # island-seconds of the applied results
+    bytes_up: int = 0  # their pseudo-gradients' bytes as sent
+    stale: int = 0  # results applied with a staleness > 0
+    dropped: int = 0  # results the manifests dropped
+    moved: ByteCounts = field(default_factory=ByteCounts)  # their bytes by island and module, and in float32
+
+    @classmethod
+    def read(cls, store: ModuleStore, round: int) -> AppliedResults:
+        """From the manifests of rounds 1..`round` (a round without one is skipped)."""
+        applied = cls()
+        for r in range(1, round + 1):
+            manifest = read_manifest(store, r)
+            if manifest is None:
+                continue
+            for entry in manifest.applied:
+                applied.by_path.setdefault(entry.path, []).append((r, entry))
+                applied.useful += entry.seconds
+                applied.bytes_up += entry.bytes
+                applied.stale += entry.staleness > 0
+                applied.moved.add(entry)
+            applied.dropped += len(manifest.dropped)
+        return applied
+
+    def entries(self) -> list[ManifestEntry]:
+        """Every applied result, path by path."""
+        return [entry for path_entries in self.by_path.values() for _, entry in path_entries]
 
 
 def _times(than: int, sent: int) -> str:
@@ -254,21 +300,50 @@ def format_status(status: dict[str, Any]) -> str:
     """`collect`'s dict as the text `dipaco status` prints."""
     lines = [f"store {status['store']}: round {status['round']} committed, "
              + ("finished" if status["finished"] else "running")]
-    coordinator = status["coordinator"]
-    if coordinator:
-        lines.append(f"coordinator: {coordinator['host']} pid {coordinator['pid']} (lease token {coordinator['token']}, "
-                     f"started {coordinator['started_seconds_ago']:.0f}s ago, renewed "
-                     f"{coordinator['renewed_seconds_ago']:.0f}s ago)")
-    elif not status["finished"]:
-        lines.append("coordinator: none holds the store's lease (stopped; the same command resumes the run)")
+    lines.extend(_coordinator_lines(status))
     versions = status["module_versions"]
     lines.append(f"module versions kept: {', '.join(map(str, versions)) or '-'}")
+    lines.extend(_results_lines(status))
+    lines.extend(_traffic_lines(status["traffic"]))
+    last = status["last_round"]
+    if last:
+        lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
+                     f"{last['in_flight']} tasks in flight when it closed, {last['cancelled']} cancelled; "
+                     f"outer step: {last['outer_step']}")
+    if status["outer_steps"]:
+        lines.append(f"outer steps (train.json): {status['outer_steps']}")
+    lines.extend(_islands_lines(status))
+    lines.extend(_tasks_lines(status))
+    lines.append("\npaths")
+    lines.append(format_table(
+        ["path", "inner steps", "results applied", "train loss (round)", "val loss (version)", "best val loss (version)"],
+        [[p["path"], _num(p["steps_done"], "d"), p["results_applied"],
+          f"{_num(p['train_loss'])} ({_num(p['train_loss_round'], 'd')})",
+          f"{_num(p['val_loss'])} ({_num(p['val_loss_version'], 'd')})",
+          f"{_num(p['best_val_loss'])} ({_num(p['best_version'], 'd')})"] for p in status["paths"]]))
+    return "\n".join(lines)
+
+
+def _coordinator_lines(status: dict[str, Any]) -> list[str]:
+    """The lease holder, or that none holds the lease of a run not finished."""
+    coordinator = status["coordinator"]
+    if coordinator:
+        return [f"coordinator: {coordinator['host']} pid {coordinator['pid']} (lease token {coordinator['token']}, "
+                f"started {coordinator['started_seconds_ago']:.0f}s ago, renewed "
+                f"{coordinator['renewed_seconds_ago']:.0f}s ago)"]
+    if not status["finished"]:
+        return ["coordinator: none holds the store's lease (stopped; the same command resumes the run)"]
+    return []
+
+
+def _results_lines(status: dict[str, Any]) -> list[str]:
+    """The results applied, goodput, and the applied bytes against float32 DiLoCo and data parallel."""
     target = f" of {status['results_target']}" if status["results_target"] else ""
     cancelled = status["cancelled"]
     cut = f", {cancelled['tasks']} running tasks cancelled ({cancelled['how']})" if cancelled else ""
-    lines.append(f"results applied: {status['results_applied']}{target} ({status['stale']} stale, "
-                 f"{status['dropped']} dropped{cut}); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
-                 f"applied island time {status['useful_island_seconds']:.1f}s")
+    lines = [f"results applied: {status['results_applied']}{target} ({status['stale']} stale, "
+             f"{status['dropped']} dropped{cut}); pseudo-gradients applied: {status['bytes_up'] / 1e6:.2f} MB; "
+             f"applied island time {status['useful_island_seconds']:.1f}s"]
     goodput = status["goodput"]
     by_time = f"; by time {100 * goodput['by_time']:.1f}%" if goodput.get("by_time") is not None else ""
     lines.append(f"goodput: {100 * goodput['value']:.1f}% by work ({goodput['how']}){by_time}"
@@ -281,38 +356,33 @@ def format_status(status: dict[str, Any]) -> str:
                      f"({_times(moved['data_parallel'], moved['sent'])}); by island: "
                      + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in moved["by_island"].items())
                      + "; by module: " + (", ".join(f"{k} {v / 1e6:.3f} MB" for k, v in moved["by_module"].items()) or "-"))
-    lines.extend(_traffic_lines(status["traffic"]))
-    last = status["last_round"]
-    if last:
-        lines.append(f"last round {last['round']}: {last['applied']} results applied in {last['seconds']:.1f}s, "
-                     f"{last['in_flight']} tasks in flight when it closed, {last['cancelled']} cancelled; "
-                     f"outer step: {last['outer_step']}")
-    if status["outer_steps"]:
-        lines.append(f"outer steps (train.json): {status['outer_steps']}")
-    lines.append(f"\nislands ({len(status['islands'])})")
+    return lines
+
+
+def _islands_lines(status: dict[str, Any]) -> list[str]:
+    """The islands' table (last heartbeat, task, workers) and the malformed heartbeats ignored."""
+    lines = [f"\nislands ({len(status['islands'])})"]
     if status["islands"]:
         lines.append(format_table(["island", "status", "task", "last beat", "alive", "workers", "failures"],
-                                    [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
-                                      "yes" if i["alive"] else "no", f"{i['world']} of {i['workers']}", i["failures"]]
-                                     for i in status["islands"]]))
+                                  [[i["island"], i["status"], i["task"] or "-", f"{i['beat_seconds_ago']:.1f}s ago",
+                                    "yes" if i["alive"] else "no", f"{i['world']} of {i['workers']}", i["failures"]]
+                                   for i in status["islands"]]))
     for bad in status["malformed_heartbeats"]:
         lines.append(f"malformed heartbeat, ignored: {bad['reason']}")
+    return lines
+
+
+def _tasks_lines(status: dict[str, Any]) -> list[str]:
+    """The queue's counts by status and the tasks' table."""
     queue = status["queue"]
-    lines.append(f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
-                 f"(waiting for their round), {queue['lost']} lost, {queue['cancelled']} cancelled "
-                 f"(their islands stop them)")
+    lines = [f"\ntasks: {queue['open']} open, {queue['assigned']} running, {queue['received']} received "
+             f"(waiting for their round), {queue['lost']} lost, {queue['cancelled']} cancelled "
+             f"(their islands stop them)"]
     if status["tasks"]:
         lines.append(format_table(["task", "status", "island", "attempt", "base version"],
-                                    [[t["task"], t["status"], t["island"] or "-", t["attempt"], t["base"]]
-                                     for t in status["tasks"]]))
-    lines.append("\npaths")
-    lines.append(format_table(
-        ["path", "inner steps", "results applied", "train loss (round)", "val loss (version)", "best val loss (version)"],
-        [[p["path"], _num(p["steps_done"], "d"), p["results_applied"],
-          f"{_num(p['train_loss'])} ({_num(p['train_loss_round'], 'd')})",
-          f"{_num(p['val_loss'])} ({_num(p['val_loss_version'], 'd')})",
-          f"{_num(p['best_val_loss'])} ({_num(p['best_version'], 'd')})"] for p in status["paths"]]))
-    return "\n".join(lines)
+                                  [[t["task"], t["status"], t["island"] or "-", t["attempt"], t["base"]]
+                                   for t in status["tasks"]]))
+    return lines
 
 
 def _traffic_lines(traffic: dict[str, Any]) -> list[str]:

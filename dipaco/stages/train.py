@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -100,27 +101,17 @@ def finished_summary(config: Config, run: RunDir, factory: PathFactory) -> dict 
 
 
 def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, local_islands: bool) -> dict:
+    """Run the rounds left with the task-board coordinator (and, with `local_islands`, its island processes on
+    this machine or as Ray tasks), then write train.json with the run's totals; returns it as written."""
     done = start_or_resume_store(factory)
     store, topology = factory.store, factory.topology
     summary = _load_summary(run.train_summary)
     on_ray = local_islands and config.launcher.kind == "ray"
-    if on_ray:  # the coordinator task of a launcher.kind=ray driver: islands are Ray tasks
-        launch_ray.connect(os.environ.get(launch_ray.ADDRESS_ENV, "auto"))
-        processes = launch_ray.island_plan(n_paths=topology.n_paths, islands=config.hardware.islands,
-                                           cpus=config.launcher.ray_island_cpus, gpus=config.launcher.ray_island_gpus,
-                                           coordinator_cpus=config.launcher.ray_coordinator_cpus)
-        threads = config.launcher.ray_island_cpus
-    else:
-        processes, threads = plan_parallelism(topology.n_paths, processes=config.hardware.islands,
-                                              threads=config.hardware.threads_per_island)
+    processes, threads = _island_plan(config, topology.n_paths, on_ray=on_ray)
     log.info("%d paths, %d rounds of %d inner steps; %d island processes x %d threads",
              topology.n_paths, config.run.rounds, config.inner.steps, processes, threads)
     started = time.perf_counter()
-    checks = ResultChecks(store, topology, resilience=config.resilience, inner_steps=config.inner.steps,
-                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
-    settings = dataclasses.replace(CoordinatorSettings.from_config(config),
-                                   expected_islands=processes if local_islands else 0)  # it starts them
-    service = Coordinator(store, topology, settings=settings, sizes=factory.path_sizes, checks=checks, lease=lease)
+    service = _coordinator(config, factory, lease, expected_islands=processes if local_islands else 0)
     rounds = summary["rounds"] = resumed_rounds(summary["rounds"], service.last_stats, done=done)
 
     def more() -> bool:  # the run's length is the policy's (run.rounds results per path); stop_after_round a version
@@ -131,38 +122,11 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
     islands = None
     metrics = RunMetrics(run.tensorboard, enabled=config.run.tensorboard)
     nominal = _paced_speed(config, seq_len=factory.reader.seq_len)
-    trained: list[tuple[int, float]] = []  # (tokens, inner-loop seconds) of every result received so far
     if local_islands and more():
-        tasks = pull_island_tasks(run, processes)
-        islands = (launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.launcher.ray_island_gpus,
-                                         restarts=config.launcher.ray_island_restarts)
-                   if on_ray else WorkerPool(tasks, threads=threads))
+        islands = _start_islands(config, run, processes, threads=threads, on_ray=on_ray)
     try:
-        policy = service.policy
-        bar = tqdm(desc="results applied", unit="result", total=config.run.rounds * topology.n_paths,
-                   initial=sum(policy.applied_results(p) for p in range(topology.n_paths)),
-                   dynamic_ncols=True, disable=None)
-        while more():
-            round = service.committed + 1
-            stats = service.run_round(round, check=islands.check_any_alive if islands else None)
-            rounds.append(stats)
-            _write_summary(run.train_summary, summary)
-            trained += [(meta.tokens, meta.seconds) for meta in service.last_metas.values()]
-            metrics.round(store, stats, norms=service.last_norms, metas=service.last_metas,
-                          goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
-                                                  first_beat=service.first_beat,
-                                                  tokens_per_second=nominal or median_rate(trained)),
-                          traffic=service.traffic,
-                          workers=processes if local_islands else max(1, len(service.seen)))
-            _show_round(bar, stats)
-        finished_at = time.monotonic()
-        bar.close()
-        if islands and service.done:
-            islands.stop()  # they stop by themselves after the run's last round
-        if service.done:  # so the last round can be a path's best (eval --best)
-            finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.store.keep_versions,
-                       device=resolve_device(config.hardware.device))
-            metrics.final(store, version=store.current_round())
+        finished_at = _run_rounds(config, run, factory, service, summary, more=more, islands=islands, metrics=metrics,
+                                  processes=processes, local_islands=local_islands, nominal=nominal)
     finally:
         metrics.close()
         if islands:
@@ -176,6 +140,73 @@ def _train(config: Config, run: RunDir, factory: PathFactory, lease: Lease, *, l
         summary["goodput"] = goodput(store, islands=processes, seconds=island_seconds, tokens_per_second=nominal)
     return _write_summary(run.train_summary, summary)
 
+
+def _island_plan(config: Config, n_paths: int, *, on_ray: bool) -> tuple[int, int]:
+    """(island processes, threads each): as Ray tasks when `on_ray` (connecting to the Ray cluster), else
+    `hardware.islands` processes on this machine."""
+    if on_ray:  # the coordinator task of a launcher.kind=ray driver: islands are Ray tasks
+        launch_ray.connect(os.environ.get(launch_ray.ADDRESS_ENV, "auto"))
+        processes = launch_ray.island_plan(n_paths=n_paths, islands=config.hardware.islands,
+                                           cpus=config.launcher.ray_island_cpus, gpus=config.launcher.ray_island_gpus,
+                                           coordinator_cpus=config.launcher.ray_coordinator_cpus)
+        return processes, config.launcher.ray_island_cpus
+    return plan_parallelism(n_paths, processes=config.hardware.islands, threads=config.hardware.threads_per_island)
+
+
+def _coordinator(config: Config, factory: PathFactory, lease: Lease, *, expected_islands: int) -> Coordinator:
+    """The task-board coordinator of the run's store, holding `lease`, checking results as the config says;
+    `expected_islands`: the island processes it starts itself (0: islands run elsewhere)."""
+    checks = ResultChecks(factory.store, factory.topology, resilience=config.resilience, inner_steps=config.inner.steps,
+                          tokens_per_step=config.inner.batch_size * factory.reader.seq_len, inner=InnerRun.of(config))
+    settings = dataclasses.replace(CoordinatorSettings.from_config(config), expected_islands=expected_islands)
+    return Coordinator(factory.store, factory.topology, settings=settings, sizes=factory.path_sizes, checks=checks,
+                       lease=lease)
+
+
+def _start_islands(config: Config, run: RunDir, processes: int, *, threads: int,
+                   on_ray: bool) -> launch_ray.RayIslands | WorkerPool:
+    """`processes` pull-based island processes on this machine, or as Ray tasks when `on_ray`."""
+    tasks = pull_island_tasks(run, processes)
+    if on_ray:
+        return launch_ray.RayIslands(tasks, threads=threads, cpus=threads, gpus=config.launcher.ray_island_gpus,
+                                     restarts=config.launcher.ray_island_restarts)
+    return WorkerPool(tasks, threads=threads)
+
+
+def _run_rounds(config: Config, run: RunDir, factory: PathFactory, service: Coordinator, summary: dict, *,
+                more: Callable[[], bool], islands: launch_ray.RayIslands | WorkerPool | None, metrics: RunMetrics,
+                processes: int, local_islands: bool, nominal: float | None) -> float:
+    """Run rounds while `more()`: each committed round goes into train.json's rows (written after each), the
+    metrics and the progress bar. When the run is done, the islands are stopped and the last version is
+    validated (`finish_run`). Returns the time.monotonic() of the last commit."""
+    store, topology, policy = factory.store, factory.topology, service.policy
+    rounds = summary["rounds"]
+    trained: list[tuple[int, float]] = []  # (tokens, inner-loop seconds) of every result received so far
+    bar = tqdm(desc="results applied", unit="result", total=config.run.rounds * topology.n_paths,
+               initial=sum(policy.applied_results(p) for p in range(topology.n_paths)),
+               dynamic_ncols=True, disable=None)
+    while more():
+        round = service.committed + 1
+        stats = service.run_round(round, check=islands.check_any_alive if islands else None)
+        rounds.append(stats)
+        _write_summary(run.train_summary, summary)
+        trained += [(meta.tokens, meta.seconds) for meta in service.last_metas.values()]
+        metrics.round(store, stats, norms=service.last_norms, metas=service.last_metas,
+                      goodput=_goodput_so_far(rounds, islands=processes if islands else len(service.seen),
+                                              first_beat=service.first_beat,
+                                              tokens_per_second=nominal or median_rate(trained)),
+                      traffic=service.traffic,
+                      workers=processes if local_islands else max(1, len(service.seen)))
+        _show_round(bar, stats)
+    finished_at = time.monotonic()
+    bar.close()
+    if islands and service.done:
+        islands.stop()  # they stop by themselves after the run's last round
+    if service.done:  # so the last round can be a path's best (eval --best)
+        finish_run(store, topology, factory.spec, factory.validation, keep_rounds=config.store.keep_versions,
+                   device=resolve_device(config.hardware.device))
+        metrics.final(store, version=store.current_round())
+    return finished_at
 
 
 def _show_round(bar: tqdm, stats: RoundStats) -> None:
