@@ -3,12 +3,16 @@ routing cost in ms per prefix, and documents per path.
 
     OMP_NUM_THREADS=1 python experiments/learned_router.py --name learned-router-2x2 [--set key=value ...]
     python experiments/learned_router.py --name learned-router-2x2 --collect-only   # the results file again
+    OMP_NUM_THREADS=1 python experiments/learned_router.py --preset grid --grid 8x8 --set run.seed=0 \
+        --set hardware.threads_per_island=2 --name learned-router-8x8-seed0
 
-One run of configs/demo.yaml at a reduced size (`REDUCED`, with a 5% router split): `dipaco run` with the
-k-means router, evaluated in the prefix (k-means), likelihood and oracle modes; then one discriminative
-phase after the last round (`dipaco reroute`, `reroute.target=labels`: the learned router) and `dipaco eval`
-again, routed by it. Writes experiments/results/<name>.{json,md} (`bench.recording`); the run stays in
-runs/<name>.
+One run of configs/demo.yaml at a reduced size (`--preset`, with a 5% router split): `2x2` (`REDUCED`) or
+`grid`, bench/bench_grid_scaling.py's setting (`GRID`: its model, fp32, one island, its 400 warm-start
+steps and the recipe's per-path steps) at the grid `--grid`. The stages run one by one (pretrain, route,
+shard, train with the k-means router), then `dipaco eval` in the prefix (k-means), likelihood, oracle and
+(`grid`) split-oracle modes; then one discriminative phase after the last round (`dipaco reroute`,
+`reroute.target=labels`: the learned router) and `dipaco eval` again, routed by it. Writes
+experiments/results/<name>.{json,md} (`bench.recording`); the run stays in runs/<name>.
 """
 
 from __future__ import annotations
@@ -24,15 +28,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_grid_scaling import grid_levels  # noqa: E402
+from bench.quality_runs import warm_start_steps_as_fraction  # noqa: E402
 from bench.recording import EXPERIMENT_RESULTS, run_code, write_results  # noqa: E402
 
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "run.rounds=4", "inner.steps=25",
            "hardware.precision=fp32", "corpus.router_fraction=0.05", "eval.baselines=false", "eval.best=false",
            "eval.modes=[prefix,likelihood,oracle]"]
+GRID = ["sharding.seq_len=128", "model.hidden_size=64", "hardware.precision=fp32", "hardware.islands=1",
+        "corpus.router_fraction=0.05", "eval.baselines=false", "eval.best=false", "warm_start.steps=400",
+        "eval.modes=[prefix,likelihood,oracle,oracle-split]"]
+STAGES = ["pretrain", "route", "shard", "train"]
 
 
 def dipaco(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, check=True)
+
+
+def timed(run: Path, step: str, *args: str) -> None:
+    """`dipaco ARGS`, its wall seconds added to runs/<name>/stage-seconds.json under `step`."""
+    started = time.perf_counter()
+    dipaco(*args)
+    record = run / "stage-seconds.json"
+    seconds = json.loads(record.read_text()) if record.exists() else {}
+    seconds[step] = time.perf_counter() - started
+    record.write_text(json.dumps(seconds, indent=1))
 
 
 def mode_perplexities(eval_json: Path) -> dict[str, float]:
@@ -91,18 +111,28 @@ def markdown(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--name", default="learned-router-2x2")
+    parser.add_argument("--preset", choices=["2x2", "grid"], default="2x2",
+                        help="2x2: REDUCED (4 rounds of 25 steps); grid: bench_grid_scaling.py's setting")
+    parser.add_argument("--grid", default="8x8", help="with --preset grid: topology.levels, e.g. 8x8")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--collect-only", action="store_true", help="write the results file from the kept run")
     args = parser.parse_args()
     run = ROOT / "runs" / args.name
-    overrides = [*REDUCED, *args.set]
+    if args.preset == "grid":
+        overrides = warm_start_steps_as_fraction(
+            ROOT / "configs" / "demo.yaml", [*GRID, f"topology.levels={grid_levels(args.grid)}", *args.set])
+    else:
+        overrides = [*REDUCED, *args.set]
     common = ["--config", "configs/demo.yaml", "--run", str(run), *overrides]
     started = time.perf_counter()
     if not args.collect_only:
-        dipaco("run", *common)
-        shutil.copy2(run / "eval.json", run / "eval-kmeans.json")
-        dipaco("reroute", *common, "reroute.target=labels")
-        dipaco("eval", *common, "reroute.target=labels")
+        for stage in STAGES:
+            timed(run, stage, stage, *common)
+        if not (run / "eval-kmeans.json").exists():
+            timed(run, "eval-kmeans", "eval", *common)
+            shutil.copy2(run / "eval.json", run / "eval-kmeans.json")
+        timed(run, "reroute", "reroute", *common, "reroute.target=labels")
+        timed(run, "eval-learned", "eval", *common, "reroute.target=labels", "eval.modes=[prefix]")
         (run / "wall-seconds.json").write_text(json.dumps(time.perf_counter() - started))
     result = collect(run, overrides, json.loads((run / "wall-seconds.json").read_text()))
     write_results(args.name, result, markdown(result), results_dir=EXPERIMENT_RESULTS, trained_at=run_code(run))
