@@ -45,6 +45,12 @@ def dipaco(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "dipaco", *args], cwd=ROOT, check=True)
 
 
+def done_stages(run: Path) -> set[str]:
+    """The stages this script has finished in `run` (stage-seconds.json), not run again on a restart."""
+    record = run / "stage-seconds.json"
+    return set(json.loads(record.read_text())) if record.exists() else set()
+
+
 def timed(run: Path, step: str, *args: str) -> None:
     """`dipaco ARGS`, its wall seconds added to runs/<name>/stage-seconds.json under `step`."""
     started = time.perf_counter()
@@ -127,10 +133,13 @@ def main() -> None:
     started = time.perf_counter()
     if not args.collect_only:
         for stage in STAGES:
-            timed(run, stage, stage, *common)
+            if stage not in done_stages(run):
+                timed(run, stage, stage, *common)
         if not (run / "eval-kmeans.json").exists():
             timed(run, "eval-kmeans", "eval", *common)
-            shutil.copy2(run / "eval.json", run / "eval-kmeans.json")
+            for name in ("eval", "eval-documents"):  # the per-document losses: every path on every test document
+                if (run / f"{name}.json").exists():
+                    shutil.copy2(run / f"{name}.json", run / f"{name.replace('eval', 'eval-kmeans')}.json")
         timed(run, "reroute", "reroute", *common, "reroute.target=labels")
         timed(run, "eval-learned", "eval", *common, "reroute.target=labels", "eval.modes=[prefix]")
         (run / "wall-seconds.json").write_text(json.dumps(time.perf_counter() - started))
