@@ -31,6 +31,7 @@ from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
 from dipaco.eval.dense_baselines import continues_warm_start
+from dipaco.eval.document_losses import document_losses
 from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import perplexity, score_documents, token_losses
@@ -148,6 +149,8 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                          f"was not replaced, the results are in {rejected}. Check the store's module files "
                          f"(round {round}) and the baselines")
     write_json(run.eval_results, results)
+    write_json(run.root / "eval-documents.json", document_losses(table, routed=paths, rounds=last, prefix=prefix,
+                                                                 router=factory.router.kind))
     return results
 
 
