@@ -11,6 +11,7 @@ import pytest
 
 from dipaco.eval.document_losses import document_losses, routed_perplexity
 from dipaco.eval.modes import LossTable
+from routing.router import Router
 
 
 def synthetic(n_paths: int = 3, n_docs: int = 5, seed: int = 0) -> tuple[LossTable, dict[int, list[np.ndarray]]]:
@@ -27,10 +28,13 @@ def test_record_holds_every_path_loss_once_the_table_is_complete():
     prefix, rounds = 4, {p: 2 for p in per_path}
     routed = np.array([0, 2, 1, 1, 0])
     table.ensure({(p, 2): {int(d) for d in np.flatnonzero(routed == p)} for p in per_path})  # the prefix mode's
-    partial = document_losses(table, routed=routed, rounds=rounds, prefix=prefix, router="kmeans")
+    partial = document_losses(table, routed=routed, features=None, rounds=rounds, prefix=prefix, router="kmeans")
     assert partial["scored_nll"] is None and partial["routed"] == routed.tolist()
     table.ensure({(p, 2): set(range(len(table.docs))) for p in per_path})
-    record = json.loads(json.dumps(document_losses(table, routed=routed, rounds=rounds, prefix=prefix, router="kmeans")))
+    features = np.random.default_rng(1).normal(size=(len(routed), 2)).astype(np.float32)
+    record = json.loads(json.dumps(document_losses(table, routed=routed, features=features, rounds=rounds,
+                                                   prefix=prefix, router="kmeans")))
+    np.testing.assert_array_equal(np.asarray(record["features"], dtype=np.float32), features)
     for d, doc in enumerate(table.docs):
         assert record["scored_tokens"][d] == max(0, len(doc) - prefix)
         np.testing.assert_allclose(record["scored_nll"][d], [per_path[p][d][prefix:].sum() for p in range(3)])
@@ -52,5 +56,8 @@ def test_tiny_run_record_rescores_eval_json(tiny_trained):
     assert sum(record["scored_tokens"]) == results["scored_tokens"]
     assert routed_perplexity(record, np.array(record["routed"])) == pytest.approx(rows["prefix", "last"]["perplexity"],
                                                                                    rel=1e-9)
+    router = Router.load(tiny_trained.routing)  # the features route every document to its eval path
+    costs = router.path_costs(np.asarray(record["features"], dtype=np.float32))
+    np.testing.assert_array_equal(np.argmin(costs, axis=1), record["routed"])
     oracle = np.asarray(record["paths"])[np.argmin(record["scored_nll"], axis=1)]
     assert routed_perplexity(record, oracle) == pytest.approx(rows["oracle", "last"]["perplexity"], rel=1e-9)

@@ -8,7 +8,8 @@ after the routing prefix) and on its prefix. `dipaco eval` writes them to `eval-
 
 A router that picks one path per document from its prefix scores exactly `sum_d scored_nll[d][path_d]` over
 `sum_d scored_tokens[d]` tokens (the `prefix` mode), so another router's perplexity, its agreement with
-the oracle path and its documents per path come from this record without a forward pass.
+the oracle path and its documents per path come from this record without a forward pass; a router on the
+same featurizer (the learned router's head on the k-means router's features) routes from "features".
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from dipaco.eval.scoring import perplexity
 FORMAT_VERSION = 1
 
 
-def document_losses(table: LossTable, *, routed: np.ndarray, rounds: dict[int, int], prefix: int,
-                    router: str) -> dict:
-    """The record (JSON-able): "routed" (D,) path of each document, "scored_tokens" (D,), "paths" (the
-    evaluated paths, sorted), and when `table` holds every path in `rounds` on every document,
+def document_losses(table: LossTable, *, routed: np.ndarray, features: np.ndarray | None, rounds: dict[int, int],
+                    prefix: int, router: str) -> dict:
+    """The record (JSON-able): "routed" (D,) path of each document, "features" (D, dim) the router's prefix
+    features (None when not given), "scored_tokens" (D,), "paths" (the evaluated paths, sorted), and when `table` holds every path in `rounds` on every document,
     "scored_nll" and "prefix_nll" (D, paths): each path's total loss on the document's tokens from `prefix`
     on and on its first `prefix` (None otherwise: the `prefix` mode scores only the routed path)."""
     paths = sorted(rounds)
     n_docs = len(table.docs)
-    if len(routed) != n_docs:
-        raise ValueError(f"routed has {len(routed)} paths for {n_docs} documents")
+    if len(routed) != n_docs or (features is not None and len(features) != n_docs):
+        raise ValueError(f"routed has {len(routed)} paths and features {None if features is None else len(features)} "
+                         f"rows for {n_docs} documents")
     complete = all(table.has(p, rounds[p], d) for p in paths for d in range(n_docs))
     record = {"format_version": FORMAT_VERSION, "router": router, "prefix_tokens": prefix, "paths": paths,
               "rounds": [rounds[p] for p in paths], "routed": [int(p) for p in routed],
+              "features": None if features is None else np.asarray(features, dtype=np.float64).tolist(),
               "scored_tokens": [max(0, len(doc) - prefix) for doc in table.docs],
               "scored_nll": None, "prefix_nll": None}
     if complete:

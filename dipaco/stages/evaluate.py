@@ -150,6 +150,7 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                          f"(round {round}) and the baselines")
     write_json(run.eval_results, results)
     write_json(run.root / "eval-documents.json", document_losses(table, routed=paths, rounds=last, prefix=prefix,
+                                                                 features=router.features(docs),
                                                                  router=factory.router.kind))
     return results
 
