@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,10 +33,12 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_grid_scaling import grid_levels  # noqa: E402
 from bench.quality_runs import warm_start_steps_as_fraction  # noqa: E402
 from bench.recording import EXPERIMENT_RESULTS, run_code, write_results  # noqa: E402
+from dipaco.eval.document_losses import routed_perplexity  # noqa: E402
+from routing.router import Router  # noqa: E402
 
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "run.rounds=4", "inner.steps=25",
            "hardware.precision=fp32", "corpus.router_fraction=0.05", "eval.baselines=false", "eval.best=false",
-           "eval.modes=[prefix,likelihood,oracle]"]
+           "eval.modes=[prefix,likelihood,oracle,oracle-split]"]
 GRID = ["sharding.seq_len=128", "model.hidden_size=64", "hardware.precision=fp32", "hardware.islands=1",
         "corpus.router_fraction=0.05", "eval.baselines=false", "eval.best=false", "warm_start.steps=400",
         "eval.modes=[prefix,likelihood,oracle,oracle-split]"]
@@ -66,22 +70,58 @@ def mode_perplexities(eval_json: Path) -> dict[str, float]:
     return {row["mode"]: row["perplexity"] for row in rows if row["checkpoints"] == "last"}
 
 
+def per_path(choice: np.ndarray, n_paths: int) -> dict:
+    """Held-out documents per path under a routing: min / median / max and the paths with none."""
+    counts = np.bincount(choice, minlength=n_paths)
+    return {"min": int(counts.min()), "median": float(np.median(counts)), "max": int(counts.max()),
+            "paths_with_none": int((counts == 0).sum())}
+
+
+def test_routing(run: Path) -> dict:
+    """Every routing of the held-out documents, from eval-documents.json (each path's loss on each document,
+    the learned router's eval): the k-means router (routing/phase-0, re-applied to the same prefix features),
+    the learned router, likelihood and the oracle path; perplexity, agreement with the oracle path and
+    documents per path. The learned router's perplexity here equals eval.json's `prefix` row (checked)."""
+    record = json.loads((run / "eval-documents.json").read_text())
+    paths = np.asarray(record["paths"])
+    features = np.asarray(record["features"], dtype=np.float32)
+    choices = {"kmeans_router": paths[Router.load(run / "routing" / "phase-0").path_costs(features).argmin(axis=1)],
+               "learned_router": np.asarray(record["routed"]),
+               "likelihood": paths[np.argmin(record["prefix_nll"], axis=1)],
+               "oracle": paths[np.argmin(record["scored_nll"], axis=1)]}
+    out = {name: {"perplexity": routed_perplexity(record, choice),
+                  "agrees_with_oracle": float(np.mean(choice == choices["oracle"])),
+                  "test_documents_per_path": per_path(choice, len(paths))} for name, choice in choices.items()}
+    evaluated = mode_perplexities(run / "eval.json")
+    if not math.isclose(out["learned_router"]["perplexity"], evaluated["prefix"], rel_tol=1e-9):
+        raise SystemExit(f"eval-documents.json gives the learned router {out['learned_router']['perplexity']}, "
+                         f"eval.json's prefix row {evaluated['prefix']}: not the same evaluation")
+    for name in ("likelihood", "oracle"):
+        if not math.isclose(out[name]["perplexity"], evaluated[name], rel_tol=1e-9):
+            raise SystemExit(f"eval-documents.json gives {name} {out[name]['perplexity']}, eval.json {evaluated[name]}")
+    out["oracle_split"] = {"perplexity": evaluated["oracle-split"]}
+    return out
+
+
 def collect(run: Path, overrides: list[str], seconds: float) -> dict:
-    kmeans = mode_perplexities(run / "eval-kmeans.json")
-    learned = mode_perplexities(run / "eval.json")
+    routed = test_routing(run)
+    ppl = {name: r["perplexity"] for name, r in routed.items()}
     phase = json.loads((run / "routing" / "phases.json").read_text())[-1]
+    k, learned, lik = ppl["kmeans_router"], ppl["learned_router"], ppl["likelihood"]
     return {
         "overrides": overrides,
-        "perplexity": {"kmeans_router": kmeans["prefix"], "learned_router": learned["prefix"],
-                       "likelihood": kmeans["likelihood"], "oracle": kmeans["oracle"]},
-        "gap_closed": (kmeans["prefix"] - learned["prefix"]) / (kmeans["prefix"] - kmeans["likelihood"])
-        if kmeans["prefix"] != kmeans["likelihood"] else None,
+        "perplexity": ppl,
+        "gap_closed": (k - learned) / (k - lik) if k != lik else None,
+        "learned_over_split_oracle": learned / ppl["oracle_split"] - 1,
+        "test_routing": routed,
         "routing_cost": phase["routing_cost"],
         "balance": phase["balance"],
         "router_documents": phase["router_documents"],
         "label_sizes": phase["label_sizes"],
         "label_agrees_with_kmeans": phase["label_agrees_with_previous_router"],
         "fit_accuracy": phase["fit"]["accuracy"],
+        "stage_seconds": json.loads((run / "stage-seconds.json").read_text()),
+        "train_seconds": json.loads((run / "train.json").read_text())["seconds"],
         "seconds": seconds,
     }
 
@@ -130,19 +170,15 @@ def main() -> None:
     else:
         overrides = [*REDUCED, *args.set]
     common = ["--config", "configs/demo.yaml", "--run", str(run), *overrides]
-    started = time.perf_counter()
     if not args.collect_only:
         for stage in STAGES:
             if stage not in done_stages(run):
                 timed(run, stage, stage, *common)
-        if not (run / "eval-kmeans.json").exists():
-            timed(run, "eval-kmeans", "eval", *common)
-            for name in ("eval", "eval-documents"):  # the per-document losses: every path on every test document
-                if (run / f"{name}.json").exists():
-                    shutil.copy2(run / f"{name}.json", run / f"{name.replace('eval', 'eval-kmeans')}.json")
-        timed(run, "reroute", "reroute", *common, "reroute.target=labels")
-        timed(run, "eval-learned", "eval", *common, "reroute.target=labels", "eval.modes=[prefix]")
-        (run / "wall-seconds.json").write_text(json.dumps(time.perf_counter() - started))
+        if not (run / "routing" / "phases.json").exists():
+            timed(run, "reroute", "reroute", *common, "reroute.target=labels")
+        if "eval" not in done_stages(run):
+            timed(run, "eval", "eval", *common, "reroute.target=labels")
+        (run / "wall-seconds.json").write_text(json.dumps(sum(json.loads((run / "stage-seconds.json").read_text()).values())))
     result = collect(run, overrides, json.loads((run / "wall-seconds.json").read_text()))
     write_results(args.name, result, markdown(result), results_dir=EXPERIMENT_RESULTS, trained_at=run_code(run))
     print(markdown(result))
