@@ -10,7 +10,8 @@ Every document of the router split is scored by the current modules under each c
 (`reroute.candidates`), labelled with its lowest-loss path; a logistic regression on the prefix
 features (`routing.discriminative`, bias per `reroute.target`) routes every document again, and
 training continues from the current modules. The replaced router is kept in `routing/phase-<n>/`,
-each phase appended to `routing/phases.json` with its report (docs/routing.md).
+each phase appended to `routing/phases.json` with its report (docs/routing.md), and the router split's
+losses under each candidate path in `routing/phase-<n>-losses.json` (a head fitted again without scoring).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dipaco.atomic import write_json
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.eval.modes import LossTable
-from dipaco.eval.path_labels import best_paths, candidate_losses
+from dipaco.eval.path_labels import best_paths, candidate_losses, candidate_prefix_losses, losses_record
 from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
@@ -66,11 +67,14 @@ def reroute(config: Config, run: RunDir) -> dict:
     x = np.asarray(features[router_docs])
     n_paths = factory.topology.n_paths
     candidates = router.assign_topk(x, min(config.reroute.candidates or n_paths, n_paths))
-    nll = candidate_losses(_loss_table(docs, factory, config), candidates, round=round, n_paths=n_paths,
-                           skip=factory.prefix_tokens)
+    table = _loss_table(docs, factory, config)
+    nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=factory.prefix_tokens)
     labels = best_paths(nll)
     new_router, fit_stats = _fit_learned(router, x, labels, old, config)
     phase, archive = _archive_previous(run)
+    prefix_nll = candidate_prefix_losses(table, candidates, round=round, n_paths=n_paths, prefix=factory.prefix_tokens)
+    write_json(run.routing / f"phase-{phase}-losses.json",
+               losses_record(nll, prefix_nll, documents=router_docs, round=round, prefix=factory.prefix_tokens))
     paths, topk = assign_all(new_router, features, split, top_k=config.routing.train_top_k)
     new_router.save(run.routing)
     assignments = Assignments(path=paths, split=split, levels=list(router.levels),
