@@ -53,3 +53,31 @@ def test_routes_to_the_path_of_lowest_loss_and_refuses_missing_losses():
     losses[0, 1] = np.inf
     with pytest.raises(ValueError, match="every path's loss"):
         fit_loss_regression(x, losses)
+
+
+def test_reroute_head_regression_routes_each_prefix_to_its_lowest_predicted_loss():
+    """`reroute.head=regression`: `dipaco reroute`'s fit gives a Router whose route is the argmin of the
+    ridge predictions (numpy here), and refuses losses scored on only some candidate paths."""
+    from cli_helpers import TINY
+
+    from dipaco.config import load_config
+    from dipaco.stages.reroute import _fit_learned
+    from routing import Router, RoutingConfig
+    from routing.assignments import Assignments
+
+    docs = [f"alpha beta {i % 7} gamma" if i % 2 else f"delta epsilon {i % 5} zeta" for i in range(80)]
+    router, _ = Router.fit(docs, levels=[2], config=RoutingConfig(featurizer="tfidf", svd_dim=4, max_features=100,
+                                                                 method="flat"))
+    x = router.features(docs)
+    nll = np.stack([x[:, 0] + 0.1 * x[:, 1], -x[:, 0]], axis=1) + 4.0  # (D, 2)
+    old = Assignments(path=router.route(docs), split=np.zeros(80, dtype=np.int8), levels=[2],
+                      router_fingerprint=router.fingerprint())
+    config = load_config(TINY, ["reroute.head=regression"])
+    learned, stats = _fit_learned(router, x, nll.argmin(axis=1), old, config, nll=nll)
+    z = (x - x.mean(axis=0)) / np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)
+    predicted = Ridge(alpha=stats["alpha"]).fit(z, nll).predict(z)
+    np.testing.assert_array_equal(learned.route(docs), predicted.argmin(axis=1))
+    assert learned.kind == "learned" and stats["head"] == "regression"
+    nll[3, 1] = np.inf
+    with pytest.raises(ValueError, match="reroute.candidates 0"):
+        _fit_learned(router, x, nll.argmin(axis=1), old, config, nll=nll)
