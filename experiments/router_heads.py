@@ -6,7 +6,8 @@ scored on the held-out documents' losses and features that `dipaco eval` kept (e
 
 Heads: the logistic regression on each document's best path (the pipeline's, at several L2 strengths), the
 ridge regression on every path's loss (`routing.loss_regression`), each also on a quarter and a half of the
-router documents (does the head want more labels?), and a two-stage router: a head's top k paths, of which
+router documents (does the head want more labels?) and on the prefix's losses (imitating likelihood
+routing), and a two-stage router: a head's top k paths, of which
 the one with the lowest loss on the prefix (likelihood routing among k: k prefix forward passes more). Used by
 experiments/learned_router.py.
 """
@@ -32,19 +33,22 @@ TOP_K = (2, 4)  # candidate paths of the two-stage router
 
 
 def router_split(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(features (D, dim), mean NLL after the prefix (D, paths), the learned router's labels (D,)) of the
-    router documents the last reroute phase scored."""
+    """(features (D, dim), mean NLL after the prefix (D, paths), total NLL of the prefix (D, paths)) of the
+    router documents the last reroute phase scored (inf off-candidate)."""
     phases = json.loads((run / "routing" / "phases.json").read_text())
     record = json.loads((run / "routing" / f"phase-{phases[-1]['phase']}-losses.json").read_text())
-    nll = np.array([[np.inf if v is None else v for v in row] for row in record["nll"]])
+    nll, prefix_nll = (np.array([[np.inf if v is None else v for v in row] for row in record[key]])
+                       for key in ("nll", "prefix_nll"))
     features = np.load(run / "routing" / "features.npy", mmap_mode="r")
-    return np.asarray(features[record["documents"]], dtype=np.float32), nll, np.argmin(nll, axis=1)
+    return np.asarray(features[record["documents"]], dtype=np.float32), nll, prefix_nll
 
 
-def linear_heads(x: np.ndarray, nll: np.ndarray, labels: np.ndarray, *, seed: int = 0) -> dict[str, tuple]:
-    """{name: (W, b)}: logistic heads at `C_VALUES`, the ridge head, and both on `FRACTIONS` of the documents
-    (a seeded draw)."""
+def linear_heads(x: np.ndarray, nll: np.ndarray, prefix_nll: np.ndarray, *, seed: int = 0) -> dict[str, tuple]:
+    """{name: (W, b)}: logistic heads at `C_VALUES` on each document's best path (the labels of `dipaco
+    reroute`), the ridge head on every path's loss, both on `FRACTIONS` of the documents (a seeded draw), and
+    both again on the prefix's losses (the path likelihood routing would pick: a function of the prefix)."""
     n_paths = nll.shape[1]
+    labels = np.argmin(nll, axis=1)
     heads = {f"logistic C={c:g}": fit_discriminative(x, labels, n_paths=n_paths, target=None, c=c, seed=seed)[0]
              for c in C_VALUES}
     heads["regression"] = fit_loss_regression(x, nll)[0]
@@ -54,6 +58,9 @@ def linear_heads(x: np.ndarray, nll: np.ndarray, labels: np.ndarray, *, seed: in
         heads[f"logistic C=1, {fraction:.0%} of the router documents"] = fit_discriminative(
             x[keep], labels[keep], n_paths=n_paths, target=None, seed=seed)[0]
         heads[f"regression, {fraction:.0%} of the router documents"] = fit_loss_regression(x[keep], nll[keep])[0]
+    heads["logistic C=1 on the prefix's best path"] = fit_discriminative(
+        x, np.argmin(prefix_nll, axis=1), n_paths=n_paths, target=None, seed=seed)[0]
+    heads["regression on the prefix's losses"] = fit_loss_regression(x, prefix_nll)[0]
     return heads
 
 
