@@ -122,6 +122,11 @@ def test_routing(run: Path) -> dict:
     return out
 
 
+def train_seconds(train: dict) -> float:
+    """train.json's seconds; for a training stopped before its last round, the sum of its rounds'."""
+    return train["seconds"] if "seconds" in train else sum(r["seconds"] for r in train["rounds"])
+
+
 def collect(run: Path, overrides: list[str], seconds: float) -> dict:
     routed = test_routing(run)
     ppl = {name: r["perplexity"] for name, r in routed.items()}
@@ -143,7 +148,7 @@ def collect(run: Path, overrides: list[str], seconds: float) -> dict:
         "rounds": load_config(run / "config.yaml").run.rounds,
         "heads": compare_heads(run),
         "stage_seconds": json.loads((run / "stage-seconds.json").read_text()),
-        "train_seconds": json.loads((run / "train.json").read_text())["seconds"],
+        "train_seconds": train_seconds(json.loads((run / "train.json").read_text())),
         "seconds": seconds,
     }
 
