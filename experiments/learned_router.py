@@ -37,7 +37,7 @@ from bench.quality_runs import warm_start_steps_as_fraction  # noqa: E402
 from bench.recording import EXPERIMENT_RESULTS, run_code, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.eval.document_losses import routed_perplexity  # noqa: E402
-from experiments.router_heads import compare_heads  # noqa: E402
+from experiments.router_heads import compare_heads, two_stage_cost  # noqa: E402
 from routing.router import Router  # noqa: E402
 
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64", "run.rounds=4", "inner.steps=25",
@@ -147,6 +147,7 @@ def collect(run: Path, overrides: list[str], seconds: float) -> dict:
         "round": json.loads((run / "eval.json").read_text())["round"],
         "rounds": load_config(run / "config.yaml").run.rounds,
         "heads": compare_heads(run),
+        "two_stage_cost": two_stage_cost(run),
         "stage_seconds": json.loads((run / "stage-seconds.json").read_text()),
         "train_seconds": train_seconds(json.loads((run / "train.json").read_text())),
         "seconds": seconds,
@@ -218,6 +219,14 @@ def markdown(r: dict) -> str:
                   "routers read the prefix with k paths more (about k more featurize passes: each path model is the "
                   "warm start's size) and have no training-document column.", "",
                   *heads_rows(r["heads"], p["kmeans_router"], p["likelihood"])]
+    if r.get("two_stage_cost"):
+        t = r["two_stage_cost"]
+        lines += ["", f"Two-stage cost, timed back to back on {t['documents']} router-split prefixes: the k-means router "
+                  f"{t['kmeans_featurize_ms'] + t['kmeans_assign_ms']:.3f} ms per prefix (featurize "
+                  f"{t['kmeans_featurize_ms']:.3f} + pick {t['kmeans_assign_ms']:.4f}); one path's forward pass on the "
+                  f"prefix tokens {t['path_prefix_pass_ms']:.3f} ms; so k candidates cost "
+                  + ", ".join(f"{ratio:.2f}x (k={k})" for k, ratio in t["cost_over_kmeans"].items())
+                  + " the k-means router (the learned head's pick costs about the k-means one's)."]
     return "\n".join(lines) + "\n"
 
 

@@ -100,3 +100,41 @@ def compare_heads(run: Path) -> dict[str, dict]:
             choice = top[np.arange(len(top)), np.argmin(np.take_along_axis(prefix_nll, top, axis=1), axis=1)]
             out[f"{name} top {k}, then likelihood"] = score(record, choice, oracle, None)
     return out
+
+
+def two_stage_cost(run: Path, *, k_values: tuple[int, ...] = (1, *TOP_K), documents: int = 256,
+                   repeats: int = 3) -> dict:
+    """What the two-stage router costs per prefix against the k-means router, timed back to back on the same
+    router-split prefixes: featurizing the prefix text and picking the k-means path (the k-means router), and one
+    path model's forward pass on the prefix tokens (path 0 at the last version; every path is the same model
+    size), k of which the two-stage router adds. Each timing is the best of `repeats`."""
+    import torch
+
+    from dipaco.config import load_config
+    from dipaco.eval.scoring import token_losses
+    from dipaco.pipeline.context import PathFactory
+    from dipaco.pipeline.documents import load_run_corpus
+    from dipaco.run_dir import RunDir
+    from routing.router_cost import _best_seconds
+    from sharding.tokenizer import decode_prefix, encode_batch
+
+    config = load_config(run / "config.yaml")
+    factory = PathFactory(config, RunDir(run))
+    ids = json.loads((run / "routing" / "phase-1-losses.json").read_text())["documents"][:documents]
+    texts = load_run_corpus(config.corpus).select(ids)["text"]
+    prefix = factory.prefix_tokens
+    tokens = [t[:prefix] for t in encode_batch(factory.tokenizer, texts)]
+    prefixes = [decode_prefix(factory.tokenizer, t, prefix) for t in tokens]
+    kmeans = Router.load(run / "routing" / "phase-0")
+    model = factory.load_path(path=0, round=factory.store.current_round())
+    featurize = _best_seconds(lambda: kmeans.features(prefixes), repeats)
+    features = kmeans.features(prefixes)
+    assign = _best_seconds(lambda: kmeans.assign(features), repeats)
+    path_pass = _best_seconds(lambda: token_losses(model, tokens, batch_size=config.eval.batch_size,
+                                                   device=torch.device("cpu"), precision=config.hardware.precision),
+                              repeats)
+    ms = 1000.0 / len(prefixes)
+    base = (featurize + assign) * ms
+    return {"documents": len(prefixes), "kmeans_featurize_ms": featurize * ms, "kmeans_assign_ms": assign * ms,
+            "path_prefix_pass_ms": path_pass * ms,
+            "cost_over_kmeans": {str(k): (base + k * path_pass * ms) / base for k in k_values}}
