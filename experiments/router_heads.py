@@ -43,7 +43,20 @@ def router_split(run: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(features[record["documents"]], dtype=np.float32), nll, prefix_nll
 
 
-def linear_heads(x: np.ndarray, nll: np.ndarray, prefix_nll: np.ndarray, *, seed: int = 0) -> dict[str, tuple]:
+def factored_logistic(x: np.ndarray, labels: np.ndarray, levels: list[int], *, seed: int = 0) -> tuple:
+    """A logistic regression per grid level on the label's module at that level (about levels[l] times more
+    labels per class than per path), summed into one linear head over the paths: W[(i, j)] = W1[i] + W2[j],
+    so argmax over the paths is the pair of the levels' argmaxes (`Router(linear=...)` routes by it as is)."""
+    coords = np.unravel_index(labels, levels)
+    rows = [fit_discriminative(x, c, n_paths=n, target=None, seed=seed)[0] for c, n in zip(coords, levels)]
+    (w1, b1), (w2, b2) = rows
+    w = (w1[:, None, :] + w2[None, :, :]).reshape(-1, x.shape[1])
+    b = (b1[:, None] + b2[None, :]).reshape(-1)
+    return w, b
+
+
+def linear_heads(x: np.ndarray, nll: np.ndarray, prefix_nll: np.ndarray, *, levels: list[int] | None = None,
+                 seed: int = 0) -> dict[str, tuple]:
     """{name: (W, b)}: logistic heads at `C_VALUES` on each document's best path (the labels of `dipaco
     reroute`), the ridge head on every path's loss, both on `FRACTIONS` of the documents (a seeded draw), and
     both again on the prefix's losses (the path likelihood routing would pick: a function of the prefix)."""
@@ -58,6 +71,8 @@ def linear_heads(x: np.ndarray, nll: np.ndarray, prefix_nll: np.ndarray, *, seed
         heads[f"logistic C=1, {fraction:.0%} of the router documents"] = fit_discriminative(
             x[keep], labels[keep], n_paths=n_paths, target=None, seed=seed)[0]
         heads[f"regression, {fraction:.0%} of the router documents"] = fit_loss_regression(x[keep], nll[keep])[0]
+    if levels is not None and len(levels) == 2:
+        heads["factored logistic (one per grid level)"] = factored_logistic(x, labels, levels, seed=seed)
     heads["logistic C=1 on the prefix's best path"] = fit_discriminative(
         x, np.argmin(prefix_nll, axis=1), n_paths=n_paths, target=None, seed=seed)[0]
     heads["regression on the prefix's losses"] = fit_loss_regression(x, prefix_nll)[0]
@@ -86,7 +101,7 @@ def compare_heads(run: Path) -> dict[str, dict]:
     features = np.load(run / "routing" / "features.npy", mmap_mode="r")
     split = Assignments.load(run / "routing").split
     train_x = np.asarray(features[np.flatnonzero(split == TRAIN)], dtype=np.float32)
-    heads = linear_heads(*router_split(run))
+    heads = linear_heads(*router_split(run), levels=list(Router.load(run / "routing" / "phase-0").levels))
     costs = {name: -(test_x @ w.T + b) for name, (w, b) in heads.items()}
     costs["k-means"] = Router.load(run / "routing" / "phase-0").path_costs(test_x)
     out = {}
