@@ -52,15 +52,13 @@ class PrefixRouter:
             raise ValueError(f"{len(docs)} documents but {len(n_tokens)} prefix lengths")
         if not docs:
             return np.zeros(0, dtype=np.int64)
-        return self.topology.representative(np.asarray(self.router.assign(self.features(docs, n_tokens)),
-                                                       dtype=np.int64))
-
-    def features(self, docs: list[np.ndarray], n_tokens: Sequence[int] | None = None) -> np.ndarray:
-        """The router's features (D, dim) of each document's first `n_tokens[i]` tokens (default
-        `prefix_tokens`), decoded to text: what `__call__` routes by."""
-        n_tokens = [self.prefix_tokens] * len(docs) if n_tokens is None else n_tokens
         texts = [decode_prefix(self.tokenizer, doc, n) for doc, n in zip(docs, n_tokens, strict=True)]
-        return self.router.features(texts)
+        return self.topology.representative(np.asarray(self.router.route(texts), dtype=np.int64))
+
+    def features(self, docs: list[np.ndarray]) -> np.ndarray:
+        """The router's features (D, dim) of each document's first `prefix_tokens` tokens, decoded to text:
+        what `__call__` routes by (`Router.route` = `assign(features(...))`)."""
+        return self.router.features([decode_prefix(self.tokenizer, doc, self.prefix_tokens) for doc in docs])
 
     def route_texts(self, texts: list[str]) -> np.ndarray:
         """The path of each text `(N,)`: tokenized, then routed from its first `prefix_tokens` tokens."""
