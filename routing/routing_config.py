@@ -71,5 +71,6 @@ class RerouteConfig(Section):
     section = "reroute"
     candidates: Count = 0  # score each router document with its top-C paths by the current router's cost; 0 = all
     c: Annotated[float, Range(above=0)] = 1.0  # inverse L2 strength of the logistic regression (scikit-learn's C)
+    head: Literal["logistic", "regression"] = "logistic"  # the router's linear head: logistic (a multinomial logistic regression on each document's best path) | regression (a ridge regression on every path's loss, routing to the lowest predicted; needs candidates 0; no bias matching: target is ignored)
     phases: PositiveInt = 1  # with routing.router learned: `dipaco run`'s discriminative phases, the first phases - 1 at even rounds during training (re-sharded, training goes on), the last after it
     target: Literal["current", "uniform", "labels"] = "current"  # path-size distribution the router's bias matches: the current training sizes, uniform, or labels (no matching: the scored documents' own best paths)

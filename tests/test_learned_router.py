@@ -24,7 +24,7 @@ from cli_helpers import TINY, dipaco
 
 from dipaco.config import load_config
 from dipaco.eval.modes import LossTable
-from dipaco.eval.path_labels import best_paths, candidate_losses
+from dipaco.eval.path_labels import best_paths, candidate_losses, candidate_prefix_losses, losses_record
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory
@@ -42,6 +42,14 @@ def _independent_mean_nll(model: torch.nn.Module, doc: np.ndarray, skip: int) ->
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].double()  # (T, V)
     return float(F.cross_entropy(logits[skip - 1 : -1], ids[0, skip:], reduction="mean"))
+
+
+def _independent_prefix_nll(model: torch.nn.Module, doc: np.ndarray, prefix: int) -> float:
+    """Total NLL of tokens 1..prefix-1 of one document (the first has no context), one unpadded forward pass."""
+    ids = torch.as_tensor(doc.astype(np.int64))[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()  # (T, V)
+    return float(F.cross_entropy(logits[: prefix - 1], ids[0, 1:prefix], reduction="sum"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +75,17 @@ def test_labels_equal_an_independent_argmin_of_path_losses(factory, tiny_trained
     assert np.isinf(nll2).sum() == len(docs) * (n_paths - 2)
     picked = expected[np.arange(len(docs))[:, None], two].argmin(axis=1)
     np.testing.assert_array_equal(best_paths(nll2), two[np.arange(len(docs)), picked])
+    # the prefix losses (likelihood routing's) and the record `dipaco reroute` keeps
+    prefix_expected = np.array([[_independent_prefix_nll(m, d, skip) for m in models] for d in docs])
+    prefix_nll2 = candidate_prefix_losses(table, two, round=round, n_paths=n_paths, prefix=skip)
+    finite = np.isfinite(prefix_nll2)
+    np.testing.assert_array_equal(finite, np.isfinite(nll2))
+    np.testing.assert_allclose(prefix_nll2[finite], prefix_expected[finite], rtol=1e-5)
+    record = json.loads(json.dumps(losses_record(nll2, prefix_nll2, documents=np.arange(len(docs)) + 7, round=round,
+                                                 prefix=skip)))
+    assert record["documents"] == list(range(7, 7 + len(docs))) and record["round"] == round
+    back = np.array([[np.inf if x is None else x for x in row] for row in record["nll"]])
+    np.testing.assert_array_equal(back, nll2)
 
 
 @pytest.fixture(scope="module")

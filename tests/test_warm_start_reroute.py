@@ -107,6 +107,9 @@ def test_reroute_phase_is_recorded_and_training_continues(routed):
     phases = json.loads((routed.routing / "phases.json").read_text())
     assert [p["phase"] for p in phases] == [1] and phases[0]["after_round"] == 1
     assert phases[0]["candidates_per_document"] == 2
+    losses = json.loads((routed.routing / "phase-1-losses.json").read_text())
+    assert len(losses["documents"]) == phases[0]["router_documents"] and losses["round"] == 1
+    assert all(sum(x is not None for x in row) == 2 for row in losses["nll"] + losses["prefix_nll"])
     router = Router.load(routed.routing)
     assert router.linear is not None and router.fingerprint() != before
     assert ShardReader(routed.shards).router_fingerprint == router.fingerprint()

@@ -83,6 +83,10 @@ class LossTable:
     def get(self, path: int, round: int, doc: int) -> np.ndarray:
         return self._table[(path, round)][doc]
 
+    def has(self, path: int, round: int, doc: int) -> bool:
+        """Whether the losses of `doc` under (`path`, `round`) are already computed."""
+        return doc in self._table.get((path, round), {})
+
 
 def chunk_spans(length: int, *, prefix: int, window: int) -> list[tuple[int, int]]:
     """The scored spans `[start, end)` of a document of `length` tokens: from `prefix` on, `window`

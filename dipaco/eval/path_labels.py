@@ -2,6 +2,7 @@
 
     nll = candidate_losses(table, candidates, round=8, n_paths=4, skip=32)   # (D, paths), inf off-candidate
     labels = best_paths(nll)                                                  # (D,) argmin, ties to the lower path
+    prefix_nll = candidate_prefix_losses(table, candidates, round=8, n_paths=4, prefix=32)  # likelihood routing's
 
 The loss is the mean token NLL of the document's tokens after its routing prefix (the first `skip`
 tokens: the tokens evaluation scores), at one module version, from the eval's `LossTable` (one model
@@ -30,6 +31,29 @@ def candidate_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_
         for d in np.flatnonzero((candidates == path).any(axis=1)):
             nll[d, path] = table.get(path, round, d)[skip:].sum() / max(len(table.docs[d]) - skip, 1)
     return nll
+
+
+def candidate_prefix_losses(table: LossTable, candidates: np.ndarray, *, round: int, n_paths: int,
+                            prefix: int) -> np.ndarray:
+    """Total NLL (D, paths) of each document's first `prefix` tokens (what likelihood routing reads) under
+    each of its `candidates` paths at module version `round`, from the losses `candidate_losses` computed
+    (inf where not a candidate)."""
+    nll = np.full((len(table.docs), n_paths), np.inf)
+    for path in range(n_paths):
+        for d in np.flatnonzero((candidates == path).any(axis=1)):
+            nll[d, path] = table.get(path, round, d)[:prefix].sum()
+    return nll
+
+
+def losses_record(nll: np.ndarray, prefix_nll: np.ndarray, *, documents: np.ndarray, round: int, prefix: int) -> dict:
+    """The router split's losses as `dipaco reroute` keeps them (routing/phase-<n>-losses.json), JSON-able:
+    corpus "documents" (D,), module "round", "prefix_tokens", "nll" (D, paths) mean token NLL after the
+    prefix (the labels' loss) and "prefix_nll" (D, paths) total NLL of the prefix; null off-candidate."""
+    def rows(a: np.ndarray) -> list[list[float | None]]:
+        return [[float(x) if np.isfinite(x) else None for x in row] for row in a]
+
+    return {"documents": [int(d) for d in documents], "round": int(round), "prefix_tokens": int(prefix),
+            "nll": rows(nll), "prefix_nll": rows(prefix_nll)}
 
 
 def best_paths(nll: np.ndarray) -> np.ndarray:

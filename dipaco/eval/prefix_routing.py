@@ -55,6 +55,11 @@ class PrefixRouter:
         texts = [decode_prefix(self.tokenizer, doc, n) for doc, n in zip(docs, n_tokens, strict=True)]
         return self.topology.representative(np.asarray(self.router.route(texts), dtype=np.int64))
 
+    def features(self, docs: list[np.ndarray]) -> np.ndarray:
+        """The router's features (D, dim) of each document's first `prefix_tokens` tokens, decoded to text:
+        what `__call__` routes by (`Router.route` = `assign(features(...))`)."""
+        return self.router.features([decode_prefix(self.tokenizer, doc, self.prefix_tokens) for doc in docs])
+
     def route_texts(self, texts: list[str]) -> np.ndarray:
         """The path of each text `(N,)`: tokenized, then routed from its first `prefix_tokens` tokens."""
         return self(encode_batch(self.tokenizer, texts))

@@ -32,6 +32,7 @@ from dipaco.atomic import write_json
 from dipaco.config import Config
 from dipaco.device import resolve_device
 from dipaco.eval.dense_baselines import continues_warm_start
+from dipaco.eval.document_losses import document_losses
 from dipaco.eval.modes import LossTable, evaluate_modes, format_modes, prefix_routes, routed_scores
 from dipaco.eval.prefix_routing import PrefixRouter
 from dipaco.eval.scoring import perplexity, score_documents, token_losses
@@ -198,6 +199,9 @@ def evaluate(config: Config, run: RunDir, *, modes: list[str] | None = None, bes
                                            rounds=last, best=best)
     _refuse_non_finite(run, results, round=round)
     write_json(run.eval_results, results)
+    write_json(run.root / "eval-documents.json", document_losses(table, routed=paths, rounds=last, prefix=prefix,
+                                                                 features=router.features(docs),
+                                                                 router=factory.router.kind))
     return results
 
 

@@ -10,7 +10,8 @@ Every document of the router split is scored by the current modules under each c
 (`reroute.candidates`), labelled with its lowest-loss path; a logistic regression on the prefix
 features (`routing.discriminative`, bias per `reroute.target`) routes every document again, and
 training continues from the current modules. The replaced router is kept in `routing/phase-<n>/`,
-each phase appended to `routing/phases.json` with its report (docs/routing.md).
+each phase appended to `routing/phases.json` with its report (docs/routing.md), and the router split's
+losses under each candidate path in `routing/phase-<n>-losses.json` (a head fitted again without scoring).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dipaco.atomic import write_json
 from dipaco.config import Config, save_config
 from dipaco.device import resolve_device
 from dipaco.eval.modes import LossTable
-from dipaco.eval.path_labels import best_paths, candidate_losses
+from dipaco.eval.path_labels import best_paths, candidate_losses, candidate_prefix_losses, losses_record
 from dipaco.eval.scoring import token_losses
 from dipaco.pipeline.context import PathFactory
 from dipaco.pipeline.documents import assign_all, load_run_corpus, run_splits, stream_features
@@ -40,6 +41,7 @@ from dipaco.threads import use_threads
 from routing.assignments import ASSIGN_JSON, ASSIGN_TENSORS, Assignments
 from routing.corpus import ROUTER, TRAIN
 from routing.discriminative import fit_discriminative
+from routing.loss_regression import fit_loss_regression
 from routing.router import ROUTER_JSON, ROUTER_TENSORS, Router
 from routing.router_cost import load_balance, routing_cost
 from routing.routing_report import routing_report, write_report
@@ -66,11 +68,14 @@ def reroute(config: Config, run: RunDir) -> dict:
     x = np.asarray(features[router_docs])
     n_paths = factory.topology.n_paths
     candidates = router.assign_topk(x, min(config.reroute.candidates or n_paths, n_paths))
-    nll = candidate_losses(_loss_table(docs, factory, config), candidates, round=round, n_paths=n_paths,
-                           skip=factory.prefix_tokens)
+    table = _loss_table(docs, factory, config)
+    nll = candidate_losses(table, candidates, round=round, n_paths=n_paths, skip=factory.prefix_tokens)
     labels = best_paths(nll)
-    new_router, fit_stats = _fit_learned(router, x, labels, old, config)
+    new_router, fit_stats = _fit_learned(router, x, labels, old, config, nll=nll)
     phase, archive = _archive_previous(run)
+    prefix_nll = candidate_prefix_losses(table, candidates, round=round, n_paths=n_paths, prefix=factory.prefix_tokens)
+    write_json(run.routing / f"phase-{phase}-losses.json",
+               losses_record(nll, prefix_nll, documents=router_docs, round=round, prefix=factory.prefix_tokens))
     paths, topk = assign_all(new_router, features, split, top_k=config.routing.train_top_k)
     new_router.save(run.routing)
     assignments = Assignments(path=paths, split=split, levels=list(router.levels),
@@ -159,16 +164,23 @@ def _loss_table(docs: list[np.ndarray], factory: PathFactory, config: Config) ->
                                    precision=config.hardware.precision, pad_id=factory.tokenizer.pad_token_id or 0))
 
 
-def _fit_learned(router: Router, x: np.ndarray, labels: np.ndarray, old: Assignments,
-                 config: Config) -> tuple[Router, dict]:
-    """The learned router: `router`'s featurizer with a logistic regression from the features `x` to the
-    `labels`, its bias matched to `reroute.target`."""
+def _fit_learned(router: Router, x: np.ndarray, labels: np.ndarray, old: Assignments, config: Config, *,
+                 nll: np.ndarray) -> tuple[Router, dict]:
+    """The learned router: `router`'s featurizer with a linear head on the features `x`: a logistic
+    regression to the `labels`, its bias matched to `reroute.target`, or (`reroute.head` regression) a ridge
+    regression to every path's loss `nll` (D, paths)."""
     n_paths = router.n_paths
-    sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
-    target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
-              "labels": None}[config.reroute.target]
-    (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.reroute.c,
-                                           seed=config.routing.seed)
+    if config.reroute.head == "regression":
+        if not np.isfinite(nll).all():
+            raise ValueError(f"reroute.head regression needs every path's loss on every router document: set "
+                             f"reroute.candidates 0 (got {config.reroute.candidates})")
+        (w, b), fit_stats = fit_loss_regression(x, nll)
+    else:
+        sizes = np.bincount(old.path[old.split == TRAIN], minlength=n_paths).astype(np.float64)
+        target = {"uniform": np.full(n_paths, 1.0 / n_paths), "current": np.maximum(sizes, 1),
+                  "labels": None}[config.reroute.target]
+        (w, b), fit_stats = fit_discriminative(x, labels, n_paths=n_paths, target=target, c=config.reroute.c,
+                                               seed=config.routing.seed)
     return Router(levels=router.levels, method=router.method, featurizer=router.featurizer,
                   centroids=router.centroids, config=router.config, penalties=router.penalties,
                   linear=(w, b)), fit_stats
@@ -219,7 +231,7 @@ def format_phase(record: dict) -> str:
     return (f"reroute phase {record['phase']} after round {record['after_round']}: "
             f"{record['router_documents']} router documents x {record['candidates_per_document']} candidate paths; "
             f"labels agree with the previous router on {record['label_agrees_with_previous_router']:.1%}; "
-            f"logistic regression accuracy {record['fit']['accuracy']:.1%}\n"
+            f"{record['fit'].get('head', 'logistic')} head: best path predicted for {record['fit']['accuracy']:.1%}\n"
             + "".join(f"{name} router ({cost['router']}): {cost['ms_per_document']:.3f} ms per prefix "
                       f"({cost['assign_ms_per_document']:.4f} ms to pick the path); training documents per path "
                       f"min {balance['min']} / median {balance['median']:g} / max {balance['max']}, entropy "
