@@ -71,6 +71,15 @@ def test_a_paced_step_sleeps_to_the_pace_and_a_straggler_to_slowdown_times_it():
     assert (pacer.steps, pacer.compute, pacer.padding, pacer.slowest, pacer.over_pace) == (2, 2.75, 1.75, 2.5, 1)
 
 
+def test_a_scaled_step_is_paced_to_its_share_of_the_work():
+    """An elastic island's worker alone computes the whole batch: scale 2 (its rows over its share at two workers)
+    pads to twice the pace; a member with no rows (healing) is not padded."""
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+    assert pacer.pad(0.5, scale=2.0) == pytest.approx(3.5) and pacer.pad(0.0, scale=0.0) == 0.0
+    assert pacer.pad(1.5, scale=0.5) == 0.0 and pacer.over_pace == 1  # over its (half) pace
+
+
 def test_a_check_that_raises_cuts_the_padding_where_it_is():
     clock = FakeClock()
     pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
