@@ -306,9 +306,7 @@ class ElasticIsland:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
         for param, grad in zip(params.values(), grads, strict=True):
             param.grad = grad
-        works = [manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in (control, *grads)]
-        for work in works:
-            work.wait()
+        _sum_flat(manager, [control, *grads])  # one all-reduce: a collective's cost is per call, not per byte
         committed = manager.should_commit()
         if committed and not control[1:].any():
             inner = self.setup.inner
@@ -353,8 +351,19 @@ class ElasticIsland:
         self.presence.finished_task(task)
         self.unpushed, self.state.progress = (task, out), None
         self.trained.append(pr.key)
-        log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers", self.name, self.replica, pr.key,
-                 out.meta.steps, out.meta.train_loss, world)
+        log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers (this worker: %d failed tries, %.1f CPU "
+                 "seconds so far)", self.name, self.replica, pr.key, out.meta.steps, out.meta.train_loss, world,
+                 self.failed_tries, time.process_time())
+
+
+def _sum_flat(manager, tensors: list[torch.Tensor]) -> None:
+    """Sum `tensors` over the quorum in place, as one float32 buffer (DDP's bucket, of one)."""
+    flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
+    manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
 
 
 def _key(task: Task) -> str:
