@@ -285,6 +285,11 @@ def worker_failures(logs: Path) -> int:
                for path in logs.glob("island-*-w*.log"))
 
 
+def worker_heals(logs: Path) -> int:
+    """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
+    return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))
+
+
 # --- one row ------------------------------------------------------------------------------------------------
 def train_args(setting: Setting, run: Path, row: Row) -> list[str]:
     """The arguments of an island row's `dipaco train` and `dipaco eval` (after the subcommand)."""
@@ -322,6 +327,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "island_seconds": good["island_seconds"], "applied_tasks": len(tasks),
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
+        "worker_heals": worker_heals(run.logs) if row.workers > 1 else None,
         "injected_failures": (worker_failures(run.logs) if row.workers > 1
                               else sum(beat.failures for beat in read_heartbeats(store).values())),
         # bytes as the islands measured them at the store (train.json's `traffic`), per applied result, by kind
