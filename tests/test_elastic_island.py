@@ -500,8 +500,11 @@ def test_an_elastic_island_loses_its_leading_worker_mid_task_and_goes_on(tiny_ro
     worlds = [b["world"] for b in beats]
     assert 1 in worlds and worlds[-1] == 2 and 2 in worlds[worlds.index(1):], worlds  # shrank, grew back
     other = (logs / "island-0-w1.log").read_text()
-    assert f"{in_flight.removesuffix('#0')} attempt 0 pushed" in other  # the surviving worker finished and pushed it
     assert "island island-0 worker 0 exited with code -9" in (logs / "island-0.log").read_text()
     rejoined = (logs / "island-0-w0.log").read_text()[len(led):]  # the restarted worker's own log
+    # the surviving worker trained on and the task was pushed once: by it, or by the restarted worker when that one
+    # was back in time to heal into the task (alone, the survivor's paced steps take twice as long)
+    pushes = [f"{in_flight.removesuffix('#0')} attempt 0 pushed" in log for log in (other, rejoined)]
+    assert sum(pushes) == 1 and (pushes[0] or f"healed from a live peer into {in_flight.removesuffix('#0')}" in rejoined)
     later = [key for key in pushed if key != in_flight]  # it died in `in_flight`: any other it sealed came later
     assert any(f"(island-0-w0): {key} sealed" in rejoined for key in later), rejoined[-3000:]
