@@ -10,6 +10,7 @@ processes paced to a fixed step time, with failures and with a straggler; the si
     python bench/bench_islands.py --markdown-only         # re-render the markdown from the JSON
     python bench/bench_islands.py --recompute-goodput     # goodput by work from what the JSON records
     python bench/bench_islands.py --bandwidth 1e5 1e6     # goodput against each island's store bandwidth (islands_bandwidth.py)
+    python bench/bench_islands.py --workers 2 --mtbf 2.5  # elastic islands against data parallel (islands_elastic.py)
 
 Every row is real processes on this machine. The island rows are `dipaco train` (a coordinator and 8
 pull-based island processes of one thread over a local store) of the demo's recipe (dense warm start
@@ -58,6 +59,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -153,6 +155,8 @@ class Row:
     mtbf_tasks: float | None = None
     slowdown: float = 1.0
     overrides: list[str] = field(default_factory=list)
+    workers: int = 1  # workers per island (hardware.workers_per_island; > 1: elastic islands); data parallel: per island
+    seed: int = 0  # run.seed of the islands' training (the warm start, routing and shards are every row's)
 
 
 def failure_free_rows(setting: Setting) -> list[Row]:
@@ -199,6 +203,10 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
                              "and B (bench/islands_bandwidth.py)")
     parser.add_argument("--variants", nargs="+", default=None,
                         help="with --bandwidth: float32 then the settings to compare (bench/bench_compression.py's names)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="instead of the rows above: elastic islands of this many workers each against data "
+                             "parallel over the same workers, at the one --mtbf given (bench/islands_elastic.py)")
+    parser.add_argument("--seeds", default="0", help="with --workers: comma-separated run.seed values of the island rows")
     parser.add_argument("--recompute-goodput", action="store_true",
                         help="goodput by work from the JSON's applied tokens and run seconds (bench/islands_goodput.py), "
                              "then the simulator's column")
@@ -211,6 +219,8 @@ def setting_from(argv: list[str]) -> tuple[Setting, argparse.Namespace]:
     mtbf = None if args.mtbf == "auto" else tuple(float(x) for x in args.mtbf.split(",") if x.strip())
     if mtbf is not None and any(m <= 0 for m in mtbf):
         parser.error(f"--mtbf values must be > 0, got {args.mtbf!r}")
+    if args.workers < 1 or (args.workers > 1 and (mtbf is None or len(mtbf) != 1)):
+        parser.error(f"--workers {args.workers}: a count >= 1; above 1 give one per-worker --mtbf, got {args.mtbf!r}")
     if not (0 < args.dp_target < 1 and 0 < args.sync_target < 1):
         parser.error(f"--dp-target and --sync-target are goodputs in (0, 1), got {args.dp_target}, {args.sync_target}")
     return Setting(replicas=args.replicas, rounds=args.rounds, inner_steps=args.inner_steps,
@@ -258,6 +268,28 @@ def path_parameters(setting: Setting, base: RunDir) -> int:
     return count_parameters(PathFactory(load_config(CONFIG, setting.common), base).new_model())
 
 
+def data_parallel_batch(setting: Setting, workers_per_island: int) -> list[str]:
+    """Data parallel over an elastic island's workers: each worker computes its share of the island's batch, as
+    the island's workers do (the same tokens per step in all, the same compute per worker)."""
+    if workers_per_island == 1:
+        return []
+    batch = load_config(CONFIG, setting.common).inner.batch_size
+    if batch % workers_per_island:
+        raise SystemExit(f"inner.batch_size {batch} does not split over {workers_per_island} workers per island")
+    return [f"inner.batch_size={batch // workers_per_island}"]
+
+
+def worker_failures(logs: Path) -> int:
+    """Injected failures of an elastic island's workers, from their logs (`faults.FaultClock`'s warning)."""
+    return sum(len(re.findall(r"injected failure \d+ \(", path.read_text(errors="replace")))
+               for path in logs.glob("island-*-w*.log"))
+
+
+def worker_heals(logs: Path) -> int:
+    """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
+    return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))
+
+
 # --- one row ------------------------------------------------------------------------------------------------
 def train_args(setting: Setting, run: Path, row: Row) -> list[str]:
     """The arguments of an island row's `dipaco train` and `dipaco eval` (after the subcommand)."""
@@ -295,7 +327,9 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "island_seconds": good["island_seconds"], "applied_tasks": len(tasks),
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
-        "injected_failures": sum(beat.failures for beat in read_heartbeats(store).values()),
+        "worker_heals": worker_heals(run.logs) if row.workers > 1 else None,
+        "injected_failures": (worker_failures(run.logs) if row.workers > 1
+                              else sum(beat.failures for beat in read_heartbeats(store).values())),
         # bytes as the islands measured them at the store (train.json's `traffic`), per applied result, by kind
         "bytes_per_result": {f"{d}_{k}": cell["bytes"] / max(1, len(tasks))
                              for d, kinds in summary["traffic"]["by_role"]["island"].items() for k, cell in kinds.items()},
@@ -318,11 +352,13 @@ def data_parallel_row(setting: Setting, base: RunDir, row: Row) -> dict:
     out = setting.work / row.name
     if out.exists():
         shutil.rmtree(out)
-    log(f"{row.name}: data parallel, {setting.islands} workers, MTBF {row.mtbf_tasks * t:g}s")
+    workers = setting.islands * row.workers
+    log(f"{row.name}: data parallel, {workers} workers, MTBF {row.mtbf_tasks * t:g}s")
     started = time.perf_counter()
     with CoreSampler() as cores:
-        result = run_data_parallel(config=str(CONFIG), run=str(base.root), overrides=setting.common,
-                                   workers=setting.islands, steps=setting.rounds * setting.inner_steps,
+        result = run_data_parallel(config=str(CONFIG), run=str(base.root),
+                                   overrides=[*setting.common, *data_parallel_batch(setting, row.workers)],
+                                   workers=workers, steps=setting.rounds * setting.inner_steps,
                                    horizon=setting.rounds * t, step_seconds=setting.step_seconds,
                                    mtbf=row.mtbf_tasks * t, return_after=setting.restart_tasks * t,
                                    checkpoint_steps=setting.checkpoint_steps, out=out, env=ENV)
@@ -333,7 +369,7 @@ def data_parallel_row(setting: Setting, base: RunDir, row: Row) -> dict:
         **asdict(row), "perplexity": None, "wall_seconds": wall, "run_seconds": ledger["wall"],
         "goodput": applied / (ledger["wall"] * setting.capacity(tokens_per_step=tokens_per_step(setting))),
         "goodput_by_time": result["goodput"], "useful_island_seconds": ledger["useful"] * setting.islands,
-        "island_seconds": ledger["wall"] * setting.islands, "injected_failures": ledger["failures"],
+        "island_seconds": ledger["wall"] * setting.islands, "injected_failures": ledger["failures"], "dp_workers": workers,
         "restarts": ledger["restarts"], "steps": ledger["steps"], "ledger": ledger,
         "applied_tokens": applied, "tokens_per_second": result["tokens_per_second"],
         "pace": {**result["pace"], "tasks": None}, "cores": cores.summary(),
@@ -432,6 +468,12 @@ if __name__ == "__main__":
             RESULT.write_text(json.dumps(record, indent=1) + "\n")
             RESULT.with_suffix(".md").write_text(with_source(record, markdown(record)))
         print(with_source(record, markdown(record)))
+    elif ARGS.workers > 1:
+        from bench.islands_elastic import main as elastic_main
+
+        elastic_main(SETTING, workers=ARGS.workers, mtbf=SETTING.mtbf_tasks[0],
+                     seeds=[int(x) for x in ARGS.seeds.split(",") if x.strip()],
+                     only={name.strip() for name in ARGS.only.split(",") if name.strip()}, keep=ARGS.keep)
     elif ARGS.bandwidth is not None:
         from bench.islands_bandwidth import DEFAULT_VARIANTS, check_variants
         from bench.islands_bandwidth import main as bandwidth_main

@@ -59,17 +59,18 @@ class OneSlowLearner(FailureModel):
 
 
 def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int | None,
-                      seeds: int = SEEDS, slowdown: float = 1.0, pinned: bool = True) -> float:
+                      seeds: int = SEEDS, slowdown: float = 1.0, pinned: bool = True, keeps_rows: bool = False) -> float:
     """Mean goodput over `seeds` failure draws of one run of `rounds` results per path (None: no length,
     training to the horizon, whose whole length is allocated); `slowdown` > 1 slows learner 0; `pinned`
-    False: learners take any path the policy assigns (a straggler's path moves)."""
+    False: learners take any path the policy assigns (a straggler's path moves); `keeps_rows`: an elastic learner
+    loses only the failed chip's share of the step in progress."""
     values = []
     for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
         model = dict(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed)
         failures = OneSlowLearner(slowdown=slowdown, **model) if slowdown > 1 else FailureModel(**model)
         run = RoundsSimulation(dataclasses.replace(settings, sim=sim), failures, mode=mode, topology=topology,
-                               rounds=rounds, pinned=pinned)
+                               rounds=rounds, pinned=pinned, keeps_rows=keeps_rows)
         ledger = run.run()
         if rounds is None:
             values.append(ledger.goodput)
@@ -77,7 +78,7 @@ def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, roun
         if not run.syncer.policy.done:
             raise RuntimeError(f"the simulated {mode} run did not apply its {rounds} results per path within "
                                f"{sim.horizon_hours:.3g} h")
-        values.append(ledger.useful_work / (sim.learners * run.rounds[-1].time))  # by work
+        values.append(ledger.useful_work / (settings.total_chips * run.rounds[-1].time))  # by work
     return statistics.mean(values)
 
 
@@ -114,15 +115,18 @@ def rows_of(out: dict) -> dict[str, dict]:
     return {r["name"]: r for r in out.get("rows", [])}
 
 
-def task_seconds(out: dict) -> float:
+FAILURE_FREE = ("sync", "async")  # the failure-free rows of bench/bench_islands.py
+
+
+def task_seconds(out: dict, names: tuple[str, ...] = FAILURE_FREE) -> float:
     """T: the failure-free rows' mean applied task seconds (the pace, and what compute exceeded it)."""
-    each = [s for name in ("sync", "async") for s in rows_of(out).get(name, {}).get("task_seconds_each", [])]
+    each = [s for name in names for s in rows_of(out).get(name, {}).get("task_seconds_each", [])]
     return statistics.mean(each) if each else out["setting"]["task_seconds"]
 
 
-def speed_sigma(out: dict) -> float:
+def speed_sigma(out: dict, names: tuple[str, ...] = FAILURE_FREE) -> float:
     """Standard deviation of log task seconds over the failure-free rows' applied results."""
-    logs = [math.log(s) for name in ("sync", "async") for s in rows_of(out).get(name, {}).get("task_seconds_each", [])
+    logs = [math.log(s) for name in names for s in rows_of(out).get(name, {}).get("task_seconds_each", [])
             if s > 0]
     return statistics.pstdev(logs) if len(logs) > 1 else 0.0
 
@@ -138,12 +142,13 @@ def _topology(out: dict) -> Topology:
 
 
 def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | None, horizon_tasks: float | None = None,
-              step_seconds: float | None = None) -> Settings:
+              step_seconds: float | None = None, learners: int | None = None,
+              names: tuple[str, ...] = FAILURE_FREE) -> Settings:
     s = out["setting"]
-    task = task_seconds(out)
+    task = task_seconds(out, names)
     if step_seconds is not None:  # data parallel: its own step
         task = step_seconds * s["inner_steps"]
-    return island_settings(closing=_config(out, s["async"]).rounds, learners=s["islands"], task_seconds=task,
+    return island_settings(closing=_config(out, s["async"]).rounds, learners=learners or s["islands"], task_seconds=task,
                            inner_steps=s["inner_steps"], restart_seconds=s["restart_tasks"] * s["task_seconds"],
                            checkpoint_steps=s["checkpoint_steps"], overhead=overhead, sigma=sigma,
                            mtbf_tasks=None if mtbf_tasks is None else mtbf_tasks * s["task_seconds"] / task,
@@ -151,15 +156,19 @@ def _settings(out: dict, *, overhead: float, sigma: float, mtbf_tasks: float | N
                            horizon_tasks=horizon_tasks or HORIZON_RUNS * s["rounds"])
 
 
-def fit_overhead(out: dict, *, sigma: float, topology: Topology, steps: int = 20) -> float:
-    """Per-task overhead seconds o that make the simulated failure-free sync goodput the measured one."""
-    target = rows_of(out)["sync"]["goodput"]
+def fit_overhead(out: dict, *, sigma: float, topology: Topology, steps: int = 20, row: str = "sync",
+                 settings_of=None) -> float:
+    """Per-task overhead seconds o that make the simulated goodput of the failure-free row `row` (default sync)
+    the measured one; `settings_of(o)`: the simulator's settings at o (default `_settings`)."""
+    target = rows_of(out)[row]["goodput"]
+    mode = rows_of(out)[row]["mode"]
     rounds = out["setting"]["rounds"]
+    settings_of = settings_of or (lambda o: _settings(out, overhead=o, sigma=sigma, mtbf_tasks=None))
     low, high = 0.0, task_seconds(out)
     for _ in range(steps):  # goodput falls as o grows: bisection
         mid = (low + high) / 2
-        at = _settings(out, overhead=mid, sigma=sigma, mtbf_tasks=None)
-        if simulated_goodput(at, mode="sync", topology=topology, rounds=rounds) > target:
+        at = settings_of(mid)
+        if simulated_goodput(at, mode=mode, topology=topology, rounds=rounds) > target:
             low = mid
         else:
             high = mid

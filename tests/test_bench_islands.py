@@ -71,6 +71,15 @@ def test_a_paced_step_sleeps_to_the_pace_and_a_straggler_to_slowdown_times_it():
     assert (pacer.steps, pacer.compute, pacer.padding, pacer.slowest, pacer.over_pace) == (2, 2.75, 1.75, 2.5, 1)
 
 
+def test_a_scaled_step_is_paced_to_its_share_of_the_work():
+    """An elastic island's worker alone computes the whole batch: scale 2 (its rows over its share at two workers)
+    pads to twice the pace; a member with no rows (healing) is not padded."""
+    clock = FakeClock()
+    pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
+    assert pacer.pad(0.5, scale=2.0) == pytest.approx(3.5) and pacer.pad(0.0, scale=0.0) == 0.0
+    assert pacer.pad(1.5, scale=0.5) == 0.0 and pacer.over_pace == 1  # over its (half) pace
+
+
 def test_a_check_that_raises_cuts_the_padding_where_it_is():
     clock = FakeClock()
     pacer = Pacer(step_seconds=2.0, sleep=clock.sleep, clock=clock)
@@ -285,3 +294,53 @@ def test_the_checks_on_hand_made_rows():
     ]
     out["rows"] = out["rows"][:2]
     assert [c["verdict"] for c in evaluate_checks(out)][:4] == ["not measured"] * 4
+
+
+# --- elastic rows (bench/islands_elastic.py) ------------------------------------------------------------------
+def test_elastic_rows_train_islands_of_w_workers_failing_per_worker_and_data_parallel_splits_the_batch(tmp_path):
+    """The elastic rows' `dipaco train` arguments, through the real command line: W workers per island, each with
+    the row's per-worker MTBF (T = 10 x 2 s), seeds by run.seed; data parallel over islands x W workers, each
+    with 1/W of an island's batch."""
+    from bench.bench_islands import data_parallel_batch
+    from bench.islands_elastic import elastic_rows
+
+    setting = Setting()
+    rows = {row.name: row for row in elastic_rows(setting, workers=2, mtbf=2.5, seeds=[0, 1])}
+    assert list(rows) == ["async-elastic", "async-elastic-mtbf2.5", "async-elastic-s1", "async-elastic-mtbf2.5-s1",
+                          "dp-w2-mtbf2.5"]
+
+    def config_of(name: str):
+        args = build_parser().parse_args(["train", *train_args(setting, tmp_path / name, rows[name])])
+        return config_and_run("train", config_file=args.config, run=args.run, store=None, overrides=args.overrides,
+                              wait=0.0)[0]
+
+    free, failing, other = config_of("async-elastic"), config_of("async-elastic-mtbf2.5"), config_of("async-elastic-s1")
+    assert free.hardware.workers_per_island == failing.hardware.workers_per_island == 2
+    assert (free.faults.mtbf, failing.faults.mtbf, failing.faults.return_after) == (0.0, 50.0, pytest.approx(3.0))
+    assert (free.run.seed, other.run.seed, failing.rounds.mode) == (0, 1, "async")
+    assert data_parallel_batch(setting, rows["dp-w2-mtbf2.5"].workers) == [f"inner.batch_size={free.inner.batch_size // 2}"]
+
+
+def test_elastic_checks_use_the_rows_own_failure_free_seed_and_the_ceiling():
+    from bench.islands_elastic import ceiling, evaluate_checks
+
+    def row(name, mode, goodput, *, mtbf=None, seed=0, perplexity=None):
+        return {"name": name, "mode": mode, "goodput": goodput, "mtbf_tasks": mtbf, "seed": seed,
+                "perplexity": perplexity}
+
+    rows = [row("async-elastic", "async", 0.90, perplexity=60.0), row("async-elastic-s1", "async", 0.80, seed=1,
+                                                                      perplexity=50.0),
+            row("async-elastic-mtbf3", "async", 0.86, mtbf=3.0, perplexity=61.5),
+            row("async-elastic-mtbf3-s1", "async", 0.84, mtbf=3.0, seed=1, perplexity=50.0),
+            row("dp-w2-mtbf3", "dp", 0.29, mtbf=3.0)]
+    out = {"setting": {"restart_tasks": 0.15}, "rows": rows}
+    by = {r["name"]: r for r in rows}
+    assert ceiling(out["setting"], by, by["async-elastic-mtbf3-s1"]) == pytest.approx(3.0 / 3.15 * 0.80)
+    assert ceiling(out["setting"], by, by["dp-w2-mtbf3"]) is None
+    checks = {c["check"].split(" ")[0] + c["check"].split(" ")[-1]: c for c in evaluate_checks(out)}
+    goodput, perplexity = [c for c in checks.values() if "30%" in c["check"]][0], [c for c in checks.values()
+                                                                                   if "perplexity" in c["check"]][0]
+    assert goodput["verdict"] == "met" and "85.0%" in goodput["detail"]  # mean of the seeds: (86 + 84) / 2
+    assert perplexity["verdict"] == "met" and "+1.25%" in perplexity["detail"]  # (+2.5% + 0%) / 2: mean of the seeds
+    rows[2]["goodput"] = 0.83
+    assert [c for c in evaluate_checks(out) if "30%" in c["check"]][0]["verdict"] == "missed"

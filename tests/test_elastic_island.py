@@ -132,6 +132,9 @@ class FixedQuorum:
     def should_commit(self):
         return True
 
+    def errored(self):
+        return None
+
     def shutdown(self, wait=True):
         pass
 
@@ -191,11 +194,13 @@ def test_two_workers_push_the_replayed_pseudo_gradient_identical_on_both(tiny_ro
 class Membership:
     """torchft at the edge, for workers in threads: each round starts when every member has asked for it; a member
     that `leave`s is gone from the next round, one that asks for the first time joins it and, behind, heals from a
-    copy of the first member's state (as torchft's transport sends it); sums run over the round's members."""
+    copy of the first member's state (as torchft's transport sends it); sums run over the round's members. A member
+    that leaves before it asked to commit breaks the round: the others' sums end unfinished, they do not commit."""
 
     def __init__(self):
         self.cond, self.members, self.arrived, self.lives = threading.Condition(), [], set(), {}
         self.round, self.ops, self.given, self.total = 0, 0, {}, None
+        self.broken, self.committing = False, set()
 
     def manager(self, name: str, live):
         self.lives[name], membership = live, self
@@ -219,7 +224,12 @@ class Membership:
                 return Done()
 
             def should_commit(self):
-                return True
+                with membership.cond:
+                    membership.committing.add(name)
+                    return not membership.broken
+
+            def errored(self):
+                return "a member left in the round" if membership.broken else None
 
             def shutdown(self, wait=True):
                 membership.leave(name)
@@ -236,7 +246,10 @@ class Membership:
     def leave(self, name: str) -> None:
         with self.cond:
             if name in self.members:
+                self.broken |= name not in self.committing
                 self.members.remove(name)
+                self.given.pop(name, None)
+                self.cond.notify_all()
             self.arrived.discard(name)
             self._close_round()
 
@@ -249,19 +262,23 @@ class Membership:
             for name in joining:
                 self.lives[name].load_state_dict(copy.deepcopy(state))
         self.members += joining
-        self.arrived, self.round = set(), self.round + 1
+        self.arrived, self.round, self.broken, self.committing, self.given = set(), self.round + 1, False, set(), {}
         self.cond.notify_all()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         with self.cond:
+            if self.broken:
+                return  # as torchft's: after an error, the round's collectives do nothing
             op = self.ops
             self.given[name] = tensor.clone()
             if len(self.given) == len(self.members):
                 self.total, self.given, self.ops = sum(self.given.values()), {}, self.ops + 1
                 self.cond.notify_all()
             else:
-                self.cond.wait_for(lambda: self.ops != op, timeout=30)
-                assert self.ops != op, f"{name}: a sum never completed"
+                self.cond.wait_for(lambda: self.ops != op or self.broken, timeout=30)
+                assert self.ops != op or self.broken, f"{name}: a sum never completed"
+                if self.ops == op:
+                    return
             tensor.copy_(self.total)
 
 
@@ -330,6 +347,81 @@ def test_a_worker_leaves_mid_task_another_joins_and_heals_and_the_task_equals_it
         assert torch.equal(out.pseudo_gradient[key], theirs.pseudo_gradient[key]), key
         torch.testing.assert_close(out.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
     assert len(sealed["e0-w2"]) >= 2  # ... and it sealed a later task with w0
+
+
+def test_an_injected_failure_takes_a_worker_out_and_it_returns_healed_while_its_peer_goes_on(tiny_routed, tmp_path):
+    """`faults.mode=die` on one worker, due in the padding of its third step: it leaves the quorum mid-step,
+    forgets the task and the path's state, is away `return_after` seconds and joins again, healing from its peer
+    mid-task. The peer's try of that step fails; it keeps the rows it computed and computes only the lost worker's
+    in the next try, then trains on alone. Every row of every step is trained once (the result equals the replay
+    of the whole batches on both workers), by 2 then 1 then 2 workers."""
+    from test_elastic import replay
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.elastic import ElasticContext
+    from dipaco.islands.island.elastic_island import ElasticIsland
+    from dipaco.islands.island.faults import FaultClock
+    from dipaco.stages.island import island_setup
+
+    pace = 0.1
+    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=6", f"faults.step_seconds={pace}"])
+    membership, clock, records = Membership(), Clock(), {}
+    committed, looks = {"e0-w1": 0}, [0]
+
+    def at() -> float:  # w1's fault clock: its looks at the clock once it committed two steps
+        looks[0] += committed["e0-w1"] >= 2
+        return looks[0]
+
+    faults = FaultClock(mtbf=1e9, return_after=0.3, mode="die", seed=0, island="e0-w1", clock=at)
+    faults.next_at = 2  # due at its second look: before its third step, then in that step's padding
+
+    def on_commit(replica):
+        def record(step):
+            records.setdefault(replica, []).append(step)
+            committed[replica] = committed.get(replica, 0) + 1
+        return record
+
+    def join(replica, device, *, live):
+        return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live,
+                              on_commit=on_commit(replica))
+
+    w0, w1 = (ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=k, workers=2, join=join,
+                            poll_seconds=0.01, faults=faults if k == 1 else None) for k in range(2))
+    sealed: dict[str, list] = {"e0-w0": [], "e0-w1": []}
+
+    def work(island: ElasticIsland) -> None:
+        while len(sealed[island.replica]) < 2:
+            try:
+                island.round()
+            except Exception as err:  # noqa: BLE001 -- the test's own: IslandFailure is what `run` catches
+                if type(err).__name__ != "IslandFailure":
+                    raise
+                island._go_down()
+            if island.unpushed is not None and island.unpushed not in sealed[island.replica]:
+                sealed[island.replica].append(island.unpushed)
+        island.ctx.shutdown()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in (w0, w1)]
+    for t in threads:
+        t.start()
+    coordinator, deadline = run.coordinator(clock), time.monotonic() + 120
+    while any(t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, f"the workers did not seal two tasks each: {sealed}"
+        coordinator.tick()
+        clock.t += 0.5
+        time.sleep(0.05)
+    assert faults.failures == 1 and w1.state.healed >= 1
+    assert w0.failed_tries == 1 and w0.kept_rows == run.config.inner.batch_size // 2  # its half of that try's batch
+    task, out = sealed["e0-w0"][0]
+    steps = [r for r in records["e0-w0"] if r.task == task.key]
+    assert [r.step for r in steps] == list(range(6))  # every step of the task trained once
+    worlds = [r.world for r in steps]
+    assert worlds[:2] == [2, 2] and 1 in worlds and worlds[-1] == 2, worlds  # shrank at the failure, grew back
+    expected = replay(run.setup, task, [{"step": r.step, "world": r.world} for r in steps])
+    theirs = dict(sealed["e0-w1"])[task]  # the returned worker sealed the same task, healed into it
+    for key, value in expected.items():
+        assert torch.equal(out.pseudo_gradient[key], theirs.pseudo_gradient[key]), key
+        torch.testing.assert_close(out.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
 
 
 def worker_pids(run_root: Path, worker: int) -> list[int]:
@@ -408,8 +500,11 @@ def test_an_elastic_island_loses_its_leading_worker_mid_task_and_goes_on(tiny_ro
     worlds = [b["world"] for b in beats]
     assert 1 in worlds and worlds[-1] == 2 and 2 in worlds[worlds.index(1):], worlds  # shrank, grew back
     other = (logs / "island-0-w1.log").read_text()
-    assert f"{in_flight.removesuffix('#0')} attempt 0 pushed" in other  # the surviving worker finished and pushed it
     assert "island island-0 worker 0 exited with code -9" in (logs / "island-0.log").read_text()
     rejoined = (logs / "island-0-w0.log").read_text()[len(led):]  # the restarted worker's own log
+    # the surviving worker trained on and the task was pushed once: by it, or by the restarted worker when that one
+    # was back in time to heal into the task (alone, the survivor's paced steps take twice as long)
+    pushes = [f"{in_flight.removesuffix('#0')} attempt 0 pushed" in log for log in (other, rejoined)]
+    assert sum(pushes) == 1 and (pushes[0] or f"healed from a live peer into {in_flight.removesuffix('#0')}" in rejoined)
     later = [key for key in pushed if key != in_flight]  # it died in `in_flight`: any other it sealed came later
     assert any(f"(island-0-w0): {key} sealed" in rejoined for key in later), rejoined[-3000:]

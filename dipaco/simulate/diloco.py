@@ -8,7 +8,8 @@ the policy assigns, so a straggler's path moves: `dipaco.rounds.moves`, and a pa
 carried state's hand-off, AdamW's two float32 moments, before the task starts): it downloads its task's base version, trains
 `inner_steps` steps (its speed drawn per task), uploads the pseudo-gradient, then waits for the policy's
 next task (sync: after the round closes; async: as the policy says). A cancelled task stops at once; a
-failure rolls the task back to its last checkpoint (`restart`) or costs a step and a pause (`elastic`).
+failure rolls the task back to its last checkpoint (`restart`) or costs a step (`keeps_rows`: the failed chip's
+share of it) and a pause (`elastic`).
 Applied results are useful (their work at nominal speed counts for goodput); dropped, cancelled,
 unfinished or unapplied work is lost (docs/simulate.md).
 """
@@ -51,11 +52,12 @@ class RoundLog:
 class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
                  topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
-                 rounds: int | None = None, pinned: bool = True) -> None:
+                 rounds: int | None = None, pinned: bool = True, keeps_rows: bool = False) -> None:
         """`rounds`: stop handing out work once every path has had this many results applied (the real
         run's `run.rounds`, decided by the same policy); None: train to the horizon. `pinned`: learner i
         trains path i only; False: any path, as the policy assigns (the real islands), learner i first
-        taking path i."""
+        taking path i. `keeps_rows`: an elastic learner loses only the failed chip's share of the step in
+        progress (dipaco's elastic islands), not the whole step."""
         self.settings, self.failures = settings, failures
         self.closing = dataclasses.replace(settings.rounds, mode=mode)
         self.queue = EventQueue()
@@ -82,7 +84,7 @@ class RoundsSimulation:
         self.learners = [
             Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
                     reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_interval,
-                    queue=self.queue, on_done=self._task_done, on_lost=self._lost)
+                    queue=self.queue, on_done=self._task_done, on_lost=self._lost, keeps_rows=keeps_rows)
             for i in range(sim.learners)]
 
     def run(self) -> Ledger:

@@ -4,8 +4,9 @@ It trains one piece of `Work` at a time and reacts to each chip failure in one o
 - `restart`: it stops; it is back `restart_seconds` after its last failure (a failure during a restart
   starts it again) and resumes from its last checkpoint (every `checkpoint_steps` steps): the steps
   since are lost.
-- `elastic`: the step in progress is lost, every chip pauses `reconfigure_seconds` to re-shard, and the
-  group goes on without the failed chip; the chip returns `restart_seconds` later, which costs another
+- `elastic`: the step in progress is lost (with `keeps_rows`, only the failed chip's share of it: the others
+  keep the rows they computed, as an elastic island does), every chip pauses `reconfigure_seconds` to re-shard,
+  and the group goes on without the failed chip; the chip returns `restart_seconds` later, which costs another
   pause. Fewer chips keep the step time (the batch shrinks), so a task takes as long but holds fewer
   chip-seconds.
 Progress is continuous time; steps only matter for what a failure throws away.
@@ -42,12 +43,13 @@ class Work:
 class Learner:
     def __init__(self, ident: int, chips: int, *, response: str, restart_seconds: float,
                  reconfigure_seconds: float, checkpoint_steps: int, queue: EventQueue,
-                 on_done: Callable[[Learner, Work], None], on_lost: Callable[[float], None]) -> None:
+                 on_done: Callable[[Learner, Work], None], on_lost: Callable[[float], None],
+                 keeps_rows: bool = False) -> None:
         if response not in RESPONSES:
             raise ValueError(f"learner failure response must be one of {RESPONSES}, got {response!r}")
         self.ident, self.chips, self.response = ident, chips, response
         self.restart_seconds, self.reconfigure_seconds = restart_seconds, reconfigure_seconds
-        self.checkpoint_steps = checkpoint_steps
+        self.checkpoint_steps, self.keeps_rows = checkpoint_steps, keeps_rows
         self.queue, self.on_done, self.on_lost = queue, on_done, on_lost
         self.up_chips = chips
         self.blocked_until = 0.0
@@ -123,6 +125,11 @@ class Learner:
         if self.response == "restart":
             self._throw_away(self.checkpoint_steps)
             self.blocked_until = max(self.blocked_until, now + self.restart_seconds)
+        elif self.keeps_rows:
+            self._lose_one_chips_step()
+            self.blocked_until = max(self.blocked_until, now + self.reconfigure_seconds)
+            self.up_chips -= 1
+            self.queue.at(now + self.restart_seconds, self._chip_back)
         else:
             self._throw_away(1)
             self.blocked_until = max(self.blocked_until, now + self.reconfigure_seconds)
@@ -136,6 +143,16 @@ class Learner:
         self.up_chips += 1
         self.blocked_until = max(self.blocked_until, now + self.reconfigure_seconds)
         self._predict()
+
+    def _lose_one_chips_step(self) -> None:
+        """The failed chip's share of the step in progress is lost; the other chips' work is kept."""
+        work = self.work
+        if work is None:
+            return
+        lost = work.done - work.complete_steps()
+        if lost > 0:
+            work.chip_seconds -= lost
+            self.on_lost(lost)
 
     def _throw_away(self, every_steps: int) -> None:
         """Roll the work back to its last multiple of `every_steps` steps (a checkpoint, or the step start)."""

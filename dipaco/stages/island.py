@@ -113,9 +113,9 @@ def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str
     if device.type != "cpu":
         raise ValueError(f"hardware.workers_per_island {workers}: an elastic island trains on the CPU (gloo) only so "
                          f"far, not on {device} (hardware.device {config.hardware.device!r}); set hardware.device cpu")
-    if faults.mtbf > 0:
-        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island fails by its workers' deaths "
-                         f"(kill one), not by injected failures (faults.mtbf {faults.mtbf})")
+    if faults.mtbf > 0 and faults.mode != "die":
+        raise ValueError(f"hardware.workers_per_island {workers}: an elastic island's workers fail by dying "
+                         f"(faults.mode die), not {faults.mode!r} (faults.mtbf {faults.mtbf})")
     if os.environ.get("WORLD_SIZE", "1") != "1":
         raise ValueError(f"hardware.workers_per_island {workers}: an elastic island is not started by torchrun")
     if worker is None:
@@ -123,13 +123,15 @@ def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str
             raise ValueError("an elastic island restarts its workers from its own command line, which is unknown here")
         threads = max(1, int(os.environ.get(THREADS_ENV) or available_cores()) // workers)
         restarts = run_group(name=name, args=[*argv, "--name", name], workers=workers, threads=threads, logs=run.logs,
-                             finished=lambda: run_finished(store))
+                             finished=lambda: run_finished(store), join_seconds=config.resilience.worker_join_seconds)
         print(f"island {name}: {workers} workers, {restarts} restarts")
         return
     if not 0 <= worker < workers:
         raise ValueError(f"--worker {worker} is not one of hardware.workers_per_island {workers} (0..{workers - 1})")
     setup = island_setup(config, run, slowdown=slowdown)
-    done = ElasticIsland(setup, name=name, worker=worker, workers=workers, pinned=paths).run()
+    clock = FaultClock(mtbf=faults.mtbf, return_after=faults.return_after, mode=faults.mode, seed=config.run.seed,
+                       island=f"{name}-w{worker}")  # each worker on its own schedule
+    done = ElasticIsland(setup, name=name, worker=worker, workers=workers, pinned=paths, faults=clock).run()
     print(f"island {name} worker {worker}: sealed {done} tasks")
 
 

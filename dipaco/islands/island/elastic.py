@@ -115,6 +115,7 @@ class ElasticContext:
     live: Any  # a `LiveState`, or what the caller gave `join`
     on_commit: Callable[[StepRecord], None] | None = None  # told of every committed step (tests, logs)
     store: Any = None  # this replica group's TCPStore (the manager's rendezvous), kept alive with it
+    pg: Any = None  # its gloo process group (torchft's), aborted when the worker leaves
 
     @property
     def world(self) -> int:
@@ -123,6 +124,13 @@ class ElasticContext:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+    def leave(self) -> None:
+        """Leave the island at once, as a worker that dies does: its connections close (a peer's collective in
+        flight fails instead of waiting for its timeout) and it stops answering the lighthouse."""
+        if self.pg is not None:
+            self.pg.abort()
+        self.shutdown()
 
 
 def join(replica: str, device: torch.device, *, lighthouse: str | None = None, timeout: float = 60.0,
@@ -143,11 +151,12 @@ def join(replica: str, device: torch.device, *, lighthouse: str | None = None, t
     store = torch.distributed.TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this replica group's
     live = LiveState() if live is None else live
     wait = timedelta(seconds=timeout)
-    manager = Manager(pg=ProcessGroupGloo(timeout=wait), min_replica_size=1, load_state_dict=live.load_state_dict,
+    pg = ProcessGroupGloo(timeout=wait)
+    manager = Manager(pg=pg, min_replica_size=1, load_state_dict=live.load_state_dict,
                       state_dict=live.state_dict, replica_id=replica, store_addr=host, store_port=store.port,
                       rank=0, world_size=1, lighthouse_addr=lighthouse, hostname=host, use_async_quorum=False,
                       timeout=wait, quorum_timeout=wait, connect_timeout=wait)
-    return ElasticContext(manager=manager, replica=replica, live=live, store=store)
+    return ElasticContext(manager=manager, replica=replica, live=live, store=store, pg=pg)
 
 
 class BatchCursor:
@@ -203,6 +212,43 @@ def elastic_steps(ctx: ElasticContext, model: torch.nn.Module, optimizer: torch.
             after_step(len(losses), torch.tensor(losses), time.perf_counter() - started, tokens)
     return {"losses": losses, "tokens": tokens, "seconds": time.perf_counter() - started, "steps": steps,
             "failed_steps": failed, "records": records}
+
+
+@dataclass
+class KeptRows:
+    """The rows of an inner step's batch whose gradients a worker computed in a round that failed (a member died):
+    the step's next try computes only the rows no member keeps. `grads` by parameter name; `loss`: the rows' loss
+    weighted by their share of the batch."""
+
+    step: int
+    rows: list[int] = field(default_factory=list)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss: float = 0.0
+
+
+def rows_left(covered: torch.Tensor, *, rank: int | None, world: int) -> list[int]:
+    """This member's rows of a step's try: the rows no member keeps (`covered`, the quorum's sum of the members'
+    kept-row masks, is 0 there), split over the quorum as participant `rank` of `world` (none when not in it)."""
+    if rank is None or world < 1:
+        return []
+    return [int(i) for i in torch.nonzero(covered == 0).flatten()][rank::world]
+
+
+def accumulate_rows(model: torch.nn.Module, batch: np.ndarray, rows: list[int], *, device: torch.device,
+                    precision: str) -> float:
+    """Backward of `rows` of `batch`, their loss weighted by their share of the batch (so the members' gradients
+    sum to the whole batch's mean loss); returns that weighted loss (0 for no rows)."""
+    if not rows:
+        return 0.0
+    ids = torch.as_tensor(np.ascontiguousarray(batch[rows]), dtype=torch.long, device=device)  # (b, T)
+    with autocast(device, precision):
+        loss = model(input_ids=ids, labels=ids).loss
+    weighted = loss * (len(rows) / batch.shape[0])
+    weighted.backward()
+    value = weighted.item()
+    if not np.isfinite(value):
+        raise FloatingPointError(f"elastic inner step: loss is {loss.item()}")
+    return value
 
 
 def accumulate(model: torch.nn.Module, batch: np.ndarray, *, rank: int | None, world: int, device: torch.device,

@@ -10,7 +10,8 @@ says (`elastic_state.IslandState`, which a worker behind heals from a live peer 
 - between tasks, a boundary round: its leader (the lowest rank that holds the last task's result not pushed
   yet, else rank 0) pushes that result unless the store has it already, beats, reads the board, hands its held
   carried state off when asked, and tells every member the next task, to wait, or to stop (the run is over);
-- in a task, a step round: one inner step, its batch split over the quorum (`elastic.accumulate`); the step
+- in a task, a step round: one try of an inner step, the rows of its batch split over the quorum
+  (`elastic.rows_left`; a try that failed keeps the rows its survivors computed, `elastic.KeptRows`); the step
   leader's board watch (cut, cancelled) travels with the gradients, so every member stops at the same step;
 - after the task's last step, a seal round: every member computes the result (`training.finish_task`) and the
   members check that their pseudo-gradients and carried states are identical by digest (`elastic_messages`):
@@ -18,6 +19,12 @@ says (`elastic_state.IslandState`, which a worker behind heals from a live peer 
 The leader of the latest round writes the island's heartbeat, `world` its quorum's size; when it dies, the
 next round's leader takes the role, and the result it held is pushed by another member at the next boundary.
 A failed round (a member died in it) is tried again by the others; every committed step trained its whole batch.
+
+Paced (`faults.step_seconds`), a step (its compute and all-reduce) takes the pace times this worker's rows over
+its share of the batch at the full island (a worker of 2 left alone takes twice as long), padded before the
+gradients are summed, so a death in it loses the step. Injected failures (`faults.mtbf`, mode `die`, each worker on its own schedule): the worker
+leaves the quorum at once, forgets what it held (the task, the path's state, the modules), is away
+`faults.return_after` seconds and joins again, healing from a live peer; the others go on.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dipaco.islands.island import elastic
 from dipaco.islands.island.cancellation import TaskCancelled, TaskCut
 from dipaco.islands.island.elastic_messages import digest_of, lowest_holder, same_everywhere, share_json
 from dipaco.islands.island.elastic_state import IslandState, Progress, presence_of, restore_presence
+from dipaco.islands.island.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.island.held import awaiting_handoff
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.polling import IslandWorker
@@ -54,21 +62,28 @@ from dipaco.store.run_state import run_finished
 
 log = logging.getLogger(__name__)
 
+COMMITS_SEEN = 5  # a paced step counts the least all-reduce time of the last this many (not a wait for a peer)
+
 
 class ElasticIsland:
     """One worker of an elastic island: its rounds, and the island's store work while it leads."""
 
     def __init__(self, setup: IslandSetup, *, name: str, worker: int, workers: int, pinned: list[int] | None = None,
-                 poll_seconds: float = 0.1, join: Callable[..., elastic.ElasticContext] = elastic.join):
+                 poll_seconds: float = 0.1, join: Callable[..., elastic.ElasticContext] = elastic.join,
+                 faults: FaultClock | None = None):
         self.setup, self.store, self.poll_seconds = setup, setup.store, poll_seconds
-        self.replica = f"{name}-w{worker}"
+        self.replica, self.workers, self.join = f"{name}-w{worker}", workers, join
+        self.faults = faults or no_faults()
+        self.failed_tries = 0  # step tries that did not commit (a member died in them)
+        self.kept_rows = 0  # rows of those tries kept for the next (not trained again)
+        self.commits: list[float] = []  # its last steps' all-reduce and commit seconds (the pace covers the least)
         self.island = IslandWorker(setup, name=name, pinned=pinned)  # its board, presence, held state and modules
         self.presence = self.island.presence
         self.presence.silent, self.presence.workers = True, workers  # it beats only while it leads
         self.state = IslandState(presence=self.presence, held=self.island.held, begin=self._begin)
         for noisy in ("torchft", "torchft_quorums", "torchft_commits"):  # each logs a line a step
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-        self.ctx = join(self.replica, resolve_device(setup.hardware.device), live=self.state)
+        self.ctx = self._join()
         self.unpushed: tuple[Task, TrainedTask] | None = None  # its last task's result until the store has it
         self.watch: Callable[[], None] = lambda: None  # the board watch of its task (called while it leads)
         self.waiting: dict[str, float] = {}  # "key#attempt" -> since when its leader waits for a hand-off
@@ -84,7 +99,10 @@ class ElasticIsland:
         try:
             with self.presence.beating(self.setup.resilience.heartbeat_seconds):
                 while not self.stopped:
-                    self.round()
+                    try:
+                        self.round()
+                    except IslandFailure:
+                        self._go_down()
         finally:
             if not self.presence.silent:  # its leader, stopped before the run's end: the path moves on exactly
                 self._hand_off_on_stop()
@@ -99,7 +117,30 @@ class ElasticIsland:
             log.warning("island %s: could not hand path %s's carried state off (%s)", self.name,
                         self.island.held.path, err)
 
+    def _join(self) -> elastic.ElasticContext:
+        return self.join(self.replica, resolve_device(self.setup.hardware.device), live=self.state)
+
+    def _check_faults(self) -> None:
+        """Raise `IslandFailure` when this worker's injected failure is due."""
+        if self.faults.due():
+            self.faults.fail()
+            raise IslandFailure(f"island {self.name} worker {self.replica}: injected failure")
+
+    def _go_down(self) -> None:
+        """An injected death: out of the quorum at once, nothing kept, back after `faults.return_after`."""
+        self.ctx.leave()
+        self.presence.silent = True
+        self.state.progress, self.unpushed = None, None
+        self.setup.models.release_gradients()
+        self.island.held.forget()
+        self.island.modules.forget()
+        time.sleep(self.faults.return_after)
+        log.warning("island %s (%s) is back after an injected failure; it joins and heals from a live peer",
+                    self.name, self.replica)
+        self.ctx = self._join()
+
     def round(self) -> None:
+        self._check_faults()
         manager = self.ctx.manager
         manager.start_quorum()  # a worker behind heals here: `self.state` is then its peer's
         rank, world = manager.participating_rank(), max(manager.num_participants(), 1)
@@ -202,17 +243,37 @@ class ElasticIsland:
 
     # --- in a task -------------------------------------------------------------------------------------
     def _step(self, pr: Progress, rank: int | None, world: int) -> None:
-        """One inner step of the task on this worker's rows; the leader's cut / cancel flags ride along."""
+        """One try of an inner step: the rows of its batch that no member keeps from a failed try, split over the
+        quorum; the leader's cut / cancel flags ride along. A try that fails keeps this worker's rows for the next."""
         self._lead(rank == 0, world)
         started = time.perf_counter()
         cut, cancelled = self._flags() if rank == 0 else (0.0, 0.0)
-        batch = pr.cursor.at(pr.done)
-        begun, hardware = pr.begun, self.setup.hardware
-        loss = elastic.accumulate(begun.model, batch, rank=rank, world=world, device=begun.device,
-                                  precision=hardware.precision)
-        share = len(range(rank, batch.shape[0], world)) / batch.shape[0] if rank is not None else 0.0
-        control = torch.tensor([loss * share if share else 0.0, cut, cancelled], dtype=torch.float64)
-        if self._commit(pr, control):
+        batch, begun, manager = pr.cursor.at(pr.done), pr.begun, self.ctx.manager
+        kept = pr.kept if pr.kept is not None and pr.kept.step == pr.done else elastic.KeptRows(step=pr.done)
+        covered = torch.zeros(batch.shape[0], dtype=torch.float32)
+        covered[kept.rows] = 1.0
+        manager.allreduce(covered, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+        rows = [] if manager.errored() else elastic.rows_left(covered, rank=rank, world=world)
+        for name, param in begun.params.items():  # the kept rows' gradients, this try's added to them
+            param.grad = kept.grads[name].clone() if name in kept.grads else None
+        loss = elastic.accumulate_rows(begun.model, batch, rows, device=begun.device,
+                                       precision=self.setup.hardware.precision)
+        if rows:
+            pr.kept = elastic.KeptRows(step=pr.done, rows=kept.rows + rows, loss=kept.loss + loss,
+                                       grads={n: p.grad.detach().clone() for n, p in begun.params.items()
+                                              if p.grad is not None})
+        busy = time.perf_counter() - started + min(self.commits, default=0.0)  # compute, and the all-reduce's cost
+        pr.pacer.pad(busy, check=self._check_faults, scale=len(rows) / batch.shape[0] * self.workers)
+        held = pr.kept if pr.kept is not None and pr.kept.step == pr.done else kept
+        control = torch.tensor([held.loss if rank is not None else 0.0, cut, cancelled], dtype=torch.float64)
+        summing = time.perf_counter()
+        committed = self._commit(pr, control)
+        self.commits = [*self.commits[-COMMITS_SEEN + 1:], time.perf_counter() - summing]
+        if not committed:
+            self.failed_tries += 1
+            self.kept_rows += len(pr.kept.rows) if pr.kept is not None and pr.kept.step == pr.done else 0
+        else:
+            pr.kept = None
             if control[2] > 0:
                 self._drop(pr)
                 return
@@ -224,8 +285,10 @@ class ElasticIsland:
                 pr.tokens += int(batch.size)
                 if self.ctx.on_commit is not None:
                     self.ctx.on_commit(elastic.StepRecord(task=pr.task.key, step=pr.done - 1, world=world,
-                                                          rank=-1 if rank is None else rank, loss=loss))
-        pr.seconds += time.perf_counter() - started + pr.pacer.pad(time.perf_counter() - started)
+                                                          rank=-1 if rank is None else rank,
+                                                          loss=held.loss * batch.shape[0] / len(held.rows)
+                                                          if held.rows else float("nan")))
+        pr.seconds += time.perf_counter() - started
 
     def _flags(self) -> tuple[float, float]:
         try:
@@ -243,9 +306,7 @@ class ElasticIsland:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
         for param, grad in zip(params.values(), grads, strict=True):
             param.grad = grad
-        works = [manager.allreduce(t, reduce_op=torch.distributed.ReduceOp.SUM) for t in (control, *grads)]
-        for work in works:
-            work.wait()
+        _sum_flat(manager, [control, *grads])  # one all-reduce: a collective's cost is per call, not per byte
         committed = manager.should_commit()
         if committed and not control[1:].any():
             inner = self.setup.inner
@@ -275,6 +336,7 @@ class ElasticIsland:
             stats = {"losses": list(pr.losses), "tokens": pr.tokens, "seconds": pr.seconds, "steps": pr.steps}
             pr.out = finish_task(self.setup, task, pr.begun, stats, val_loss=pr.val_loss, ctx=self.ctx, timings=None)
             self.setup.models.release_gradients()
+            log.info("%s: %s", task.key, pr.pacer.summary())
         out = pr.out
         same = same_everywhere(self.ctx.manager, digest_of(out.pseudo_gradient, out.carried.to_tensors()[0]))
         if not self.ctx.manager.should_commit():
@@ -289,8 +351,19 @@ class ElasticIsland:
         self.presence.finished_task(task)
         self.unpushed, self.state.progress = (task, out), None
         self.trained.append(pr.key)
-        log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers", self.name, self.replica, pr.key,
-                 out.meta.steps, out.meta.train_loss, world)
+        log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers (this worker: %d failed tries, %.1f CPU "
+                 "seconds so far)", self.name, self.replica, pr.key, out.meta.steps, out.meta.train_loss, world,
+                 self.failed_tries, time.process_time())
+
+
+def _sum_flat(manager, tensors: list[torch.Tensor]) -> None:
+    """Sum `tensors` over the quorum in place, as one float32 buffer (DDP's bucket, of one)."""
+    flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
+    manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
 
 
 def _key(task: Task) -> str:

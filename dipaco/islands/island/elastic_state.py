@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dipaco.carried.state import CarriedState
-from dipaco.islands.island.elastic import BatchCursor
+from dipaco.islands.island.elastic import BatchCursor, KeptRows
 from dipaco.islands.island.held import HeldState
 from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.presence import Presence
@@ -48,6 +48,7 @@ class Progress:
     total: int  # the lr schedule's length
     steps: int  # inner steps to train (fewer once the board cuts it)
     done: int = 0  # inner steps the island committed
+    kept: KeptRows | None = None  # this worker's rows of step `done` from a try that failed
     losses: list[float] = field(default_factory=list)  # the whole batch's loss of each committed step
     tokens: int = 0
     seconds: float = 0.0  # in its rounds, padding included
@@ -117,5 +118,6 @@ class IslandState:
         pr.begun.optimizer.load_state_dict(state["optimizer"])
         pr.begun.carried = dataclasses.replace(pr.begun.carried, residual=dict(state["residual"]))
         pr.done, pr.steps, pr.losses, pr.tokens = state["done"], state["steps"], list(state["losses"]), state["tokens"]
+        pr.kept = None  # gradients of the parameters it had: not the peer's
         log.info("healed from a live peer into %s attempt %d at its step %d of %d", task.key, task.attempt, pr.done,
                  pr.steps)

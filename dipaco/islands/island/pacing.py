@@ -48,17 +48,19 @@ class Pacer:
         return self.step_seconds > 0 or self.slowdown > 1
 
     def pad(self, compute: float, *, check: Callable[[], None] | None = None,
-            stop: type[Exception] | None = None) -> float:
+            stop: type[Exception] | None = None, scale: float = 1.0) -> float:
         """After a step that computed `compute` seconds: sleep until it has taken its paced time
-        (max(compute, step_seconds) × slowdown), calling `check` every `SLICE` seconds; returns the
+        (max(compute, step_seconds × scale) × slowdown; `scale`: this step's work in full steps, e.g. an elastic
+        island's worker that computes twice its share of a batch), calling `check` every `SLICE` seconds; returns the
         seconds actually slept. A `stop` exception from `check` ends the padding there (the step is
         done: a cut task reports it); anything else `check` raises propagates, the padding so far recorded."""
         self.steps += 1
         self.compute += compute
         self.slowest = max(self.slowest, compute)
-        self.over_pace += self.step_seconds > 0 and compute > self.step_seconds
+        pace = self.step_seconds * scale
+        self.over_pace += pace > 0 and compute > pace
         started = self.clock()
-        end = started + self.slowdown * max(compute, self.step_seconds) - compute
+        end = started + self.slowdown * max(compute, pace) - compute
         try:
             while (left := end - self.clock()) > 0:
                 if check is not None and stopped_by(check, stop):
