@@ -32,9 +32,9 @@ from bench.islands_prediction import (
     SEEDS,
     _settings,
     _topology,
+    data_parallel_prediction,
     fit_overhead,
     rows_of,
-    simulated_data_parallel,
     simulated_goodput,
 )
 from bench.recording import RESULTS, markdown_table, write_results
@@ -143,12 +143,7 @@ def predict(out: dict) -> dict:
             runs.append(known[name])
             continue
         if row["mode"] == "dp":
-            ledger = row["ledger"]
-            step = ledger["useful"] / ledger["steps"] if ledger["steps"] else s["step_seconds"]
-            at = _settings(out, overhead=0.0, sigma=0.0, mtbf_tasks=row["mtbf_tasks"], step_seconds=step, names=names,
-                           learners=s["islands"] * row["workers"],
-                           horizon_tasks=row["run_seconds"] / (step * s["inner_steps"]))
-            goodput = simulated_data_parallel(at)
+            goodput = data_parallel_prediction(out, row, learners=s["islands"] * row["workers"], names=names)
         else:
             goodput = simulated_goodput(elastic(overhead, row), mode="async", topology=topology,
                                         rounds=s["rounds"], keeps_rows=True)

@@ -213,6 +213,17 @@ def mtbf_for_data_parallel(out: dict, *, target: float, seeds: int = 20) -> floa
     return mtbf_where(dp_goodput, target, low=0.1, high=64.0, steps=12)
 
 
+def data_parallel_prediction(out: dict, row: dict, *, learners: int | None = None,
+                             names: tuple[str, ...] = FAILURE_FREE) -> float:
+    """The simulator's goodput of a measured data-parallel row: `learners` one-chip learners (default the
+    islands' count) as one non-elastic job, its mean surviving step, for the row's wall-clock."""
+    s, ledger = out["setting"], row["ledger"]
+    step = ledger["useful"] / ledger["steps"] if ledger["steps"] else s["step_seconds"]
+    at = _settings(out, overhead=0.0, sigma=0.0, mtbf_tasks=row["mtbf_tasks"], step_seconds=step, names=names,
+                   learners=learners, horizon_tasks=row["run_seconds"] / (step * s["inner_steps"]))
+    return simulated_data_parallel(at)
+
+
 def predict_rows(out: dict) -> dict:
     """{"settings": one line, "overhead_seconds", "speed_sigma", "runs": [{"run", "goodput", "fitted"}]};
     a row predicted before with the same inputs keeps its prediction (`out["prediction"]`)."""
@@ -238,11 +249,7 @@ def predict_rows(out: dict) -> dict:
             runs.append(known[name])
             continue
         if row["mode"] == "dp":
-            ledger = row["ledger"]
-            step = ledger["useful"] / ledger["steps"] if ledger["steps"] else s["step_seconds"]
-            at = _settings(out, overhead=0.0, sigma=0.0, mtbf_tasks=row["mtbf_tasks"], step_seconds=step,
-                           horizon_tasks=row["run_seconds"] / (step * s["inner_steps"]))
-            goodput = simulated_data_parallel(at)
+            goodput = data_parallel_prediction(out, row)
         else:
             at = _settings(out, overhead=overhead, sigma=sigma, mtbf_tasks=row.get("mtbf_tasks"),
                            horizon_tasks=HORIZON_RUNS * s["rounds"] * row.get("slowdown", 1.0))
