@@ -59,7 +59,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -72,7 +71,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cpu_load import CoreSampler  # noqa: E402
 from bench.data_parallel import run_data_parallel  # noqa: E402
-from bench.islands_applied import applied_rate, applied_tasks, manifests, pace_from_logs, tasks_by_island  # noqa: E402
+from bench.islands_applied import (  # noqa: E402
+    applied_rate,
+    applied_tasks,
+    manifests,
+    pace_from_logs,
+    tasks_by_island,
+    worker_failures,
+    worker_heals,
+)
 from bench.islands_goodput import recompute  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
 from bench.recording import RESULTS, git_commit, with_source, write_results  # noqa: E402
@@ -277,17 +284,6 @@ def data_parallel_batch(setting: Setting, workers_per_island: int) -> list[str]:
     if batch % workers_per_island:
         raise SystemExit(f"inner.batch_size {batch} does not split over {workers_per_island} workers per island")
     return [f"inner.batch_size={batch // workers_per_island}"]
-
-
-def worker_failures(logs: Path) -> int:
-    """Injected failures of an elastic island's workers, from their logs (`faults.FaultClock`'s warning)."""
-    return sum(len(re.findall(r"injected failure \d+ \(", path.read_text(errors="replace")))
-               for path in logs.glob("island-*-w*.log"))
-
-
-def worker_heals(logs: Path) -> int:
-    """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
-    return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))
 
 
 # --- one row ------------------------------------------------------------------------------------------------

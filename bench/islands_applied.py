@@ -53,3 +53,14 @@ def pace_from_logs(logs: list[Path]) -> dict:
             total["slowest"] = max(total["slowest"], float(match["slowest"]))
             total["over_pace"] += int(match["over"])
     return total
+
+
+def worker_failures(logs: Path) -> int:
+    """Injected failures of an elastic island's workers, from their logs (`faults.FaultClock`'s warning)."""
+    return sum(len(re.findall(r"injected failure \d+ \(", path.read_text(errors="replace")))
+               for path in logs.glob("island-*-w*.log"))
+
+
+def worker_heals(logs: Path) -> int:
+    """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
+    return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))
