@@ -33,22 +33,26 @@ from sharding.sharding_config import ShardingConfig
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS = ("auto", "fp32", "bf16")
-EVAL_MODES = ("prefix", "likelihood", "oracle", "oracle-split", "all-paths")  # plus every:W (dipaco.eval.modes)
+EVAL_MODES = ("prefix", "likelihood", "oracle", "oracle-split", "all-paths")  # plus every:W, likelihood:K (dipaco.eval.modes)
 Unit = Annotated[float, Range(min=0, below=1)]
 
 
 def parse_mode(mode: str) -> tuple[str, int]:
-    """`"every:64"` → `("every", 64)`; `"prefix"` → `("prefix", 0)`; anything else is an error."""
-    if mode.startswith("every:"):
-        try:
-            window = int(mode[6:])
-        except ValueError:
-            window = 0
-        if window < 1:
-            raise ValueError(f"eval mode {mode!r}: the re-routing window must be an int >= 1, like every:64")
-        return "every", window
+    """`"every:64"` → `("every", 64)`; `"likelihood:4"` → `("likelihood", 4)` (among the router's 4 best
+    paths); `"prefix"` → `("prefix", 0)`; anything else is an error."""
+    for kind, what, example in (("every", "the re-routing window", "every:64"),
+                                ("likelihood", "the router's candidate paths", "likelihood:4")):
+        if mode.startswith(f"{kind}:"):
+            try:
+                number = int(mode[len(kind) + 1:])
+            except ValueError:
+                number = 0
+            if number < 1:
+                raise ValueError(f"eval mode {mode!r}: {what} must be an int >= 1, like {example}")
+            return kind, number
     if mode not in EVAL_MODES:
-        raise ValueError(f"unknown eval mode {mode!r}; modes are {list(EVAL_MODES)} and every:W (e.g. every:64)")
+        raise ValueError(f"unknown eval mode {mode!r}; modes are {list(EVAL_MODES)}, every:W (e.g. every:64) and "
+                         "likelihood:K (e.g. likelihood:4)")
     return mode, 0
 
 
@@ -303,7 +307,7 @@ class EvalConfig(Section):
     baselines: bool = True  # train dense 1x1 baselines at equal steps and at equal compute
     baselines_init: Literal["warm-start", "scratch"] = "warm-start"  # path-sized baselines continue from the dense warm start (as in the papers) or start from scratch
     baselines_with_train: bool = True  # `dipaco run` trains the baselines alongside the islands (they share the cores)
-    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "oracle-split", "all-paths"])  # prefix / likelihood / oracle / oracle-split / all-paths / every:W (dipaco.eval.modes)
+    modes: list[str] = field(default_factory=lambda: ["prefix", "every:64", "likelihood", "oracle", "oracle-split", "all-paths"])  # prefix / likelihood / likelihood:K (among the router's K best paths) / oracle / oracle-split / all-paths / every:W (dipaco.eval.modes)
     best: bool = False  # also evaluate each path at its best round by validation loss (early stopping)
     large_hidden_size: Count = 0  # width of the "dense-large" baseline; 0 = no such baseline
     large_n_layers: Count = 0  # blocks of "dense-large"; 0 = model.n_layers (its heads keep a path's head size)

@@ -302,3 +302,45 @@ def test_a_path_without_test_documents_is_null_not_a_broken_number(setup):
                        score=lambda m, batch: [np.full(len(d), np.nan if m is models[2] else 1.0) for d in batch])
     found = non_finite(evaluate_modes(broken, modes=["prefix", "all-paths"], **kwargs))
     assert "all_paths[2][0]=nan" in found and "rows[0].perplexity=nan" in found
+
+
+def test_likelihood_among_the_routers_shortlist_scores_only_its_candidates(setup):
+    """`likelihood:K`: each document goes to the candidate of its row whose model reads the prefix with the
+    lowest loss, computed here from each model's own forward pass; only the candidates' losses are computed;
+    K = every path is `likelihood`, one candidate is that candidate's routing."""
+    models, docs, _ = setup
+    scored: list[tuple[int, int]] = []
+
+    def score(model, batch):
+        scored.append((models.index(model), len(batch)))
+        return token_losses(model, batch, batch_size=3, device=CPU, precision="fp32")
+
+    table = LossTable(docs=docs, load=lambda p, r: models[p], score=score)
+    candidates = np.array([[(d + 1) % N_PATHS, d % N_PATHS] for d in range(len(docs))])
+    choice = likelihood_choice(table, len(docs), ROUNDS, prefix=PREFIX, candidates=candidates)
+    for d, doc in enumerate(docs):
+        ids = torch.as_tensor(doc[:PREFIX], dtype=torch.long).unsqueeze(0)
+        losses = {}
+        for p in sorted(candidates[d]):
+            with torch.no_grad():
+                logits = models[p](input_ids=ids).logits[0, :-1]
+            losses[int(p)] = float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        assert choice[d] == min(losses, key=losses.get)
+    assert sum(n for _, n in scored) == 2 * len(docs)  # two candidates per document, no other path scored
+    full = LossTable(docs=docs, load=lambda p, r: models[p],
+                     score=lambda m, batch: token_losses(m, batch, batch_size=3, device=CPU, precision="fp32"))
+    everyone = np.tile(np.arange(N_PATHS), (len(docs), 1))
+    assert (likelihood_choice(full, len(docs), ROUNDS, prefix=PREFIX, candidates=everyone)
+            == likelihood_choice(full, len(docs), ROUNDS, prefix=PREFIX)).all()
+    kwargs = dict(route=route, paths=candidates[:, 0], rounds=ROUNDS, best=None, n_paths=N_PATHS, prefix=PREFIX)
+    one, prefix_row = evaluate_modes(full, modes=["likelihood:1", "prefix"], shortlist=lambda ds, k: candidates[:, :k],
+                                     **kwargs)["rows"]
+    assert one["perplexity"] == prefix_row["perplexity"] and one["mode"] == "likelihood:1"
+    with pytest.raises(ValueError, match="shortlist"):
+        evaluate_modes(full, modes=["likelihood:2"], **kwargs)
+    with pytest.raises(ValueError, match="none of its candidate paths"):
+        likelihood_choice(full, len(docs), {0: 0}, prefix=PREFIX, candidates=np.ones((len(docs), 1), dtype=np.int64))
+    assert parse_mode("likelihood:4") == ("likelihood", 4)
+    for bad in ("likelihood:0", "likelihood:x"):
+        with pytest.raises(ValueError, match="candidate paths"):
+            parse_mode(bad)

@@ -51,9 +51,17 @@ class FirstLetterRouter:
     def __init__(self):
         self.seen: list[str] = []
 
+    n_paths = 2
+
     def route(self, texts: list[str]) -> np.ndarray:
         self.seen += texts
         return np.array([int(t.startswith("B")) for t in texts], dtype=np.int64)
+
+    def features(self, texts: list[str]) -> np.ndarray:
+        return self.route(texts)[:, None]
+
+    def assign_topk(self, features: np.ndarray, k: int) -> np.ndarray:
+        return np.stack([features[:, 0], 1 - features[:, 0]], axis=1)[:, :k]
 
 
 def test_prefix_router_shows_the_prefix_text_and_answers_with_the_first_replica(tmp_path):
@@ -67,6 +75,9 @@ def test_prefix_router_shows_the_prefix_text_and_answers_with_the_first_replica(
     assert fake.seen == [tokenizer.decode(d[:2].tolist()) for d in docs]  # the text of the first 2 tokens
     assert router([docs[1], docs[2]], [1, 5]).tolist() == [0, 3]
     assert fake.seen[-2:] == [tokenizer.decode(docs[1][:1].tolist()), tokenizer.decode(docs[2][:5].tolist())]
+    # likelihood:K's candidates: the router's best paths, best first, each answered with its first replica
+    assert router.shortlist(docs, 2).tolist() == [[3, 0], [0, 3], [3, 0]]
+    assert router.shortlist(docs, 5)[:, 0].tolist() == router(docs).tolist()
     plain = PrefixRouter(fake, tokenizer, Topology.from_config(TopologyConfig(levels=[2]), n_layers=2),
                          prefix_tokens=2)
     assert plain.route_texts(texts[:3]).tolist() == [1, 0, 1]

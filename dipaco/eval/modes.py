@@ -19,6 +19,8 @@ the dense baselines.
   lowest loss, and that path scores tokens P.. (the paths themselves as the router, as Branch-Train-Merge
   weights its experts by the likelihood of the context; deployable: it sees only the prefix, at the cost
   of one P-token forward pass per path).
+- `likelihood:K`: the same among the router's K best paths for the prefix (its K lowest costs): K prefix
+  forward passes instead of one per path; `likelihood:1` is `prefix`, `likelihood:<paths>` is `likelihood`.
 - `oracle`: every path scores every document; each document takes its lowest total loss. An upper
   bound on what any router that picks one path per sequence could do, in sample: the path is picked by
   the very tokens it then scores (a minimum over noisy estimates, more optimistic the more paths).
@@ -187,16 +189,29 @@ def split_oracle_scores(table: LossTable, n_docs: int, rounds: dict[int, int], *
     }
 
 
-def likelihood_choice(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
+def likelihood_choice(table: LossTable, n_docs: int, rounds: dict[int, int], *, prefix: int,
+                      candidates: np.ndarray | None = None) -> np.ndarray:
     """The `likelihood` mode's path (D,) of each document: the path in `rounds` whose model gives the
     document's first `prefix` tokens the lowest total loss (the first token has none; ties go to the
-    lower path). Every path scores every document (as for `oracle`: the same table entries)."""
+    lower path). Every path scores every document (as for `oracle`: the same table entries), or with
+    `candidates` (D, K) (`likelihood:K`: the router's K best paths of each document) only those of its row
+    that are in `rounds` (a row with none of them is refused)."""
     paths = sorted(rounds)
-    table.ensure({(p, rounds[p]): set(range(n_docs)) for p in paths})
-    if not n_docs:
-        return np.zeros(0, dtype=np.int64)
-    losses = np.array([[float(table.get(p, rounds[p], d)[:prefix].sum()) for d in range(n_docs)] for p in paths])
-    return np.asarray(paths)[losses.argmin(axis=0)]
+    if candidates is None:
+        candidates = np.tile(np.asarray(paths, dtype=np.int64), (n_docs, 1))
+    if len(candidates) != n_docs:
+        raise ValueError(f"candidates must have a row per document ({n_docs}), got {len(candidates)}")
+    allowed = np.isin(candidates, paths)
+    if n_docs and not allowed.any(axis=1).all():
+        d = int(np.flatnonzero(~allowed.any(axis=1))[0])
+        raise ValueError(f"document {d}: none of its candidate paths {candidates[d].tolist()} was evaluated")
+    table.ensure({(p, rounds[p]): set(np.flatnonzero((candidates == p).any(axis=1)).tolist()) for p in paths})
+    choice = np.zeros(n_docs, dtype=np.int64)
+    for d in range(n_docs):
+        row = sorted({int(p) for p in candidates[d][allowed[d]]})
+        losses = [float(table.get(p, rounds[p], d)[:prefix].sum()) for p in row]
+        choice[d] = row[int(np.argmin(losses))]
+    return choice
 
 
 def all_paths_table(table: LossTable, routed: np.ndarray, rounds: dict[int, int], *, prefix: int) -> np.ndarray:
@@ -235,14 +250,15 @@ def prefix_routes(docs: list[np.ndarray], paths: np.ndarray, *, prefix: int) -> 
 
 
 def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes: list[str], rounds: dict[int, int],
-                   best: dict[int, int] | None, n_paths: int, prefix: int) -> dict:
+                   best: dict[int, int] | None, n_paths: int, prefix: int,
+                   shortlist: Callable[[list[np.ndarray], int], np.ndarray] | None = None) -> dict:
     """Every requested mode with each evaluated path at `rounds[path]` (the last module version), and
     again at `best[path]` when `best` is given; `all-paths` only at `rounds`.
 
     `table` holds the test documents' losses (filled on demand, shared with the caller: what it has
     already scored is not scored again); `paths` (D,) is each document's path routed from its first
-    `prefix` tokens (the `prefix` mode); `route` re-routes for `every:W`; `n_paths` sizes the per-path
-    arrays. Returns the JSON-able `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
+    `prefix` tokens (the `prefix` mode); `route` re-routes for `every:W`; `shortlist(docs, K)` (D, K) gives
+    the router's K best paths for `likelihood:K`; `n_paths` sizes the per-path arrays. Returns the JSON-able `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
     docs = table.docs
     parsed = [(mode, *parse_mode(mode)) for mode in modes]
     settings = [("last", rounds)]
@@ -267,7 +283,10 @@ def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes
             elif kind == "oracle-split":
                 scores = split_oracle_scores(table, len(docs), versions, prefix=prefix)
             elif kind == "likelihood":
-                choice = likelihood_choice(table, len(docs), versions, prefix=prefix)
+                if window and shortlist is None:
+                    raise ValueError(f"eval mode {mode!r} needs the router's shortlist of candidate paths")
+                choice = likelihood_choice(table, len(docs), versions, prefix=prefix,
+                                           candidates=shortlist(docs, window) if window else None)
                 scores = routed_scores(table, prefix_routes(docs, choice, prefix=prefix), versions, n_paths)
             else:
                 routes = (routes_of_prefix if kind == "prefix"

@@ -55,6 +55,14 @@ class PrefixRouter:
         texts = [decode_prefix(self.tokenizer, doc, n) for doc, n in zip(docs, n_tokens, strict=True)]
         return self.topology.representative(np.asarray(self.router.route(texts), dtype=np.int64))
 
+    def shortlist(self, docs: list[np.ndarray], k: int) -> np.ndarray:
+        """Each document's k best paths (D, k) by the router's cost for its first `prefix_tokens` tokens, best
+        first (what `likelihood:K` chooses among; the first column is `__call__`'s path)."""
+        k = min(k, self.router.n_paths)
+        if not docs:
+            return np.zeros((0, k), dtype=np.int64)
+        return self.topology.representative(self.router.assign_topk(self.features(docs), k))
+
     def features(self, docs: list[np.ndarray]) -> np.ndarray:
         """The router's features (D, dim) of each document's first `prefix_tokens` tokens, decoded to text:
         what `__call__` routes by (`Router.route` = `assign(features(...))`)."""

@@ -140,7 +140,8 @@ def _evaluate_modes(config: Config, factory: PathFactory, table: LossTable, *, r
         best_rounds = best_of_run(factory.store, topology, factory.spec, factory.validation,
                                   device=resolve_device(config.hardware.device))[0]
     return evaluate_modes(table, route=route, paths=paths, modes=modes, rounds=rounds,
-                          best=best_rounds, n_paths=topology.n_paths, prefix=factory.prefix_tokens)
+                          best=best_rounds, n_paths=topology.n_paths, prefix=factory.prefix_tokens,
+                          shortlist=route.shortlist)
 
 
 def _refuse_non_finite(run: RunDir, results: dict, *, round: int) -> None:
