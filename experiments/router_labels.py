@@ -33,7 +33,7 @@ from dipaco.pipeline.documents import load_run_corpus, run_splits  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
 from experiments.router_pooling import VARIANTS, pooled  # noqa: E402
 from experiments.router_windows import windows  # noqa: E402
-from routing.corpus import ROUTER  # noqa: E402
+from routing.corpus import ROUTER, TEST  # noqa: E402
 from routing.discriminative import fit_discriminative  # noqa: E402
 from routing.loss_regression import fit_loss_regression  # noqa: E402
 from routing.router import Router  # noqa: E402
@@ -103,12 +103,14 @@ def study(run: Path) -> dict:
     kmeans = Router.load(run / "routing" / "phase-0")
     record = json.loads((run / "eval-documents.json").read_text())
     prefix = factory.prefix_tokens
-    test_docs, _, _ = factory.reader.test_documents()
-    test = pooled(kmeans.featurizer, [decode_prefix(factory.tokenizer, d, prefix) for d in test_docs])
-    if not np.allclose(test[VARIANTS[0]], np.asarray(record["features"]), atol=1e-5):
-        raise SystemExit(f"{run}: the test documents' features differ from eval-documents.json's")
     texts = load_run_corpus(config.corpus)["text"]
-    router_docs = np.flatnonzero(run_splits(config.corpus, len(texts)) == ROUTER)
+    split = run_splits(config.corpus, len(texts))
+    test_docs = encode_batch(factory.tokenizer, [texts[int(i)] for i in np.flatnonzero(split == TEST)])
+    test = pooled(kmeans.featurizer, [decode_prefix(factory.tokenizer, d, prefix) for d in test_docs])
+    if test[VARIANTS[0]].shape != np.shape(record["features"]) or not np.allclose(
+            test[VARIANTS[0]], np.asarray(record["features"]), atol=1e-5):
+        raise SystemExit(f"{run}: the test split's prefix features differ from eval-documents.json's")
+    router_docs = np.flatnonzero(split == ROUTER)
     found = windows(encode_batch(factory.tokenizer, [texts[int(i)] for i in router_docs]),
                     seq_len=config.sharding.seq_len, prefix=prefix, most=4)
     data = np.load(run / "router-windows.npz")
