@@ -44,10 +44,11 @@ from sharding.format import (
 )
 from sharding.shard_dir import (
     STAGING_DIR,
+    build_dir_for,
     log_summary,
     make_index,
-    prepare_out_dir,
     remove_files,
+    replace_with,
     split_entry,
 )
 from sharding.sharding_config import ShardingConfig
@@ -100,15 +101,16 @@ def build_shards(
     ``doc_paths`` may also be (N, k): a training document is then written into each of its k paths
     (overlapping shards, ``routing.train_top_k``; -1 entries are unused slots); a test document
     uses column 0 only, so evaluation documents never overlap. An existing
-    index.json in ``out_dir`` is refused unless ``overwrite``. On any error the files this call
-    wrote are removed and no index.json is left behind.
+    index.json in ``out_dir`` is refused unless ``overwrite``; with it, the new build is made beside the old
+    one and replaces it only once complete. On any error the files this call wrote are removed, no new
+    index.json is left behind, and an old build is left as it was.
     """
     doc_ids, doc_paths, doc_split = check_inputs(
         texts, doc_ids=doc_ids, doc_paths=doc_paths, doc_split=doc_split, n_paths=n_paths
     )
     _check_arguments(tokenizer, config=config, min_test_tokens=min_test_tokens)
-    out_dir = Path(out_dir)
-    prepare_out_dir(out_dir, overwrite=overwrite)
+    final_dir = Path(out_dir)
+    out_dir = build_dir_for(final_dir, overwrite=overwrite)  # a sibling while an old build stays in place
     token_dtype = token_dtype_for(vocab_size_of(tokenizer))
     writers = _Writers.open(out_dir, n_paths=n_paths, config=config, token_dtype=token_dtype)
     try:
@@ -124,12 +126,16 @@ def build_shards(
             router_fingerprint=router_fingerprint, min_test_tokens=min_test_tokens, token_dtype=token_dtype,
         )
         write_json(out_dir / INDEX_NAME, index)  # last: from now on the directory is complete
+        shutil.rmtree(out_dir / STAGING_DIR, ignore_errors=True)
+        replace_with(final_dir, out_dir)
     except BaseException:
         remove_files(writers.files(), out_dir)
+        if out_dir != final_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
         shutil.rmtree(out_dir / STAGING_DIR, ignore_errors=True)
-    log_summary(index, out_dir)
+    log_summary(index, final_dir)
     return index
 
 

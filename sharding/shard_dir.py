@@ -1,7 +1,8 @@
-"""The shard directory around a build: an old one refused or cleared (its files, then its index), the
-index a build writes last, and the files a failed build leaves removed.
+"""The shard directory around a build: an old one refused, or kept until the new build is complete and then
+cleared (its files, then its index) and replaced; the index a build writes last, and the files a failed build
+leaves removed.
 
-    prepare_out_dir(out_dir, overwrite=True); ...; index = make_index(tokenizer, config=config, ...)
+    building = build_dir_for(out_dir, overwrite=True); ...; replace_with(out_dir, building)
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +27,37 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
+
+
+def build_dir_for(out_dir: Path, *, overwrite: bool) -> Path:
+    """Where a build into `out_dir` writes: `out_dir` itself when it holds no complete build, else (overwrite)
+    a fresh sibling directory that `replace_with` moves in once the new build is complete, so a build that
+    fails leaves the old shards as they were. Refuses an existing index.json unless `overwrite`."""
+    index_path = out_dir / INDEX_NAME
+    if not index_path.exists():
+        prepare_out_dir(out_dir, overwrite=False)
+        return out_dir
+    if not overwrite:
+        raise FileExistsError(f"{index_path} exists: {out_dir} already holds shards (pass overwrite=True)")
+    building = out_dir.with_name(f".{out_dir.name}.building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    return building
+
+
+def replace_with(out_dir: Path, building: Path) -> None:
+    """The complete build in `building` moved into `out_dir`: the old build's files cleared (`prepare_out_dir`),
+    then the new files moved in, its index.json last; `building` removed."""
+    if building == out_dir:
+        return
+    prepare_out_dir(out_dir, overwrite=True)
+    for item in sorted(building.rglob("*")):
+        if item.is_file() and item.name != INDEX_NAME:
+            target = out_dir / item.relative_to(building)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(item, target)
+    os.replace(building / INDEX_NAME, out_dir / INDEX_NAME)  # last: from now on the directory is complete
+    shutil.rmtree(building, ignore_errors=True)
 
 
 def prepare_out_dir(out_dir: Path, *, overwrite: bool) -> None:

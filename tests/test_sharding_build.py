@@ -234,3 +234,23 @@ def test_an_edited_old_index_cannot_make_overwrite_delete_files_outside_the_shar
     (out / "index.json").write_text(json.dumps(index))
     build(corpus, out, overwrite=True)
     assert precious.read_text() == "mine"
+
+
+def test_an_overwrite_that_fails_leaves_the_old_shards_as_they_were(corpus, tmp_path):
+    """A re-routing that leaves a path without 2 blocks is refused by the build, and the shards it would have
+    replaced still read: the old index and every file it names are byte for byte as before, no sibling build
+    directory is left; the same overwrite with a routing that fits replaces them."""
+    out = tmp_path / "shards"
+    build(corpus, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    empty = corpus["doc_paths"].copy()
+    empty[empty == 2] = 1  # path 2 gets no document
+    with pytest.raises(ValueError, match="path 2: 0 tokens"):
+        build(corpus, out, doc_paths=empty, overwrite=True)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+    reader = ShardReader(out)
+    assert reader.index["router_fingerprint"] == "router-1" and len(reader.test_documents()[0]) > 0
+    index = build(corpus, out, overwrite=True, router_fingerprint="router-2")
+    assert json.loads((out / "index.json").read_text()) == index and index["router_fingerprint"] == "router-2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]

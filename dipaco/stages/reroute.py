@@ -248,6 +248,8 @@ def command(config: Config, run: RunDir, args: argparse.Namespace) -> None:
         shard(config, run)
     except ValueError as err:
         raise ValueError(f"{err}\n(re-routing phase {record['phase']} is recorded in {run.routing / 'phases.json'}; "
-                         f"`dipaco shard --run {run.root}` writes the shards of its routing)") from err
+                         f"the previous routing's shards are kept as they were, and its router and assignments in "
+                         f"{record['previous_router']}; `dipaco shard --run {run.root}` writes the shards of the new "
+                         "routing once it fits)") from err
     accept_new_shards(run)  # training goes on from the current modules on the new shards, on purpose
     print(format_phase(record))
