@@ -40,16 +40,12 @@ Unit = Annotated[float, Range(min=0, below=1)]
 def parse_mode(mode: str) -> tuple[str, int]:
     """`"every:64"` → `("every", 64)`; `"likelihood:4"` → `("likelihood", 4)` (among the router's 4 best
     paths); `"prefix"` → `("prefix", 0)`; anything else is an error."""
-    for kind, what, example in (("every", "the re-routing window", "every:64"),
-                                ("likelihood", "the router's candidate paths", "likelihood:4")):
+    for kind, what in (("every", "the re-routing window"), ("likelihood", "the router's candidate paths")):
         if mode.startswith(f"{kind}:"):
-            try:
-                number = int(mode[len(kind) + 1:])
-            except ValueError:
-                number = 0
-            if number < 1:
-                raise ValueError(f"eval mode {mode!r}: {what} must be an int >= 1, like {example}")
-            return kind, number
+            number = mode[len(kind) + 1:]
+            if not number.isdigit() or int(number) < 1:
+                raise ValueError(f"eval mode {mode!r}: {what} must be an int >= 1, like {kind}:4")
+            return kind, int(number)
     if mode not in EVAL_MODES:
         raise ValueError(f"unknown eval mode {mode!r}; modes are {list(EVAL_MODES)}, every:W (e.g. every:64) and "
                          "likelihood:K (e.g. likelihood:4)")
