@@ -26,6 +26,7 @@ import sys
 
 from dipaco import __version__
 from dipaco.config_keys import ConfigError
+from dipaco.inference.routes import route_arg
 from dipaco.pipeline.fingerprints import STAGE_ORDER
 from dipaco.signals import exit_code, restore, stop_on_signals
 
@@ -61,8 +62,9 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="a mixture written by `dipaco export DIR`")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
-    parser.add_argument("--route", default=None, choices=["router", "likelihood"],
-                        help="route by the k-means router or by the paths' likelihood (default: the export's)")
+    parser.add_argument("--route", default=None, type=route_arg,
+                        help="router (the k-means router), likelihood (the paths' likelihood of the prefix) or "
+                             "likelihood:K (that among the router's K best paths); default: the export's")
     parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
                         help="path models kept in memory, least recently used dropped (default: all paths when "
                              "they fit in memory, else as many as fit, with a warning)")
@@ -153,9 +155,10 @@ def _generate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--route", default="router", choices=["router", "likelihood"],
-                        help="pick the path by the run's router (default) or by the paths' own "
-                             "likelihood of the prompt's routing prefix (the `likelihood` eval mode)")
+    parser.add_argument("--route", default="router", type=route_arg,
+                        help="pick the path by the run's router (default), by the paths' own likelihood of the "
+                             "prompt's routing prefix (the `likelihood` eval mode) or likelihood:K (that among "
+                             "the router's K best paths)")
 
 
 def _island_options(parser: argparse.ArgumentParser) -> None:

@@ -51,7 +51,7 @@ def test_the_manifest_describes_the_directory(exported, factory):
     assert sorted(p.name for p in (exported / "baselines").iterdir()) == ["dense-equal-compute", "dense-equal-steps"]
 
 
-@pytest.mark.parametrize("route", ["router", "likelihood"])
+@pytest.mark.parametrize("route", ["router", "likelihood", "likelihood:2"])
 def test_routed_generation_equals_dipaco_generate_token_for_token(exported, factory, prompts, route):
     mixture = dipaco.load(exported, route=route)
     rounds = {p: factory.store.current_round() for p in range(factory.topology.n_paths)}
@@ -171,3 +171,27 @@ def test_a_pickled_weight_file_is_never_loaded(exported, tmp_path):
     (copy / INDEX).unlink()
     with pytest.raises(ValueError, match=f"mixture has no {INDEX}"):
         mixture.model(1)
+
+
+def test_likelihood_among_the_routers_best_paths_picks_from_its_shortlist(exported, prompts):
+    """`route="likelihood:K"`: each prompt goes to the path of lowest prefix loss among the router's K best for
+    it (checked against each candidate's own forward pass); K = every path is `likelihood`, K = 1 the router;
+    a route that is not one is refused by name."""
+    router = dipaco.load(exported, route="router")
+    shortlist = router.router.shortlist(router.encode(prompts), 2)
+    two = dipaco.load(exported, route="likelihood:2")
+    chosen = two.route_texts(prompts)
+    for tokens, row, path in zip(two.encode(prompts), shortlist, chosen, strict=True):
+        ids = torch.as_tensor(tokens[:two.prefix_tokens])[None]
+        losses = {}
+        for p in sorted(int(q) for q in row):
+            with torch.no_grad():
+                logits = two.model(p)(input_ids=ids).logits[0, :-1].float()
+            losses[p] = float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        assert path == min(losses, key=losses.get)
+    assert (dipaco.load(exported, route="likelihood:4").route_texts(prompts)
+            == dipaco.load(exported, route="likelihood").route_texts(prompts)).all()
+    assert (dipaco.load(exported, route="likelihood:1").route_texts(prompts) == router.route_texts(prompts)).all()
+    for bad in ("likelihood:0", "likelihood:two", "router:2"):
+        with pytest.raises(ValueError, match="likelihood:K"):
+            dipaco.load(exported, route=bad)

@@ -81,7 +81,7 @@ class Completions:
             if not 0 < len(ids) <= room:
                 raise RequestError(f"the prompt has {len(ids)} tokens; a path reads 1 to {limit} tokens in all "
                                    f"(prompt and completion)", param="prompt")
-            if self.mixture.route == "likelihood" and len(ids) < 2:
+            if self.mixture.route.startswith("likelihood") and len(ids) < 2:
                 raise RequestError("likelihood routing needs a prompt of at least 2 tokens", param="prompt")
             prompts.append(Prompt(text=prompt, ids=ids))
         return prompts

@@ -18,15 +18,14 @@ import numpy as np
 import torch
 from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
 
-from dipaco.inference.prompt_routing import ROUTES
+from dipaco.inference.routes import parse_route
 
 log = logging.getLogger(__name__)
 
 
 def check_options(*, max_new_tokens: int, temperature: float, seed: int, route: str = "router") -> None:
     """Refuse options that would silently mean something else (a negative temperature is not greedy)."""
-    if route not in ROUTES:
-        raise ValueError(f"--route must be one of {list(ROUTES)}, got {route!r}")
+    parse_route(route)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if not math.isfinite(temperature) or temperature < 0:

@@ -71,7 +71,7 @@ def refuse_unknown_options(unknown: dict) -> None:
 
 @register_model("dipaco")
 class MixtureLM(LM):
-    """lm-evaluation-harness model `dipaco`: `--model_args path=DIR[,route=router|likelihood][,max_loaded=N]`."""
+    """lm-evaluation-harness model `dipaco`: `--model_args path=DIR[,route=router|likelihood|likelihood:K][,max_loaded=N]`."""
 
     def __init__(self, path: str, route: str | None = None, max_loaded: int | None = None,
                  batch_size: int | str = DEFAULT_BATCH, device: str | None = None,
@@ -118,7 +118,7 @@ class MixtureLM(LM):
     def route(self, contexts: list[list[int]]) -> np.ndarray:
         """The path (N,) of each tokenized context; contexts too short to route go to the lowest path."""
         paths = np.full(len(contexts), self.mixture.path_ids[0], dtype=np.int64)
-        routable = [i for i, c in enumerate(contexts) if self.mixture.route != "likelihood" or len(c) >= 2]
+        routable = [i for i, c in enumerate(contexts) if not self.mixture.route.startswith("likelihood") or len(c) >= 2]
         if routable:
             paths[routable] = self.mixture.route_tokens([np.asarray(contexts[i], dtype=np.int64) for i in routable])
         return paths

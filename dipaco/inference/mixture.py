@@ -29,7 +29,8 @@ from dipaco.inference.continuation import check_options, continue_tokens
 from dipaco.inference.hub_repo import INDEX, load_hub_tokenizer, load_path_model
 from dipaco.inference.manifest import MANIFEST, Manifest, pickled_files, read_manifest
 from dipaco.inference.path_cache import PathCache
-from dipaco.inference.prompt_routing import ROUTES, route_prompts
+from dipaco.inference.prompt_routing import route_prompts
+from dipaco.inference.routes import parse_route
 from dipaco.model.topology import Topology
 from sharding.tokenizer import encode_batch, load_tokenizer
 
@@ -57,14 +58,13 @@ class Mixture:
         self.directory = Path(directory)
         self.manifest: Manifest = read_manifest(self.directory)
         self.route = route or self.manifest.route
-        if self.route not in ROUTES:
-            raise ValueError(f"route must be one of {list(ROUTES)}, got {self.route!r}")
+        parse_route(self.route)
         self.device = torch.device(device)
         self.tokenizer: PreTrainedTokenizerBase = (
             load_hub_tokenizer(self.directory) if self.manifest.tokenizer == "."
             else load_tokenizer(self.directory / self.manifest.tokenizer))
         self.paths = PathCache(self._load_path, max_loaded=max_loaded)
-        self.router = self._prefix_router() if self.route == "router" else None
+        self.router = None if self.route == "likelihood" else self._prefix_router()  # likelihood:K's shortlist too
 
     def __repr__(self) -> str:
         return (f"Mixture({str(self.directory)!r}, paths={self.path_ids}, route={self.route!r}, "

@@ -16,6 +16,7 @@ import json
 import logging
 from pathlib import Path
 
+from dipaco.inference.routes import route_arg
 from dipaco.tables import format_table
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="a mixture written by `dipaco export DIR --baselines`")
     parser.add_argument("--tasks", default="dipaco_demo", help="comma-separated lm-eval tasks (default dipaco_demo)")
-    parser.add_argument("--route", choices=["router", "likelihood"], default=None,
+    parser.add_argument("--route", type=route_arg, default=None,
                         help="the mixture's routing (default: the export's)")
     parser.add_argument("--include-path", default=str(SHIPPED_TASKS), help="a directory of task YAMLs")
     parser.add_argument("--limit", type=float, default=None, help="examples per task (a fraction when < 1)")

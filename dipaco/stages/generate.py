@@ -42,7 +42,7 @@ __all__ = ["ROUTES", "check_options", "command", "generate"]
 
 def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_new_tokens: int = 64,
              temperature: float = 0.0, seed: int = 0, route: str = "router") -> tuple[str, int]:
-    """Route the prompt (`route`: the run's router, or `likelihood`), then continue it with the chosen
+    """Route the prompt (`route`: the run's router, `likelihood` or `likelihood:K`), then continue it with the chosen
     path at module version `rounds[path]`.
 
     Returns (the prompt and its continuation as text, the path)."""
@@ -50,7 +50,7 @@ def generate(factory: PathFactory, prompt: str, *, rounds: dict[int, int], max_n
     tokenizer, topology = factory.tokenizer, factory.topology
     (tokens,) = encode_batch(tokenizer, [prompt])
     router = (PrefixRouter(factory.router, tokenizer, topology, prefix_tokens=factory.prefix_tokens)
-              if route == "router" else None)
+              if route != "likelihood" else None)  # likelihood:K's candidates come from the router
     candidates = {topology.representative(q) for q in range(topology.n_routed)} & set(rounds)
     (path,) = route_prompts([tokens], route=route, router=router, prefix_tokens=factory.prefix_tokens,
                             load=lambda p, version: factory.load_path(path=p, round=version),
