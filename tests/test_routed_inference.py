@@ -245,5 +245,5 @@ def test_generate_by_likelihood_picks_the_path_that_reads_the_prefix_best(run):
             losses.append(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")))
         text, path = generate(factory, prompt, rounds=rounds, max_new_tokens=2, route="likelihood")
         assert path == int(np.argmin(losses)) and text.startswith(prompt[:8])
-    with pytest.raises(ValueError, match="--route must be one of"):
+    with pytest.raises(ValueError, match="route must be one of .* or likelihood:K"):
         generate(factory, "In the beginning", rounds=rounds, route="nearest")
