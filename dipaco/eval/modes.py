@@ -258,7 +258,8 @@ def evaluate_modes(table: LossTable, *, route: RouteFn, paths: np.ndarray, modes
     `table` holds the test documents' losses (filled on demand, shared with the caller: what it has
     already scored is not scored again); `paths` (D,) is each document's path routed from its first
     `prefix` tokens (the `prefix` mode); `route` re-routes for `every:W`; `shortlist(docs, K)` (D, K) gives
-    the router's K best paths for `likelihood:K`; `n_paths` sizes the per-path arrays. Returns the JSON-able `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
+    the router's K best paths for `likelihood:K`; `n_paths` sizes the per-path arrays. Returns the JSON-able
+    `{"rows": [...], "all_paths": [[...]] | None, "best_rounds": {...} | None}`."""
     docs = table.docs
     parsed = [(mode, *parse_mode(mode)) for mode in modes]
     settings = [("last", rounds)]

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import argparse
 
+from dipaco.config import parse_mode
+
 ROUTES = ("router", "likelihood")  # plus likelihood:K
 
 
 def parse_route(route: str) -> tuple[str, int]:
     """`"router"` -> `("router", 0)`; `"likelihood"` -> `("likelihood", 0)` (every path); `"likelihood:4"` ->
     `("likelihood", 4)` (among the router's 4 best paths); anything else is an error."""
-    kind, _, k = str(route).partition(":")
-    if route in ROUTES or (kind == "likelihood" and k.isdigit() and int(k) >= 1):
-        return kind, int(k or 0)
-    raise ValueError(f"route must be one of {list(ROUTES)} or likelihood:K (K >= 1, e.g. likelihood:4), got {route!r}")
+    if route == "router":
+        return "router", 0
+    try:
+        kind, k = parse_mode(str(route))  # the eval modes' own parser: likelihood and likelihood:K read alike
+    except ValueError:
+        kind = ""
+    if kind != "likelihood":
+        raise ValueError(f"route must be one of {list(ROUTES)} or likelihood:K (K >= 1, e.g. likelihood:4), got {route!r}")
+    return kind, k
 
 
 def route_arg(route: str) -> str:
