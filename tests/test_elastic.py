@@ -191,3 +191,56 @@ def test_a_killed_worker_drops_out_the_other_goes_on_and_it_rejoins_from_a_live_
             assert got.keys() == expected.keys()
             for key, value in expected.items():
                 torch.testing.assert_close(got[key], value, rtol=1e-4, atol=2e-6, msg=f"{name} {task.key} {key}")
+
+
+def test_an_islands_lighthouse_forms_a_quorum_without_a_worker_silent_for_worker_lost_seconds():
+    """torchft forms no quorum of half its live workers or fewer, so a survivor of two waits until its dead peer
+    is counted gone: after `resilience.worker_lost_seconds`, not torchft's default of 5 s (a request that may wait
+    only 3 s is answered alone), and not before the dead peer's last heartbeat is that old."""
+    pytest.importorskip("torchft")
+    import threading
+    from datetime import timedelta
+
+    from torchft._torchft import LighthouseClient
+
+    from dipaco.config import ResilienceConfig
+
+    config = ResilienceConfig()
+    lost = config.worker_lost_seconds
+    lighthouse = elastic.start_lighthouse(join_timeout_ms=round(config.worker_join_seconds * 1000),
+                                          heartbeat_timeout_ms=round(lost * 1000))
+    client = lambda: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5))  # noqa: E731
+    dead = {"a": threading.Event(), "b": threading.Event()}
+
+    def beat(replica: str) -> None:  # as a worker's manager does, until it dies
+        beating = client()
+        while not dead[replica].is_set():
+            beating.heartbeat(replica)
+            time.sleep(0.1)
+
+    quorums: dict[str, list[str]] = {}
+
+    def ask(replica: str) -> None:
+        quorum = client().quorum(replica_id=replica, timeout=timedelta(seconds=3), step=0, world_size=1)
+        quorums[replica] = sorted(m.replica_id for m in quorum.participants)
+
+    try:
+        for replica in dead:
+            threading.Thread(target=beat, args=(replica,), daemon=True).start()
+        time.sleep(0.3)
+        both = [threading.Thread(target=ask, args=(r,)) for r in dead]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        assert quorums == {"a": ["a", "b"], "b": ["a", "b"]}  # both live: one quorum of two
+
+        dead["b"].set()  # "b" dies; "a" asks for the next quorum
+        silent_since = time.monotonic()
+        ask("a")
+        waited = time.monotonic() - silent_since
+        assert quorums["a"] == ["a"]  # it went on alone, within 3 s
+        assert waited >= lost - 0.3, waited  # not before "b" was counted gone
+    finally:
+        dead["a"].set()
+        lighthouse.shutdown()

@@ -28,12 +28,14 @@ MAX_RESTARTS = 20  # restarts of the island's workers, all together, before the 
 
 
 def run_group(*, name: str, args: list[str], workers: int, threads: int, logs: Path,
-              finished: Callable[[], bool], restart_seconds: float = RESTART_SECONDS, join_seconds: float = 0.25) -> int:
+              finished: Callable[[], bool], restart_seconds: float = RESTART_SECONDS, join_seconds: float = 0.25,
+              lost_seconds: float = 1.0) -> int:
     """Run island `name`'s `workers` worker processes (`python -m dipaco <args> --worker k`) until every one has
     exited; a worker that fails before the run is `finished` is restarted. The lighthouse forms a quorum without a
-    worker not there `join_seconds` after the first asked. Returns the restarts; raises naming the worker's log
-    when the restarts run out or when no worker ended cleanly."""
-    lighthouse = start_lighthouse(join_timeout_ms=max(1, round(join_seconds * 1000)))
+    live worker not there `join_seconds` after the first asked, and without a worker silent for `lost_seconds`.
+    Returns the restarts; raises naming the worker's log when the restarts run out or when no worker ended cleanly."""
+    lighthouse = start_lighthouse(join_timeout_ms=max(1, round(join_seconds * 1000)),
+                                  heartbeat_timeout_ms=max(1, round(lost_seconds * 1000)))
     env = {LIGHTHOUSE_ENV: lighthouse.address(), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}  # torchft's own
     log.info("island %s: lighthouse at %s, %d workers of %d threads", name, lighthouse.address(), workers, threads)
     tasks = [Task(name=f"island {name} worker {k}", args=[*args, "--worker", str(k)], log=logs / f"{name}-w{k}.log")

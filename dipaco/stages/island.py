@@ -123,7 +123,8 @@ def elastic_island(config: Config, run: RunDir, store: ModuleStore, *, name: str
             raise ValueError("an elastic island restarts its workers from its own command line, which is unknown here")
         threads = max(1, int(os.environ.get(THREADS_ENV) or available_cores()) // workers)
         restarts = run_group(name=name, args=[*argv, "--name", name], workers=workers, threads=threads, logs=run.logs,
-                             finished=lambda: run_finished(store), join_seconds=config.resilience.worker_join_seconds)
+                             finished=lambda: run_finished(store), join_seconds=config.resilience.worker_join_seconds,
+                             lost_seconds=config.resilience.worker_lost_seconds)
         print(f"island {name}: {workers} workers, {restarts} restarts")
         return
     if not 0 <= worker < workers:

@@ -1,6 +1,6 @@
 """Elastic islands: several worker processes train one path, and go on when one fails.
 
-    torchft_lighthouse --min_replicas 1 --join_timeout_ms 1000 &        # one per island
+    torchft_lighthouse --min_replicas 1 --join_timeout_ms 250 --heartbeat_timeout_ms 1000 &   # one per island
     TORCHFT_LIGHTHOUSE=http://host:29510 ... ctx = join("island-3-w0", device)
     out = train_task(setup, task, ctx=ctx)                            # every worker, the same task
 
@@ -53,13 +53,16 @@ def require_torchft() -> Any:
     return torchft
 
 
-def start_lighthouse(*, join_timeout_ms: int = 1000) -> Any:
+def start_lighthouse(*, join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 1000) -> Any:
     """A torchft lighthouse for one island, on any free port of this machine (`.address()`, `.shutdown()`):
-    it forms a quorum of whichever workers are there (at least one) `join_timeout_ms` after the first asks."""
+    it forms a quorum of whichever workers are there (at least one) `join_timeout_ms` after the first asks, and
+    counts a worker gone `heartbeat_timeout_ms` after its last heartbeat. Until then it waits for that worker
+    (torchft forms no quorum of half its live workers or fewer), so this is the island's pause when one dies."""
     require_torchft()
     from torchft.coordination import LighthouseServer
 
-    return LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=join_timeout_ms)
+    return LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=join_timeout_ms,
+                            heartbeat_timeout_ms=heartbeat_timeout_ms)
 
 
 @dataclass(frozen=True)
