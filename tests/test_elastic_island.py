@@ -433,3 +433,48 @@ def test_an_elastic_island_loses_its_leading_worker_mid_task_and_goes_on(tiny_ro
     assert sum(pushes) == 1 and (pushes[0] or f"healed from a live peer into {in_flight.removesuffix('#0')}" in rejoined)
     later = [key for key in pushed if key != in_flight]  # it died in `in_flight`: any other it sealed came later
     assert any(f"(island-0-w0): {key} sealed" in rejoined for key in later), rejoined[-3000:]
+
+
+def test_an_island_whose_every_worker_died_comes_back_as_a_new_incarnation_and_trains(tiny_routed, tmp_path):
+    """Workers driven one at a time over `Membership`, the real coordinator beside them: w0 dies in its first task;
+    w1, alone, leads the island, and the board gives the lost task to w1's incarnation; w1 dies too. w0 comes back
+    with nothing and no live peer to heal from: it is a new incarnation, idle, and the board gives it tasks, which it
+    seals (it must not keep reporting the task it forgot as in training, which the board would wait on forever)."""
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.elastic import ElasticContext
+    from dipaco.islands.island.elastic_island import ElasticIsland
+    from dipaco.stages.island import island_setup
+
+    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=3", "faults.step_seconds=0.01"])
+    membership, clock = Membership(), Clock()
+    coordinator = run.coordinator(clock)
+
+    def worker(k: int) -> ElasticIsland:
+        def join(replica, device, *, live):
+            return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live)
+        return ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=k, workers=2, join=join,
+                             poll_seconds=0.0)
+
+    def rounds(island: ElasticIsland, until, what: str) -> None:
+        for _ in range(300):
+            if until():
+                return
+            coordinator.tick()
+            clock.t += 0.5
+            island.round()
+        raise AssertionError(f"{island.replica}: {what} never happened (presence {island.presence.status!r}, "
+                             f"{island.presence.current!r})")
+
+    w0, w1 = worker(0), worker(1)
+    in_task = lambda island: island.state.progress is not None and island.state.progress.done >= 1  # noqa: E731
+    rounds(w0, lambda: in_task(w0), "w0 in a task")
+    lost, first = w0.state.progress.task, w0.presence.incarnation
+    w0._go_down()
+    rounds(w1, lambda: in_task(w1), "w1 in a task")
+    assert w1.presence.incarnation not in (first, w0.presence.incarnation)
+    w1._go_down()
+    rounds(w0, lambda: len(w0.trained) >= 2, "w0 sealing two tasks after everyone died")
+    assert w0.presence.incarnation != first and w0.state.healed == 0  # a new incarnation, not healed from anyone
+    assert lost.key in {key.split("#")[0] for key in w0.trained} | {t.key for t in coordinator.board.tasks.values()
+                                                                    if t.status not in ("assigned", "cut")}

@@ -127,9 +127,11 @@ class ElasticIsland:
             raise IslandFailure(f"island {self.name} worker {self.replica}: injected failure")
 
     def _go_down(self) -> None:
-        """An injected death: out of the quorum at once, nothing kept, back after `faults.return_after`."""
+        """An injected death: out of the quorum at once, nothing kept, back after `faults.return_after` as a new
+        incarnation (a live peer's state replaces it when it heals; with none, the island lost its task)."""
         self.ctx.leave()
         self.presence.silent = True
+        self.presence.reincarnate()
         self.state.progress, self.unpushed = None, None
         self.setup.models.release_gradients()
         self.island.held.forget()
@@ -179,6 +181,8 @@ class ElasticIsland:
             if held.path != task.path:
                 held.hand_off()  # it lets its last path go
             self.presence.training(task)
+        else:
+            self.presence.idle()  # between tasks: no task in training, whatever a peer it healed from was doing
         island.heartbeat()
         return {"stop": stop, "task": task.to_json() if task is not None else None, "pushed": pushed,
                 "presence": presence_of(self.presence), "held_uploaded": held.uploaded}
