@@ -478,3 +478,18 @@ def test_an_island_whose_every_worker_died_comes_back_as_a_new_incarnation_and_t
     assert w0.presence.incarnation != first and w0.state.healed == 0  # a new incarnation, not healed from anyone
     assert lost.key in {key.split("#")[0] for key in w0.trained} | {t.key for t in coordinator.board.tasks.values()
                                                                     if t.status not in ("assigned", "cut")}
+
+
+def test_a_shrunk_islands_try_takes_each_members_share_at_the_full_island_and_leaves_the_rest():
+    """A step of 8 rows on an island of 2 workers: one worker alone takes 4 rows and the step is not complete; the
+    next try (the worker back) splits the 4 rows left over both and completes it."""
+    from dipaco.islands.island.elastic import completes_step, rows_left
+
+    covered = torch.zeros(8)
+    assert rows_left(covered, rank=0, world=1, share=4) == [0, 1, 2, 3]
+    assert not completes_step(covered, world=1, share=4)
+    covered[:4] = 1.0
+    assert [rows_left(covered, rank=r, world=2, share=4) for r in (0, 1)] == [[4, 6], [5, 7]]
+    assert completes_step(covered, world=2, share=4)
+    assert rows_left(torch.zeros(8), rank=1, world=2, share=4) == [1, 3, 5, 7]  # the full island: as before
+    assert rows_left(covered, rank=None, world=2, share=4) == []

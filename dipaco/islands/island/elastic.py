@@ -229,12 +229,19 @@ class KeptRows:
     loss: float = 0.0
 
 
-def rows_left(covered: torch.Tensor, *, rank: int | None, world: int) -> list[int]:
+def rows_left(covered: torch.Tensor, *, rank: int | None, world: int, share: int | None = None) -> list[int]:
     """This member's rows of a step's try: the rows no member keeps (`covered`, the quorum's sum of the members'
-    kept-row masks, is 0 there), split over the quorum as participant `rank` of `world` (none when not in it)."""
+    kept-row masks, is 0 there), at most `share` each (the first `share` x `world` of them), split over the quorum
+    as participant `rank` of `world` (none when not in it)."""
     if rank is None or world < 1:
         return []
-    return [int(i) for i in torch.nonzero(covered == 0).flatten()][rank::world]
+    left = [int(i) for i in torch.nonzero(covered == 0).flatten()]
+    return (left if share is None else left[:share * world])[rank::world]
+
+
+def completes_step(covered: torch.Tensor, *, world: int, share: int) -> bool:
+    """Whether a try of `world` members taking at most `share` rows each covers every row no member keeps."""
+    return int((covered == 0).sum()) <= share * world
 
 
 def accumulate_rows(model: torch.nn.Module, batch: np.ndarray, rows: list[int], *, device: torch.device,

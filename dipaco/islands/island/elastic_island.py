@@ -10,8 +10,10 @@ says (`elastic_state.IslandState`, which a worker behind heals from a live peer 
 - between tasks, a boundary round: its leader (the lowest rank that holds the last task's result not pushed
   yet, else rank 0) pushes that result unless the store has it already, beats, reads the board, hands its held
   carried state off when asked, and tells every member the next task, to wait, or to stop (the run is over);
-- in a task, a step round: one try of an inner step, the rows of its batch split over the quorum
-  (`elastic.rows_left`; a try that failed keeps the rows its survivors computed, `elastic.KeptRows`); the step
+- in a task, a step round: one try of an inner step, the rows of its batch split over the quorum, each member
+  taking at most its share at the full island (`elastic.rows_left`: a shrunk island's step takes several tries, and
+  a worker that returns joins at the next; a try that failed keeps the rows its survivors computed,
+  `elastic.KeptRows`); the step
   leader's board watch (cut, cancelled) travels with the gradients, so every member stops at the same step;
 - after the task's last step, a seal round: every member computes the result (`training.finish_task`) and the
   members check that their pseudo-gradients and carried states are identical by digest (`elastic_messages`):
@@ -257,7 +259,9 @@ class ElasticIsland:
         covered = torch.zeros(batch.shape[0], dtype=torch.float32)
         covered[kept.rows] = 1.0
         manager.allreduce(covered, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-        rows = [] if manager.errored() else elastic.rows_left(covered, rank=rank, world=world)
+        share = -(-batch.shape[0] // self.workers)  # a member's rows at the full island: a try of a shrunk island
+        rows = [] if manager.errored() else elastic.rows_left(covered, rank=rank, world=world, share=share)
+        whole = elastic.completes_step(covered, world=world, share=share)  # else its rows wait, kept, for the next
         for name, param in begun.params.items():  # the kept rows' gradients, this try's added to them
             param.grad = kept.grads[name].clone() if name in kept.grads else None
         loss = elastic.accumulate_rows(begun.model, batch, rows, device=begun.device,
@@ -271,12 +275,12 @@ class ElasticIsland:
         held = pr.kept if pr.kept is not None and pr.kept.step == pr.done else kept
         control = torch.tensor([held.loss if rank is not None else 0.0, cut, cancelled], dtype=torch.float64)
         summing = time.perf_counter()
-        committed = self._commit(pr, control)
+        committed = self._commit(pr, control) if whole else self._commit_part(pr, control)
         self.commits = [*self.commits[-COMMITS_SEEN + 1:], time.perf_counter() - summing]
         if not committed:
             self.failed_tries += 1
             self.kept_rows += len(pr.kept.rows) if pr.kept is not None and pr.kept.step == pr.done else 0
-        else:
+        elif whole or control[1:].any():
             pr.kept = None
             if control[2] > 0:
                 self._drop(pr)
@@ -319,6 +323,15 @@ class ElasticIsland:
             for group in pr.begun.optimizer.param_groups:
                 group["lr"] = lr_at(pr.first + pr.done, config=inner, total_steps=pr.total)
             pr.begun.optimizer.step()
+        pr.begun.optimizer.zero_grad(set_to_none=True)
+        return committed
+
+    def _commit_part(self, pr: Progress, control: torch.Tensor) -> bool:
+        """A try that leaves rows of its step to the next (each member took its share at the full island, so a
+        worker that returns to a shrunk island joins within a pace): only `control` is summed, no step is taken,
+        the members keep their rows' gradients (`pr.kept`). False: the round failed."""
+        _sum_flat(self.ctx.manager, [control])
+        committed = self.ctx.manager.should_commit()
         pr.begun.optimizer.zero_grad(set_to_none=True)
         return committed
 
