@@ -16,8 +16,8 @@ islands). A paced step of an island's worker takes the pace times its rows over 
 
 Ceiling of a failure row: MTBF / (MTBF + R) x the failure-free row's goodput (the workers' up-time alone).
 The simulator (`dipaco.simulate`): learners of W chips that answer a chip's failure elastically (the failed
-chip's share of the step in progress lost, pauses that add up to the lighthouse's join timeout per failure), the
-overhead fitted to the failure-free row.
+chip's share of the step in progress lost, a pause while the lighthouse has not yet counted the dead worker gone,
+the returning worker away until the step in flight ends), the overhead fitted to the failure-free row.
 """
 
 from __future__ import annotations
@@ -110,11 +110,19 @@ def evaluate_checks(out: dict) -> list[dict]:
 
 
 def join_pause(out: dict, row: dict) -> float:
-    """The simulator's pause at a worker's leave and at its return: half the lighthouse's join timeout
-    (`resilience.worker_join_seconds`) each. The island waits the whole timeout once, when a worker dies; a
-    returning worker joins the next quorum at once and heals while its peers train its first step."""
+    """The simulator's pause of a shrinking island at a worker's leave and at its return, half each of the pause
+    a death costs: its survivors ask for the next quorum when the step in flight ends, a uniform time u in (0, p)
+    after the death, and wait until the lighthouse counts the dead worker gone, L = `resilience.worker_lost_seconds`
+    after its last heartbeat: E[max(0, L - u)] = L^2 / 2p (L <= p), else L - p / 2."""
     config = load_config(out["setting"]["config"], [*out["setting"]["common"], *row.get("overrides", [])])
-    return config.resilience.worker_join_seconds / 2
+    lost, pace = config.resilience.worker_lost_seconds, out["setting"]["step_seconds"]
+    return (lost * lost / (2 * pace) if lost <= pace else lost - pace / 2) / 2
+
+
+def rejoin_wait(out: dict, workers: int) -> float:
+    """How much longer than R a worker is away: it joins when the step in flight of its shrunk island (one batch
+    over W - 1 workers: p W / (W - 1)) ends, on average half of it."""
+    return out["setting"]["step_seconds"] * workers / (workers - 1) / 2
 
 
 def predict(out: dict) -> dict:
@@ -129,7 +137,9 @@ def predict(out: dict) -> dict:
         at = _settings(out, overhead=overhead, sigma=0.0, mtbf_tasks=row.get("mtbf_tasks"), names=names)
         return dataclasses.replace(at, sim=dataclasses.replace(at.sim, chips_per_learner=workers,
                                                                learner_failure="elastic",
-                                                               reconfigure_seconds=join_pause(out, row)))
+                                                               reconfigure_seconds=join_pause(out, row),
+                                                               restart_seconds=at.sim.restart_seconds
+                                                               + rejoin_wait(out, workers)))
 
     before = out.get("prediction") or {}
     same_fit = before.get("fitted_to") == [reference, rows[reference]["goodput"]]
@@ -149,7 +159,8 @@ def predict(out: dict) -> dict:
                                         rounds=s["rounds"], keeps_rows=True)
         runs.append({"run": name, "goodput": goodput, "fitted": name == reference, "inputs": inputs})
     return {"settings": (f"{s['islands']} learners of {workers} chips, elastic (the failed chip's share of the step lost, "
-                         f"a pause of half the join timeout when a worker leaves and when it returns), per-task overhead "
+                         f"the wait for the lighthouse to count it gone, L^2 / 2p, half when a worker leaves and half "
+                         f"when it returns, and a returning chip away R + half a shrunk island's step), per-task overhead "
                          f"{overhead:.2f}s fitted to {reference}; data "
                          f"parallel: {s['islands'] * workers} one-chip learners as one non-elastic job; mean of {SEEDS} "
                          "failure draws (bench/islands_elastic.py)"), "overhead_seconds": overhead, "runs": runs,
