@@ -1,0 +1,66 @@
+"""Elastic islands that shrink: a try of a shrunk island takes each member's share at the full island (a returning
+worker joins at the next try), and an island whose every worker died comes back as a new incarnation and trains.
+Workers in threads over `Membership` (torchft at the edge, tests/test_elastic_island.py), the real coordinator."""
+
+import torch
+from test_elastic_island import Membership
+
+
+def test_an_island_whose_every_worker_died_comes_back_as_a_new_incarnation_and_trains(tiny_routed, tmp_path):
+    """Workers driven one at a time over `Membership`, the real coordinator beside them: w0 dies in its first task;
+    w1, alone, leads the island, and the board gives the lost task to w1's incarnation; w1 dies too. w0 comes back
+    with nothing and no live peer to heal from: it is a new incarnation, idle, and the board gives it tasks, which it
+    seals (it must not keep reporting the task it forgot as in training, which the board would wait on forever)."""
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.elastic import ElasticContext
+    from dipaco.islands.island.elastic_island import ElasticIsland
+    from dipaco.stages.island import island_setup
+
+    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=3", "faults.step_seconds=0.01"])
+    membership, clock = Membership(), Clock()
+    coordinator = run.coordinator(clock)
+
+    def worker(k: int) -> ElasticIsland:
+        def join(replica, device, *, live):
+            return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live)
+        return ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=k, workers=2, join=join,
+                             poll_seconds=0.0)
+
+    def rounds(island: ElasticIsland, until, what: str) -> None:
+        for _ in range(300):
+            if until():
+                return
+            coordinator.tick()
+            clock.t += 0.5
+            island.round()
+        raise AssertionError(f"{island.replica}: {what} never happened (presence {island.presence.status!r}, "
+                             f"{island.presence.current!r})")
+
+    w0, w1 = worker(0), worker(1)
+    in_task = lambda island: island.state.progress is not None and island.state.progress.done >= 1  # noqa: E731
+    rounds(w0, lambda: in_task(w0), "w0 in a task")
+    lost, first = w0.state.progress.task, w0.presence.incarnation
+    w0._go_down()
+    rounds(w1, lambda: in_task(w1), "w1 in a task")
+    assert w1.presence.incarnation not in (first, w0.presence.incarnation)
+    w1._go_down()
+    rounds(w0, lambda: len(w0.trained) >= 2, "w0 sealing two tasks after everyone died")
+    assert w0.presence.incarnation != first and w0.state.healed == 0  # a new incarnation, not healed from anyone
+    assert lost.key in {key.split("#")[0] for key in w0.trained} | {t.key for t in coordinator.board.tasks.values()
+                                                                    if t.status not in ("assigned", "cut")}
+
+
+def test_a_shrunk_islands_try_takes_each_members_share_at_the_full_island_and_leaves_the_rest():
+    """A step of 8 rows on an island of 2 workers: one worker alone takes 4 rows and the step is not complete; the
+    next try (the worker back) splits the 4 rows left over both and completes it."""
+    from dipaco.islands.island.elastic import completes_step, rows_left
+
+    covered = torch.zeros(8)
+    assert rows_left(covered, rank=0, world=1, share=4) == [0, 1, 2, 3]
+    assert not completes_step(covered, world=1, share=4)
+    covered[:4] = 1.0
+    assert [rows_left(covered, rank=r, world=2, share=4) for r in (0, 1)] == [[4, 6], [5, 7]]
+    assert completes_step(covered, world=2, share=4)
+    assert rows_left(torch.zeros(8), rank=1, world=2, share=4) == [1, 3, 5, 7]  # the full island: as before
+    assert rows_left(covered, rank=None, world=2, share=4) == []
