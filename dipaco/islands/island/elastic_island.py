@@ -13,8 +13,8 @@ says (`elastic_state.IslandState`, which a worker behind heals from a live peer 
 - in a task, a step round: one try of an inner step, the rows of its batch split over the quorum, each member
   taking at most its share at the full island (`elastic.rows_left`: a shrunk island's step takes several tries, and
   a worker that returns joins at the next; a try that failed keeps the rows its survivors computed,
-  `elastic.KeptRows`); the step
-  leader's board watch (cut, cancelled) travels with the gradients, so every member stops at the same step;
+  `elastic.KeptRows`); the step leader's board watch (cut, cancelled) travels with the gradients, so every member
+  stops at the same step;
 - after the task's last step, a seal round: every member computes the result (`training.finish_task`) and the
   members check that their pseudo-gradients and carried states are identical by digest (`elastic_messages`):
   an island whose workers disagree stops rather than push one of them.
