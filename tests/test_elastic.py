@@ -193,8 +193,9 @@ def test_a_killed_worker_drops_out_the_other_goes_on_and_it_rejoins_from_a_live_
                 torch.testing.assert_close(got[key], value, rtol=1e-4, atol=2e-6, msg=f"{name} {task.key} {key}")
 
 
+@pytest.mark.slow
 def test_an_islands_lighthouse_forms_a_quorum_without_a_worker_silent_for_worker_lost_seconds():
-    """torchft forms no quorum of half its live workers or fewer, so a survivor of two waits until its dead peer
+    """About 2 s, marked slow because it needs torchft (the `elastic` extra, not in `make install`). torchft forms no quorum of half its live workers or fewer, so a survivor of two waits until its dead peer
     is counted gone: after `resilience.worker_lost_seconds`, not torchft's default of 5 s (a request that may wait
     only 3 s is answered alone), and not before the dead peer's last heartbeat is that old."""
     pytest.importorskip("torchft")
