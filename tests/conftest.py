@@ -64,7 +64,8 @@ def pytest_collection_modifyitems(config, items):
 
 # `make test` runs on parallel workers (pytest-xdist, `-n auto --dist loadfile`): each worker is a process with
 # its own session fixtures, and takes whole files (a module fixture, such as a trained result or a Ray cluster, is
-# built once). The costliest session fixture, the trained run, is built once for all of them (`built_once`).
+# built once). The costliest session fixtures, the routed and the trained run, are built once for all of them
+# (`built_once`).
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """`build(folder)` done once per test session, also across xdist workers: the first worker that needs it
     builds it under a lock in the folder the workers share, the others wait for it and read it."""
@@ -116,16 +117,19 @@ def s3_env():
 
 @pytest.fixture(scope="session")
 def tiny_routed(tmp_path_factory) -> RunDir:
-    """configs/tiny.yaml after `dipaco route` and `dipaco shard` (read only: copy it to write)."""
+    """configs/tiny.yaml after `dipaco route` and `dipaco shard` (read only: copy it to write); built once for
+    all the xdist workers."""
     from dipaco.config import load_config
     from dipaco.stages.route import route
     from dipaco.stages.shard import shard
 
-    run = RunDir(tmp_path_factory.mktemp("tiny-routed"))
-    config = load_config(TINY)
-    route(config, run)
-    shard(config, run)
-    return run
+    def build(folder: Path) -> None:
+        (folder / "run").mkdir(parents=True)
+        config, run = load_config(TINY), RunDir(folder / "run")
+        route(config, run)
+        shard(config, run)
+
+    return RunDir(built_once(tmp_path_factory, "tiny-routed", build) / "run")
 
 
 @pytest.fixture(scope="session")
