@@ -259,7 +259,7 @@ class ResilienceConfig(Section):
     hold_seconds: NonNegative = 300.0  # a result whose modules' roles have no honest result to compare with yet waits this long for another path's (then only max_update_ratio bounds it)
     max_carried_ratio: Annotated[float, Range(above=0, off=0)] = 100.0  # reject an inner state whose error-feedback residual or drift has a norm above this times the largest of its path's accepted pseudo-gradient norms; 0 = off
     max_rejections: PositiveInt = 3  # stop the run when one task's results are rejected this many times
-    worker_join_seconds: Positive = 0.25  # an elastic island's quorum forms without a live worker that is not there this long after the first asked (its lighthouse's join timeout)
+    worker_join_seconds: Positive = 10.0  # an elastic island's quorum forms without a live worker that is not there this long after the first asked (its lighthouse's join timeout; above a try and a heal, or a late worker is left out round after round)
     worker_lost_seconds: Annotated[float, Range(above=0.2)] = 1.0  # an elastic island's lighthouse counts a worker gone this long after its last heartbeat (torchft's heartbeat_timeout_ms; workers beat every 0.1 s): the island's longest pause when a worker dies
 
     def __post_init__(self) -> None:

@@ -245,3 +245,65 @@ def test_an_islands_lighthouse_forms_a_quorum_without_a_worker_silent_for_worker
     finally:
         dead["a"].set()
         lighthouse.shutdown()
+
+
+@pytest.mark.slow
+def test_an_islands_lighthouse_waits_worker_join_seconds_for_a_late_live_worker_and_only_worker_lost_for_a_dead_one():
+    """About 4 s, slow because it needs torchft. In an island of three, a worker that asks for a quorum a try's
+    length before the others (one left out of the last quorum waits so) must not make the next quorum leave out the
+    last live worker by milliseconds: that worker would be behind, heal, be late again and be left out again, an
+    island one worker short for good (with torchft's join timeout at 0.25 s: every quorum of 4 workers had 3). A
+    dead worker still costs only `resilience.worker_lost_seconds`, not `worker_join_seconds`."""
+    pytest.importorskip("torchft")
+    import threading
+    from datetime import timedelta
+
+    from torchft._torchft import LighthouseClient
+
+    from dipaco.config import ResilienceConfig
+
+    config = ResilienceConfig()
+    assert config.worker_join_seconds > 2 * config.worker_lost_seconds  # the lead below is within it
+    lighthouse = elastic.start_lighthouse(join_timeout_ms=round(config.worker_join_seconds * 1000),
+                                          heartbeat_timeout_ms=round(config.worker_lost_seconds * 1000))
+    client = lambda: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5))  # noqa: E731
+    dead = {r: threading.Event() for r in "abc"}
+
+    def beat(replica: str) -> None:  # as a worker's manager does, until it dies
+        beating = client()
+        while not dead[replica].is_set():
+            beating.heartbeat(replica)
+            time.sleep(0.1)
+
+    quorums: dict[str, list[str]] = {}
+
+    def ask(replica: str, after: float = 0.0) -> threading.Thread:
+        def request() -> None:
+            time.sleep(after)
+            quorum = client().quorum(replica_id=replica, timeout=timedelta(seconds=8), step=0, world_size=1)
+            quorums[replica] = sorted(m.replica_id for m in quorum.participants)
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        return thread
+
+    try:
+        for replica in dead:
+            threading.Thread(target=beat, args=(replica,), daemon=True).start()
+        time.sleep(0.3)
+        lead = 2 * config.worker_lost_seconds  # "a" asks this long before "b", and "c" 0.1 s after "b"
+        for thread in [ask("a"), ask("b", after=lead), ask("c", after=lead + 0.1)]:
+            thread.join()
+        assert quorums == {r: ["a", "b", "c"] for r in "abc"}  # one quorum of the three live workers
+
+        dead["c"].set()  # "c" dies; the others ask for the next quorum
+        silent_since = time.monotonic()
+        for thread in [ask("a"), ask("b")]:
+            thread.join()
+        waited = time.monotonic() - silent_since
+        assert quorums["a"] == quorums["b"] == ["a", "b"]
+        assert config.worker_lost_seconds - 0.3 <= waited < config.worker_lost_seconds + 1.5, waited
+    finally:
+        for event in dead.values():
+            event.set()
+        lighthouse.shutdown()

@@ -1,6 +1,6 @@
 """Elastic islands: several worker processes train one path, and go on when one fails.
 
-    torchft_lighthouse --min_replicas 1 --join_timeout_ms 250 --heartbeat_timeout_ms 1000 &   # one per island
+    torchft_lighthouse --min_replicas 1 --join_timeout_ms 10000 --heartbeat_timeout_ms 1000 &   # one per island
     TORCHFT_LIGHTHOUSE=http://host:29510 ... ctx = join("island-3-w0", device)
     out = train_task(setup, task, ctx=ctx)                            # every worker, the same task
 
@@ -53,7 +53,7 @@ def require_torchft() -> Any:
     return torchft
 
 
-def start_lighthouse(*, join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 1000) -> Any:
+def start_lighthouse(*, join_timeout_ms: int = 10000, heartbeat_timeout_ms: int = 1000) -> Any:
     """A torchft lighthouse for one island, on any free port of this machine (`.address()`, `.shutdown()`):
     it forms a quorum of whichever workers are there (at least one) `join_timeout_ms` after the first asks, and
     counts a worker gone `heartbeat_timeout_ms` after its last heartbeat. Until then it waits for that worker
@@ -131,9 +131,16 @@ class ElasticContext:
     def leave(self) -> None:
         """Leave the island at once, as a worker that dies does: its connections close (a peer's collective in
         flight fails instead of waiting for its timeout) and it stops answering the lighthouse."""
+        self.drop_connections()
+        self.shutdown()
+
+    def drop_connections(self) -> None:
+        """Close this worker's connections of the round's collectives (a round that failed here): a peer still
+        waiting in one for data that will not come fails now and asks for the next quorum, instead of the others
+        waiting for it at the lighthouse (`resilience.worker_join_seconds`). The next quorum connects afresh:
+        a member that failed a round reports it, so the lighthouse gives that quorum a new id."""
         if self.pg is not None:
             self.pg.abort()
-        self.shutdown()
 
 
 def join(replica: str, device: torch.device, *, lighthouse: str | None = None, timeout: float = 60.0,
