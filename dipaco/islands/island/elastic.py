@@ -209,6 +209,8 @@ def elastic_steps(ctx: ElasticContext, model: torch.nn.Module, optimizer: torch.
         lr = lr_at(start_step + step, config=config, total_steps=total_steps)
         if not _commit(ctx, optimizer, params, lr=lr, grad_clip=config.grad_clip):
             failed += 1
+            if ctx.manager.errored() is not None:  # a member died in the step: peers stuck in it fail now
+                ctx.drop_connections()
             continue
         live.done += 1
         tokens += int(batch.size)
