@@ -193,58 +193,76 @@ def test_a_killed_worker_drops_out_the_other_goes_on_and_it_rejoins_from_a_live_
                 torch.testing.assert_close(got[key], value, rtol=1e-4, atol=2e-6, msg=f"{name} {task.key} {key}")
 
 
+class IslandAtItsLighthouse:
+    """Workers of an island as its lighthouse sees them (`start_lighthouse` at `ResilienceConfig`'s defaults): each
+    beats every 0.1 s, as a worker's manager does, until it dies (`dead[name].set()`), and asks for quorums;
+    `quorums[name]`: the members of the last quorum it got."""
+
+    def __init__(self, names: str, config):
+        import threading
+        from datetime import timedelta
+
+        from torchft._torchft import LighthouseClient
+
+        self.lighthouse = elastic.start_lighthouse(join_timeout_ms=round(config.worker_join_seconds * 1000),
+                                                   heartbeat_timeout_ms=round(config.worker_lost_seconds * 1000))
+        self.client = lambda: LighthouseClient(self.lighthouse.address(), connect_timeout=timedelta(seconds=5))
+        self.dead = {name: threading.Event() for name in names}
+        self.quorums: dict[str, list[str]] = {}
+        for name in names:
+            threading.Thread(target=self._beat, args=(name,), daemon=True).start()
+        time.sleep(0.3)
+
+    def _beat(self, name: str) -> None:
+        beating = self.client()
+        while not self.dead[name].is_set():
+            beating.heartbeat(name)
+            time.sleep(0.1)
+
+    def ask(self, name: str, *, after: float = 0.0, timeout: float = 3.0):
+        """`name` asks for a quorum `after` seconds from now, in a thread (returned, started)."""
+        import threading
+        from datetime import timedelta
+
+        def request() -> None:
+            time.sleep(after)
+            quorum = self.client().quorum(replica_id=name, timeout=timedelta(seconds=timeout), step=0, world_size=1)
+            self.quorums[name] = sorted(m.replica_id for m in quorum.participants)
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        for event in self.dead.values():
+            event.set()
+        self.lighthouse.shutdown()
+
+
 @pytest.mark.slow
 def test_an_islands_lighthouse_forms_a_quorum_without_a_worker_silent_for_worker_lost_seconds():
-    """About 2 s, marked slow because it needs torchft (the `elastic` extra, not in `make install`). torchft forms no quorum of half its live workers or fewer, so a survivor of two waits until its dead peer
-    is counted gone: after `resilience.worker_lost_seconds`, not torchft's default of 5 s (a request that may wait
-    only 3 s is answered alone), and not before the dead peer's last heartbeat is that old."""
+    """About 2 s, slow because it needs torchft (the `elastic` extra, not in `make install`). torchft forms no
+    quorum of half its live workers or fewer, so a survivor of two waits until its dead peer is counted gone:
+    after `resilience.worker_lost_seconds`, not torchft's default of 5 s (a request that may wait only 3 s is
+    answered alone), and not before the dead peer's last heartbeat is that old."""
     pytest.importorskip("torchft")
-    import threading
-    from datetime import timedelta
-
-    from torchft._torchft import LighthouseClient
-
     from dipaco.config import ResilienceConfig
 
     config = ResilienceConfig()
-    lost = config.worker_lost_seconds
-    lighthouse = elastic.start_lighthouse(join_timeout_ms=round(config.worker_join_seconds * 1000),
-                                          heartbeat_timeout_ms=round(lost * 1000))
-    client = lambda: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5))  # noqa: E731
-    dead = {"a": threading.Event(), "b": threading.Event()}
-
-    def beat(replica: str) -> None:  # as a worker's manager does, until it dies
-        beating = client()
-        while not dead[replica].is_set():
-            beating.heartbeat(replica)
-            time.sleep(0.1)
-
-    quorums: dict[str, list[str]] = {}
-
-    def ask(replica: str) -> None:
-        quorum = client().quorum(replica_id=replica, timeout=timedelta(seconds=3), step=0, world_size=1)
-        quorums[replica] = sorted(m.replica_id for m in quorum.participants)
-
+    island = IslandAtItsLighthouse("ab", config)
     try:
-        for replica in dead:
-            threading.Thread(target=beat, args=(replica,), daemon=True).start()
-        time.sleep(0.3)
-        both = [threading.Thread(target=ask, args=(r,)) for r in dead]
-        for t in both:
-            t.start()
-        for t in both:
-            t.join()
-        assert quorums == {"a": ["a", "b"], "b": ["a", "b"]}  # both live: one quorum of two
+        for thread in [island.ask("a"), island.ask("b")]:
+            thread.join()
+        assert island.quorums == {"a": ["a", "b"], "b": ["a", "b"]}  # both live: one quorum of two
 
-        dead["b"].set()  # "b" dies; "a" asks for the next quorum
+        island.dead["b"].set()  # "b" dies; "a" asks for the next quorum
         silent_since = time.monotonic()
-        ask("a")
+        island.ask("a").join()
         waited = time.monotonic() - silent_since
-        assert quorums["a"] == ["a"]  # it went on alone, within 3 s
-        assert waited >= lost - 0.3, waited  # not before "b" was counted gone
+        assert island.quorums["a"] == ["a"]  # it went on alone, within 3 s
+        assert waited >= config.worker_lost_seconds - 0.3, waited  # not before "b" was counted gone
     finally:
-        dead["a"].set()
-        lighthouse.shutdown()
+        island.close()
 
 
 @pytest.mark.slow
@@ -255,55 +273,24 @@ def test_an_islands_lighthouse_waits_worker_join_seconds_for_a_late_live_worker_
     island one worker short for good (with torchft's join timeout at 0.25 s: every quorum of 4 workers had 3). A
     dead worker still costs only `resilience.worker_lost_seconds`, not `worker_join_seconds`."""
     pytest.importorskip("torchft")
-    import threading
-    from datetime import timedelta
-
-    from torchft._torchft import LighthouseClient
-
     from dipaco.config import ResilienceConfig
 
     config = ResilienceConfig()
     assert config.worker_join_seconds > 2 * config.worker_lost_seconds  # the lead below is within it
-    lighthouse = elastic.start_lighthouse(join_timeout_ms=round(config.worker_join_seconds * 1000),
-                                          heartbeat_timeout_ms=round(config.worker_lost_seconds * 1000))
-    client = lambda: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5))  # noqa: E731
-    dead = {r: threading.Event() for r in "abc"}
-
-    def beat(replica: str) -> None:  # as a worker's manager does, until it dies
-        beating = client()
-        while not dead[replica].is_set():
-            beating.heartbeat(replica)
-            time.sleep(0.1)
-
-    quorums: dict[str, list[str]] = {}
-
-    def ask(replica: str, after: float = 0.0) -> threading.Thread:
-        def request() -> None:
-            time.sleep(after)
-            quorum = client().quorum(replica_id=replica, timeout=timedelta(seconds=8), step=0, world_size=1)
-            quorums[replica] = sorted(m.replica_id for m in quorum.participants)
-
-        thread = threading.Thread(target=request)
-        thread.start()
-        return thread
-
+    island = IslandAtItsLighthouse("abc", config)
     try:
-        for replica in dead:
-            threading.Thread(target=beat, args=(replica,), daemon=True).start()
-        time.sleep(0.3)
         lead = 2 * config.worker_lost_seconds  # "a" asks this long before "b", and "c" 0.1 s after "b"
-        for thread in [ask("a"), ask("b", after=lead), ask("c", after=lead + 0.1)]:
+        for thread in [island.ask("a", timeout=8), island.ask("b", after=lead, timeout=8),
+                       island.ask("c", after=lead + 0.1, timeout=8)]:
             thread.join()
-        assert quorums == {r: ["a", "b", "c"] for r in "abc"}  # one quorum of the three live workers
+        assert island.quorums == {r: ["a", "b", "c"] for r in "abc"}  # one quorum of the three live workers
 
-        dead["c"].set()  # "c" dies; the others ask for the next quorum
+        island.dead["c"].set()  # "c" dies; the others ask for the next quorum
         silent_since = time.monotonic()
-        for thread in [ask("a"), ask("b")]:
+        for thread in [island.ask("a", timeout=8), island.ask("b", timeout=8)]:
             thread.join()
         waited = time.monotonic() - silent_since
-        assert quorums["a"] == quorums["b"] == ["a", "b"]
+        assert island.quorums["a"] == island.quorums["b"] == ["a", "b"]
         assert config.worker_lost_seconds - 0.3 <= waited < config.worker_lost_seconds + 1.5, waited
     finally:
-        for event in dead.values():
-            event.set()
-        lighthouse.shutdown()
+        island.close()
