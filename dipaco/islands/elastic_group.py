@@ -28,8 +28,8 @@ MAX_RESTARTS = 20  # restarts of the island's workers, all together, before the 
 
 
 def run_group(*, name: str, args: list[str], workers: int, threads: int, logs: Path,
-              finished: Callable[[], bool], restart_seconds: float = RESTART_SECONDS, join_seconds: float = 10.0,
-              lost_seconds: float = 1.0) -> int:
+              finished: Callable[[], bool], join_seconds: float, lost_seconds: float,
+              restart_seconds: float = RESTART_SECONDS) -> int:
     """Run island `name`'s `workers` worker processes (`python -m dipaco <args> --worker k`) until every one has
     exited; a worker that fails before the run is `finished` is restarted. The lighthouse forms a quorum without a
     live worker not there `join_seconds` after the first asked, and without a worker silent for `lost_seconds`.

@@ -53,7 +53,7 @@ def require_torchft() -> Any:
     return torchft
 
 
-def start_lighthouse(*, join_timeout_ms: int = 10000, heartbeat_timeout_ms: int = 1000) -> Any:
+def start_lighthouse(*, join_timeout_ms: int, heartbeat_timeout_ms: int) -> Any:
     """A torchft lighthouse for one island, on any free port of this machine (`.address()`, `.shutdown()`):
     it forms a quorum of whichever workers are there (at least one) `join_timeout_ms` after the first asks, and
     counts a worker gone `heartbeat_timeout_ms` after its last heartbeat. Until then it waits for that worker
@@ -142,6 +142,11 @@ class ElasticContext:
         if self.pg is not None:
             self.pg.abort()
 
+    def end_round(self) -> None:
+        """After a round: when it failed here (a member died in it), `drop_connections`."""
+        if self.manager.errored() is not None:
+            self.drop_connections()
+
 
 def join(replica: str, device: torch.device, *, lighthouse: str | None = None, timeout: float = 60.0,
          live: Any = None) -> ElasticContext:
@@ -209,8 +214,7 @@ def elastic_steps(ctx: ElasticContext, model: torch.nn.Module, optimizer: torch.
         lr = lr_at(start_step + step, config=config, total_steps=total_steps)
         if not _commit(ctx, optimizer, params, lr=lr, grad_clip=config.grad_clip):
             failed += 1
-            if ctx.manager.errored() is not None:  # a member died in the step: peers stuck in it fail now
-                ctx.drop_connections()
+            ctx.end_round()
             continue
         live.done += 1
         tokens += int(batch.size)

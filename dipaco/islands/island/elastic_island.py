@@ -155,8 +155,7 @@ class ElasticIsland:
             self._step(progress, rank, world)
         else:
             self._seal(progress, rank, world)
-        if manager.errored() is not None:  # a member died in the round: peers stuck in its collective fail now
-            self.ctx.drop_connections()
+        self.ctx.end_round()
 
     def _lead(self, leading: bool, world: int) -> None:
         self.presence.silent, self.presence.world = not leading, world
