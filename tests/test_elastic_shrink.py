@@ -1,5 +1,6 @@
 """Elastic islands that shrink: a try of a shrunk island takes each member's share at the full island (a returning
-worker joins at the next try), and an island whose every worker died comes back as a new incarnation and trains.
+worker joins at the next try), an island whose every worker died comes back as a new incarnation and trains, and
+resumes its task from the island's inner checkpoint.
 Workers in threads over `Membership` (torchft at the edge, tests/test_elastic_island.py), the real coordinator."""
 
 import torch
@@ -49,6 +50,56 @@ def test_an_island_whose_every_worker_died_comes_back_as_a_new_incarnation_and_t
     assert w0.presence.incarnation != first and w0.state.healed == 0  # a new incarnation, not healed from anyone
     assert lost.key in {key.split("#")[0] for key in w0.trained} | {t.key for t in coordinator.board.tasks.values()
                                                                     if t.status not in ("assigned", "cut")}
+
+
+
+def test_an_island_whose_every_worker_died_resumes_its_task_from_its_inner_checkpoint(tiny_routed, tmp_path):
+    """`resilience.checkpoint_steps=1`: w0, the island's only live worker, dies after 2 of its task's 4 steps. It comes
+    back alone as a new incarnation, asks for the checkpoint's path, is given the task again and resumes it at step 2
+    (not step 0). What it seals counts each step once and equals a replay of the task's 4 steps from its start."""
+    from test_elastic import replay
+    from tiny_runs import Clock, make_run
+
+    from dipaco.islands.island.elastic import ElasticContext
+    from dipaco.islands.island.elastic_island import ElasticIsland
+    from dipaco.stages.island import island_setup
+
+    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=4", "faults.step_seconds=0.01",
+                                                   "resilience.checkpoint_steps=1"])
+    membership, clock = Membership(), Clock()
+    coordinator = run.coordinator(clock)
+
+    def join(replica, device, *, live):
+        return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live)
+
+    w0 = ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=0, workers=2, join=join, poll_seconds=0.0)
+
+    def rounds(until, what: str) -> None:
+        for _ in range(300):
+            if until():
+                return
+            coordinator.tick()
+            clock.t += 0.5
+            w0.round()
+        raise AssertionError(f"{what} never happened (presence {w0.presence.status!r}, {w0.presence.current!r})")
+
+    rounds(lambda: w0.state.progress is not None and w0.state.progress.done >= 2, "w0 two steps into a task")
+    lost = w0.state.progress.task
+    assert w0.state.progress.done == 2 and w0.checkpoint.exists()
+    w0._go_down()
+    assert w0.presence.last_path == lost.path  # it asks for the checkpoint's path first
+    rounds(lambda: any(key.startswith(lost.key + "#") for key in w0.trained), f"w0 sealing {lost.key} again")
+    assert w0.island.resumed == [(lost.key, 2)]
+    task, out = w0.unpushed
+    assert task.key == lost.key and task.attempt > lost.attempt
+    assert out.meta.steps == 4 and len(out.meta.losses) == 4  # the 2 steps before the checkpoint counted once
+    assert out.meta.tokens == 4 * run.config.inner.batch_size * run.config.sharding.seq_len
+    expected = replay(run.setup, task, [{"step": s, "world": 2} for s in range(4)])
+    assert out.pseudo_gradient.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(out.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
+    rounds(lambda: w0.unpushed is None, "w0 pushing it")
+    assert not w0.checkpoint.exists()  # the result is in the store
 
 
 def test_a_shrunk_islands_try_takes_each_members_share_at_the_full_island_and_leaves_the_rest():

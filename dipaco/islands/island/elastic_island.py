@@ -18,6 +18,10 @@ says (`elastic_state.IslandState`, which a worker behind heals from a live peer 
 - after the task's last step, a seal round: every member computes the result (`training.finish_task`) and the
   members check that their pseudo-gradients and carried states are identical by digest (`elastic_messages`):
   an island whose workers disagree stops rather than push one of them.
+With `resilience.checkpoint_steps` k, the step leader writes the island's inner checkpoint every k committed steps
+(`<run>/islands/<island>.safetensors`, as a one-process island's); a worker that begins a task alone, as the first
+worker back after the whole island died does, resumes it from there when it is the same task (and asks for the
+checkpoint's path first). Members that begin a task together start it afresh: on several hosts each holds its own.
 The leader of the latest round writes the island's heartbeat, `world` its quorum's size; when it dies, the
 next round's leader takes the role, and the result it held is pushed by another member at the next boundary.
 A failed round (a member died in it) is tried again by the others; every committed step trained its whole batch.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed
@@ -49,9 +54,11 @@ from dipaco.islands.island.pacing import Pacer
 from dipaco.islands.island.polling import IslandWorker
 from dipaco.islands.island.training import (
     IslandSetup,
+    TaskStart,
     TrainedTask,
     data_seed,
     finish_task,
+    progress_checkpoint,
     push_result,
     start_from_drift,
     start_task,
@@ -81,6 +88,7 @@ class ElasticIsland:
         self.commits: list[float] = []  # its last steps' all-reduce and commit seconds (the pace covers the least)
         self.island = IslandWorker(setup, name=name, pinned=pinned)  # its board, presence, held state and modules
         self.presence = self.island.presence
+        self.checkpoint = self.island.checkpoint  # the island's inner checkpoint (None: resilience.checkpoint_steps 0)
         self.presence.silent, self.presence.workers = True, workers  # it beats only while it leads
         self.state = IslandState(presence=self.presence, held=self.island.held, begin=self._begin)
         for noisy in ("torchft", "torchft_quorums", "torchft_commits"):  # each logs a line a step
@@ -139,6 +147,7 @@ class ElasticIsland:
         self.island.held.forget()
         self.island.modules.forget()
         time.sleep(self.faults.return_after)
+        self.island.ask_for_checkpointed_path()  # a peer's state replaces it when one is live
         log.warning("island %s (%s) is back after an injected failure; it joins and heals from a live peer",
                     self.name, self.replica)
         self.ctx = self._join()
@@ -170,7 +179,7 @@ class ElasticIsland:
             return
         if message is None:
             raise elastic.ElasticError(f"island {self.name}: a committed boundary round lost its leader's message")
-        self._apply(message)
+        self._apply(message, alone=world == 1)
 
     def _decide(self) -> dict:
         """The leader's store work between tasks, and what it tells the other members."""
@@ -190,8 +199,9 @@ class ElasticIsland:
         return {"stop": stop, "task": task.to_json() if task is not None else None, "pushed": pushed,
                 "presence": presence_of(self.presence), "held_uploaded": held.uploaded}
 
-    def _apply(self, message: dict) -> None:
-        """Every member: the leader's decision."""
+    def _apply(self, message: dict, *, alone: bool) -> None:
+        """Every member: the leader's decision (`alone`: this worker is the quorum, and may resume a task from the
+        island's inner checkpoint)."""
         restore_presence(self.presence, message["presence"])
         self.island.held.uploaded = message["held_uploaded"]
         if self.unpushed is not None and message["pushed"] == _key(self.unpushed[0]):
@@ -206,12 +216,14 @@ class ElasticIsland:
             time.sleep(self.poll_seconds)
         else:
             task = Task.from_json(message["task"], file=f"island {self.name}'s leader")
-            self.state.progress = self._begin(task, None)
+            self.state.progress = self._begin(task, None, checkpoint=self.checkpoint if alone else None)
             self.watch = self.island.board.watch(task)
 
     def _push(self) -> str:
         """Push the last task's result unless the store has it already (its leader then died after the push)."""
         task, out = self.unpushed
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)  # the result is in the store (or is about to be)
         if not result_exists(self.store, round=task.round, path=task.path, attempt=task.attempt, link=task.link):
             meta, _, _ = push_result(self.setup, task, out, island=self.name, handing_off=not task.keep_inner)
             log.info("island %s (%s): %s attempt %d pushed, loss %.3f, %d bytes up, trained by %d workers at the "
@@ -229,16 +241,24 @@ class ElasticIsland:
         since = self.waiting.setdefault(_key(task), time.monotonic())
         return time.monotonic() - since < self.setup.resilience.heartbeat_timeout
 
-    def _begin(self, task: Task, val_loss: float | None) -> Progress:
+    def _begin(self, task: Task, val_loss: float | None, *, checkpoint: Path | None = None) -> Progress:
         """Start `task` on this worker: its modules, model, optimizer and carried state (`training.start_task`),
-        the score of its base version (`val_loss` when a peer has it), and its batches."""
-        setup, inner = self.setup, self.setup.inner
-        begun = start_task(setup, task, ctx=self.ctx, held=self.island.held, timings=None, checkpoint=None,
+        the score of its base version (`val_loss` when a peer has it), and its batches; from the inner checkpoint
+        in `checkpoint` when that holds this task (its steps done count as committed)."""
+        setup = self.setup
+        begun = start_task(setup, task, ctx=self.ctx, held=self.island.held, timings=None, checkpoint=checkpoint,
                            modules=self.island.modules)
+        if begun.resume is not None:
+            return self._resumed(task, begun)
         if val_loss is None:
             val_loss = float("nan") if task.chain else setup.validation.loss(begun.model, path=task.path)
         if begun.carried.drift:
             start_from_drift(begun.params, begun.carried.drift, setup.topology, path=task.path)
+        return self._progress(task, begun, val_loss=val_loss)
+
+    def _progress(self, task: Task, begun: TaskStart, *, val_loss: float) -> Progress:
+        """`task` begun, at its first step: the model in training mode, the path's batches from the task's offset."""
+        setup, inner = self.setup, self.setup.inner
         begun.model.train()
         batches = setup.reader.iter_batches(task.path, "train", batch_size=inner.batch_size,
                                             seed=data_seed(setup.run.seed, path=task.path),
@@ -247,6 +267,17 @@ class ElasticIsland:
         return Progress(task=task, begun=begun, cursor=elastic.BatchCursor(batches), val_loss=val_loss,
                         pacer=Pacer(step_seconds=setup.step_seconds, slowdown=setup.slowdown),
                         first=first + task.step_offset, total=total, steps=task.steps or inner.steps)
+
+    def _resumed(self, task: Task, begun: TaskStart) -> Progress:
+        """`_begin` from the island's inner checkpoint of `task`: its committed steps, their losses and tokens."""
+        resume = begun.resume
+        self.island.resumed.append((task.key, resume.steps))
+        progress = self._progress(task, begun, val_loss=resume.val_loss_start)
+        progress.done, progress.losses, progress.tokens = resume.steps, list(resume.losses), resume.tokens
+        progress.seconds = resume.seconds
+        log.info("island %s (%s): %s resumed from the island's inner checkpoint at step %d", self.name, self.replica,
+                 task.key, resume.steps)
+        return progress
 
     # --- in a task -------------------------------------------------------------------------------------
     def _step(self, pr: Progress, rank: int | None, world: int) -> None:
@@ -297,7 +328,17 @@ class ElasticIsland:
                                                           rank=-1 if rank is None else rank,
                                                           loss=held.loss * batch.shape[0] / len(held.rows)
                                                           if held.rows else float("nan")))
+                self._save_progress(pr, rank)
         pr.seconds += time.perf_counter() - started
+
+    def _save_progress(self, pr: Progress, rank: int | None) -> None:
+        """The step leader writes the island's inner checkpoint every `resilience.checkpoint_steps` committed steps
+        (not after the task's last: its result follows)."""
+        every = self.setup.resilience.checkpoint_steps
+        if self.checkpoint is None or rank != 0 or pr.done % every != 0 or pr.done >= pr.steps:
+            return
+        progress_checkpoint(pr.task, pr.begun, steps=pr.done, losses=pr.losses, tokens=pr.tokens,
+                            seconds=pr.seconds, val_loss=pr.val_loss).save(self.checkpoint)
 
     def _flags(self) -> tuple[float, float]:
         try:
@@ -339,6 +380,8 @@ class ElasticIsland:
     def _drop(self, pr: Progress) -> None:
         """The board no longer wants the task: every member leaves it without a result."""
         self.state.progress = None
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)  # it can never be resumed
         self.setup.models.release_gradients()
         self.island.cancelled.append(pr.key)
         self.presence.idle()
@@ -351,7 +394,10 @@ class ElasticIsland:
         self._lead(rank == 0, world)
         task = pr.task
         if pr.out is None:  # once: finish_task consumes the task's θ_start
-            stats = {"losses": list(pr.losses), "tokens": pr.tokens, "seconds": pr.seconds, "steps": pr.steps}
+            resume = pr.begun.resume  # its steps before the checkpoint: finish_task adds them
+            before = (len(resume.losses), resume.tokens, resume.seconds) if resume is not None else (0, 0, 0.0)
+            stats = {"losses": pr.losses[before[0]:], "tokens": pr.tokens - before[1], "seconds": pr.seconds - before[2],
+                     "steps": pr.steps}
             pr.out = finish_task(self.setup, task, pr.begun, stats, val_loss=pr.val_loss, ctx=self.ctx, timings=None)
             self.setup.models.release_gradients()
             log.info("%s: %s", task.key, pr.pacer.summary())

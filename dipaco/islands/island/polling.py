@@ -61,7 +61,7 @@ class IslandWorker:
         self.resumed: list[tuple[str, int]] = []  # (task key, steps) of the tasks resumed from the checkpoint
         self.cancelled: list[str] = []  # "key#attempt" of the tasks it stopped because the board no longer wanted them
         self.reported: tuple[float, object] | None = None  # (island clock, counts) of its last traffic report
-        self._ask_for_checkpointed_path()
+        self.ask_for_checkpointed_path()
 
     @property
     def name(self) -> str:
@@ -143,7 +143,7 @@ class IslandWorker:
             if self.clock() < self.down_until:
                 return False
             self.down_until, self.presence.silent = None, False
-            self._ask_for_checkpointed_path()
+            self.ask_for_checkpointed_path()
             log.warning("island %s is back as incarnation %s", self.name, self.presence.incarnation)
         if self.faults.due():
             self.faults.fail()
@@ -201,7 +201,7 @@ class IslandWorker:
         self.heartbeat()
         log.warning("island %s: stopped %s (%s); asking for work", self.name, task.key, why)
 
-    def _ask_for_checkpointed_path(self) -> None:
+    def ask_for_checkpointed_path(self) -> None:
         """A (re)started island with an inner checkpoint reports its path as the one it trained last, so
         the coordinator hands it that path's task first (it resumes when the task is the same)."""
         if self.checkpoint is not None:

@@ -305,16 +305,24 @@ class StepSaver:
         if self.checkpoint is None or done % every != 0 or done >= self.steps:
             return
         started = time.perf_counter()
-        names = {param: name for name, param in self.begun.params.items()}
-        adam, adam_meta = optimizer_state(self.begun.optimizer, names)
-        InnerCheckpoint(task=task_identity(self.task), steps=done,
-                        params={name: p.detach().cpu().clone() for name, p in self.begun.params.items()},
-                        adam=adam, adam_meta=adam_meta,
-                        losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
-                        tokens=(resume.tokens if resume else 0) + tokens,
-                        seconds=(resume.seconds if resume else 0.0) + seconds,
-                        val_loss_start=self.val_loss, residual=self.begun.carried.residual).save(self.checkpoint)
+        progress_checkpoint(self.task, self.begun, steps=done,
+                            losses=(resume.losses if resume else ()) + tuple(losses.tolist()),
+                            tokens=(resume.tokens if resume else 0) + tokens,
+                            seconds=(resume.seconds if resume else 0.0) + seconds,
+                            val_loss=self.val_loss).save(self.checkpoint)
         self.saving += time.perf_counter() - started
+
+
+def progress_checkpoint(task: Task, begun: TaskStart, *, steps: int, losses: tuple[float, ...] | list[float],
+                        tokens: int, seconds: float, val_loss: float) -> InnerCheckpoint:
+    """The island's inner checkpoint of `task` after its first `steps` inner steps: the path's parameters and
+    optimizer state as they are now, the residual the task started from, and the steps' losses, tokens and seconds."""
+    names = {param: name for name, param in begun.params.items()}
+    adam, adam_meta = optimizer_state(begun.optimizer, names)
+    return InnerCheckpoint(task=task_identity(task), steps=steps,
+                           params={name: p.detach().cpu().clone() for name, p in begun.params.items()},
+                           adam=adam, adam_meta=adam_meta, losses=tuple(losses), tokens=tokens, seconds=seconds,
+                           val_loss_start=val_loss, residual=begun.carried.residual)
 
 
 def finish_task(setup: IslandSetup, task: Task, begun: TaskStart, stats: dict, *, val_loss: float,
