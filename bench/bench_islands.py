@@ -78,6 +78,7 @@ from bench.islands_applied import (  # noqa: E402
     tasks_by_island,
     worker_failures,
     worker_heals,
+    worker_time,
 )
 from bench.islands_goodput import recompute  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
@@ -272,6 +273,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
         "worker_heals": worker_heals(run.logs) if row.workers > 1 else None,
+        "worker_time": worker_time(run.logs) if row.workers > 1 else None,  # seconds by kind, every worker
         "injected_failures": (worker_failures(run.logs) if row.workers > 1
                               else sum(beat.failures for beat in read_heartbeats(store).values())),
         # bytes as the islands measured them at the store (train.json's `traffic`), per applied result, by kind

@@ -61,6 +61,16 @@ def worker_failures(logs: Path) -> int:
                for path in logs.glob("island-*-w*.log"))
 
 
+def worker_time(logs: Path) -> dict[str, float] | None:
+    """An elastic island's workers' wall seconds by kind (`elastic_time.KINDS`), summed over every worker: the last
+    `elastic worker time` line of each worker's log (None: no worker logged one)."""
+    from dipaco.islands.island.elastic_time import KINDS, parse_line
+
+    each = [parse_line(path.read_text(errors="replace")) for path in sorted(logs.glob("island-*-w*.log"))]
+    each = [seconds for seconds in each if seconds is not None]
+    return {kind: round(sum(seconds.get(kind, 0.0) for seconds in each), 2) for kind in KINDS} if each else None
+
+
 def worker_heals(logs: Path) -> int:
     """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
     return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))

@@ -189,6 +189,24 @@ def table(out: dict) -> str:
                            "cores: ours mean / max; machine mean"], lines)
 
 
+TIME_HEADERS = {"steps": "inner steps", "sync": "all-reduce (committed)", "failed": "tries that failed",
+                "quorum": "waiting for a quorum", "heal": "healing", "between": "between tasks", "seal": "sealing",
+                "down": "down (away, rejoin)"}
+
+
+def time_table(out: dict) -> str | None:
+    """Where the workers' wall time went, per elastic row: each kind's share of the workers' seconds summed."""
+    rows = [r for r in rows_of(out).values() if r.get("worker_time")]
+    if not rows:
+        return None
+    lines = []
+    for r in rows:
+        spent = r["worker_time"]
+        total = sum(spent.values())
+        lines.append([r["name"], f"{total:,.0f}", *(f"{spent.get(kind, 0.0) / total:.1%}" for kind in TIME_HEADERS)])
+    return markdown_table(["row", "worker-seconds", *TIME_HEADERS.values()], lines)
+
+
 def markdown(out: dict) -> str:
     s = out["setting"]
     return "\n".join([
@@ -205,6 +223,16 @@ def markdown(out: dict) -> str:
         "MTBF / (MTBF + R) x the failure-free row's goodput of the same seed. Perplexity: routed (prefix) on the "
         "held-out documents. Cores: this benchmark's processes' share of the 2 cores over the row (mean / busiest "
         "1-s window) and the whole machine's mean.", "",
+        *(["## Where the workers' time went", "",
+            time_table(out), "",
+            "Each worker's wall seconds from its start to the run's end by kind of round, from the last `elastic worker "
+            "time` line of its log (dipaco/islands/island/elastic_time.py), summed over the row's workers. Inner "
+            "steps: compute and the padding to the pace, up to the all-reduce; all-reduce (committed): beyond the "
+            "all-reduce's usual cost, which the pace covers, a wait for a slower member (one healing, or late); "
+            "tries that failed: the all-reduce of a try a member died in (its survivors keep the rows they computed) "
+            "and a round a death cut short; waiting for a quorum: the lighthouse's, a shrinking island's until the "
+            "dead worker is counted gone; healing: a returning worker's quorum, its state fetched from a peer; down: "
+            "away after an injected death (R), and the rejoin.", ""] if time_table(out) else []),
         "## Checks (issue 38)", "",
         markdown_table(["check", "verdict", "measured"], [[c["check"], c["verdict"], c["detail"]]
                                                          for c in out.get("checks", [])]),

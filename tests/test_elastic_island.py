@@ -347,6 +347,21 @@ def test_a_worker_leaves_mid_task_another_joins_and_heals_and_the_task_equals_it
         assert torch.equal(out.pseudo_gradient[key], theirs.pseudo_gradient[key]), key
         torch.testing.assert_close(out.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
     assert len(sealed["e0-w2"]) >= 2  # ... and it sealed a later task with w0
+    assert w2.time.seconds["heal"] > 0 and w0.time.seconds["heal"] == 0  # its time: only the returning worker healed
+    assert w0.time.seconds["steps"] >= 0.9 * 0.2 * 3 * 6  # 3 tasks of 6 steps, each try padded to 0.2 s at least
+
+
+def test_a_workers_time_line_reads_back_by_kind():
+    from dipaco.islands.island.elastic_time import KINDS, WorkerTime, parse_line
+
+    spent = WorkerTime()
+    spent.since -= 1.5
+    spent.add("heal")
+    text = f"earlier line\n12:00:00 x INFO: island e0 (e0-w1): {WorkerTime().line()}\n... {spent.line()}\nlast line\n"
+    assert parse_line(text) == {kind: 1.5 if kind == "heal" else 0.0 for kind in KINDS}  # the last line, whole
+    assert parse_line("no such line") is None
+    with pytest.raises(ValueError, match="unknown kind of worker time 'idle'"):
+        spent.add("idle")
 
 
 def worker_pids(run_root: Path, worker: int) -> list[int]:

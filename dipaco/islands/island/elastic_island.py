@@ -48,6 +48,7 @@ from dipaco.islands.island import elastic
 from dipaco.islands.island.cancellation import TaskCancelled, TaskCut
 from dipaco.islands.island.elastic_messages import digest_of, lowest_holder, same_everywhere, share_json
 from dipaco.islands.island.elastic_state import IslandState, Progress, presence_of, restore_presence
+from dipaco.islands.island.elastic_time import WorkerTime
 from dipaco.islands.island.faults import FaultClock, IslandFailure, no_faults
 from dipaco.islands.island.held import awaiting_handoff
 from dipaco.islands.island.pacing import Pacer
@@ -86,6 +87,7 @@ class ElasticIsland:
         self.failed_tries = 0  # step tries that did not commit (a member died in them)
         self.kept_rows = 0  # rows of those tries kept for the next (not trained again)
         self.commits: list[float] = []  # its last steps' all-reduce and commit seconds (the pace covers the least)
+        self.time = WorkerTime()  # its wall seconds by kind of round, logged at each seal and at the end
         self.island = IslandWorker(setup, name=name, pinned=pinned)  # its board, presence, held state and modules
         self.presence = self.island.presence
         self.checkpoint = self.island.checkpoint  # the island's inner checkpoint (None: resilience.checkpoint_steps 0)
@@ -117,6 +119,7 @@ class ElasticIsland:
             if not self.presence.silent:  # its leader, stopped before the run's end: the path moves on exactly
                 self._hand_off_on_stop()
             self.ctx.shutdown()
+            log.info("island %s (%s): %s", self.name, self.replica, self.time.line())
         return len(self.trained)
 
     def _hand_off_on_stop(self) -> None:
@@ -151,20 +154,32 @@ class ElasticIsland:
         log.warning("island %s (%s) is back after an injected failure; it joins and heals from a live peer",
                     self.name, self.replica)
         self.ctx = self._join()
+        self.time.add("down")
 
     def round(self) -> None:
+        """One quorum and the round the island's state calls for (its seconds counted in `self.time`)."""
         self._check_faults()
-        manager = self.ctx.manager
-        manager.start_quorum()  # a worker behind heals here: `self.state` is then its peer's
-        rank, world = manager.participating_rank(), max(manager.num_participants(), 1)
-        progress = self.state.progress
-        if progress is None:
-            self._boundary(rank, world)
-        elif progress.done < progress.steps:
-            self._step(progress, rank, world)
-        else:
-            self._seal(progress, rank, world)
-        self.ctx.end_round()
+        manager, healed = self.ctx.manager, self.state.healed
+        self.time.add("between" if self.state.progress is None else "steps")  # the last round's bookkeeping
+        try:
+            manager.start_quorum()  # a worker behind heals here: `self.state` is then its peer's
+            self.time.add("heal" if self.state.healed > healed else "quorum")
+            rank, world = manager.participating_rank(), max(manager.num_participants(), 1)
+            progress = self.state.progress
+            if progress is None:
+                kind = "between"
+                self._boundary(rank, world)
+            elif progress.done < progress.steps:
+                kind = "steps"
+                self._step(progress, rank, world)
+            else:
+                kind = "seal"
+                self._seal(progress, rank, world)
+            self.ctx.end_round()
+        except IslandFailure:
+            self.time.add("failed")  # a death in the round: what it did is lost
+            raise
+        self.time.add(kind)
 
     def _lead(self, leading: bool, world: int) -> None:
         self.presence.silent, self.presence.world = not leading, world
@@ -307,7 +322,9 @@ class ElasticIsland:
         held = pr.kept if pr.kept is not None and pr.kept.step == pr.done else kept
         control = torch.tensor([held.loss if rank is not None else 0.0, cut, cancelled], dtype=torch.float64)
         summing = time.perf_counter()
+        self.time.add("steps")
         committed = self._commit(pr, control) if whole else self._commit_part(pr, control)
+        self.time.add("sync" if committed else "failed")
         self.commits = [*self.commits[-COMMITS_SEEN + 1:], time.perf_counter() - summing]
         if not committed:
             self.failed_tries += 1
@@ -418,6 +435,7 @@ class ElasticIsland:
         log.info("island %s (%s): %s sealed, %d steps, loss %.3f, %d workers (this worker: %d failed tries, %.1f CPU "
                  "seconds so far)", self.name, self.replica, pr.key, out.meta.steps, out.meta.train_loss, world,
                  self.failed_tries, time.process_time())
+        log.info("island %s (%s): %s", self.name, self.replica, self.time.line())
 
 
 def _sum_flat(manager, tensors: list[torch.Tensor]) -> None:
