@@ -362,6 +362,9 @@ def test_a_workers_time_line_reads_back_by_kind():
     assert parse_line("no such line") is None
     with pytest.raises(ValueError, match="unknown kind of worker time 'idle'"):
         spent.add("idle")
+    spent.since -= 0.5
+    spent.add("sync", paced=0.2)  # an all-reduce of 0.5 s of which the pace covered 0.2 s: 0.3 s of waiting
+    assert spent.seconds["sync"] == pytest.approx(0.3, abs=0.01) and spent.seconds["steps"] == pytest.approx(0.2)
 
 
 def worker_pids(run_root: Path, worker: int) -> list[int]:

@@ -324,7 +324,7 @@ class ElasticIsland:
         summing = time.perf_counter()
         self.time.add("steps")
         committed = self._commit(pr, control) if whole else self._commit_part(pr, control)
-        self.time.add("sync" if committed else "failed")
+        self.time.add("sync" if committed else "failed", paced=min(self.commits, default=0.0))
         self.commits = [*self.commits[-COMMITS_SEEN + 1:], time.perf_counter() - summing]
         if not committed:
             self.failed_tries += 1

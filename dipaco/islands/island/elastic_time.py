@@ -7,8 +7,9 @@ bench/bench_islands.py both read.
 
 Kinds (`KINDS`): `quorum` waiting for the lighthouse's quorum (its `start_quorum`); `heal` the quorums in which
 this worker healed from a peer; `steps` an inner step's tries up to their all-reduce (compute, and the padding
-to the pace); `sync` the all-reduce and commit of the tries that committed (beyond its usual cost, which the pace
-covers, a wait for a slower peer: one healing, or late); `failed` the all-reduce of the tries that did not
+to the pace); `sync` the all-reduce and commit of the tries that committed, beyond the part the pace covered (a try is
+padded to the pace less the least all-reduce time of the worker's last few tries): a wait for a slower peer,
+one healing or late; `failed` the all-reduce of the tries that did not
 commit (a member died in them; the survivors keep the rows they computed) and the rounds a death cut short;
 `between` the rounds between tasks (pushing a result, reading the board, waiting for work); `seal` computing
 and checking a task's result; `down` the time away after an injected death, and the rejoin.
@@ -31,12 +32,15 @@ class WorkerTime:
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.since = time.perf_counter()
 
-    def add(self, kind: str) -> None:
-        """Count the seconds since the last `add` (or the start) as `kind`."""
+    def add(self, kind: str, *, paced: float = 0.0) -> None:
+        """Count the seconds since the last `add` (or the start) as `kind`, the first `paced` of them as `steps`
+        (an all-reduce's time that the pace already covered: the step padded that much less)."""
         if kind not in self.seconds:
             raise ValueError(f"unknown kind of worker time {kind!r}: one of {KINDS}")
         now = time.perf_counter()
-        self.seconds[kind] += now - self.since
+        covered = min(max(paced, 0.0), now - self.since)
+        self.seconds["steps"] += covered
+        self.seconds[kind] += now - self.since - covered
         self.since = now
 
     def line(self) -> str:
