@@ -75,6 +75,7 @@ from bench.islands_applied import (  # noqa: E402
     applied_tasks,
     manifests,
     pace_from_logs,
+    resumed_tasks,
     tasks_by_island,
     worker_failures,
     worker_heals,
@@ -274,6 +275,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
         "worker_heals": worker_heals(run.logs) if row.workers > 1 else None,
         "worker_time": worker_time(run.logs) if row.workers > 1 else None,  # seconds by kind, every worker
+        "resumed_tasks": resumed_tasks(run.logs) if row.workers > 1 else None,  # from the island's checkpoint
         "injected_failures": (worker_failures(run.logs) if row.workers > 1
                               else sum(beat.failures for beat in read_heartbeats(store).values())),
         # bytes as the islands measured them at the store (train.json's `traffic`), per applied result, by kind

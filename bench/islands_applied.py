@@ -71,6 +71,13 @@ def worker_time(logs: Path) -> dict[str, float] | None:
     return {kind: round(sum(seconds.get(kind, 0.0) for seconds in each), 2) for kind in KINDS} if each else None
 
 
+def resumed_tasks(logs: Path) -> int:
+    """Tasks an elastic island resumed from its inner checkpoint after all its workers died, from their logs."""
+    from dipaco.islands.island.elastic_island import RESUMED
+
+    return sum(path.read_text(errors="replace").count(RESUMED) for path in logs.glob("island-*-w*.log"))
+
+
 def worker_heals(logs: Path) -> int:
     """Times an elastic island's workers healed from a live peer (a return, or a worker left out of a quorum)."""
     return sum(path.read_text(errors="replace").count("healed from a live peer") for path in logs.glob("island-*-w*.log"))

@@ -176,7 +176,8 @@ def table(out: dict) -> str:
         perplexity = "—" if r.get("perplexity") is None else f"{r['perplexity']:.2f}" + (
             f" ({100 * (r['perplexity'] / ref['perplexity'] - 1):+.2f}%)" if ref and ref is not r else "")
         cores = r.get("cores", {})
-        heals = "" if r.get("worker_heals") is None else f" ({r['worker_heals']} heals)"
+        heals = "" if r.get("worker_heals") is None else f" ({r['worker_heals']} heals" + (
+            f", {r['resumed_tasks']} tasks resumed)" if r.get("resumed_tasks") is not None else ")")
         lines.append([name, r["mode"], r.get("dp_workers") or f"{s['islands']} x {r['workers']}", r["fault"],
                       f"{r.get('injected_failures', 0)}{heals}", f"**{r['goodput']:.1%}**",
                       "—" if top is None else f"{top:.1%}",
@@ -184,7 +185,7 @@ def table(out: dict) -> str:
                       perplexity, f"{r['tokens_per_second']:,.0f}", f"{r['run_seconds']:.0f}s",
                       f"{cores.get('ours_busy_mean', 0):.0%} / {cores.get('ours_busy_max', 0):.0%}; "
                       f"machine {cores.get('machine_busy_mean', 0):.0%}"])
-    return markdown_table(["row", "mode", "workers", "fault", "failures (workers' heals)", "goodput (by work)", "ceiling",
+    return markdown_table(["row", "mode", "workers", "fault", "failures (workers' heals, tasks resumed from a checkpoint)", "goodput (by work)", "ceiling",
                            "simulator", "perplexity (vs failure-free, same seed)", "applied tokens/s", "run",
                            "cores: ours mean / max; machine mean"], lines)
 

@@ -345,3 +345,25 @@ def test_elastic_checks_use_the_rows_own_failure_free_seed_and_the_ceiling():
     assert perplexity["verdict"] == "met" and "+1.25%" in perplexity["detail"]  # (+2.5% + 0%) / 2: mean of the seeds
     rows[2]["goodput"] = 0.83
     assert [c for c in evaluate_checks(out) if "30%" in c["check"]][0]["verdict"] == "missed"
+
+
+def test_the_elastic_rows_sum_each_workers_last_time_line_and_count_resumed_tasks(tmp_path):
+    """`worker_time` sums the last `elastic worker time` line of every worker's log (each line is cumulative), and
+    `resumed_tasks` counts the tasks resumed from an island's checkpoint, in the lines the workers write."""
+    from bench.islands_applied import resumed_tasks, worker_time
+    from dipaco.islands.island.elastic_island import RESUMED
+    from dipaco.islands.island.elastic_time import KINDS, WorkerTime
+
+    def line(**seconds) -> str:
+        spent = WorkerTime()
+        spent.seconds.update(seconds)
+        return f"12:00:00 dipaco.islands.island.elastic_island INFO: island island-0 (island-0-w0): {spent.line()}\n"
+
+    resumed = f"12:00:01 dipaco.islands.island.elastic_island INFO: island island-0 (island-0-w1): path-0001 {RESUMED} at step 4\n"
+    (tmp_path / "island-0-w0.log").write_text(line(steps=10.0, heal=1.0) + line(steps=20.0, heal=1.5, down=3.0))
+    (tmp_path / "island-0-w1.log").write_text(resumed + line(steps=18.0, quorum=0.25))
+    (tmp_path / "island-0.log").write_text(line(steps=99.0) + resumed)  # the lighthouse's log: not a worker's
+    assert worker_time(tmp_path) == {kind: {"steps": 38.0, "heal": 1.5, "down": 3.0, "quorum": 0.25}.get(kind, 0.0)
+                                     for kind in KINDS}
+    assert resumed_tasks(tmp_path) == 1
+    assert worker_time(tmp_path / "none") is None

@@ -72,6 +72,7 @@ from dipaco.store.run_state import run_finished
 
 log = logging.getLogger(__name__)
 
+RESUMED = "resumed from the island's inner checkpoint"  # the log line's words (bench/islands_applied.py counts them)
 COMMITS_SEEN = 5  # a paced step counts the least all-reduce time of the last this many (not a wait for a peer)
 
 
@@ -290,8 +291,7 @@ class ElasticIsland:
         progress = self._progress(task, begun, val_loss=resume.val_loss_start)
         progress.done, progress.losses, progress.tokens = resume.steps, list(resume.losses), resume.tokens
         progress.seconds = resume.seconds
-        log.info("island %s (%s): %s resumed from the island's inner checkpoint at step %d", self.name, self.replica,
-                 task.key, resume.steps)
+        log.info("island %s (%s): %s %s at step %d", self.name, self.replica, task.key, RESUMED, resume.steps)
         return progress
 
     # --- in a task -------------------------------------------------------------------------------------
