@@ -408,7 +408,11 @@ if __name__ == "__main__":
 
     SETTING, ARGS = setting_from(sys.argv[1:])
     RESULT = RESULTS / f"{SETTING.name}.json"
-    if ARGS.markdown_only or ARGS.predict or ARGS.recompute_goodput:
+    if ARGS.workers > 1 and (ARGS.markdown_only or ARGS.predict):
+        from bench.islands_elastic import rerender
+
+        print(rerender(SETTING, predict=ARGS.predict))
+    elif ARGS.markdown_only or ARGS.predict or ARGS.recompute_goodput:
         record = json.loads(RESULT.read_text())
         if ARGS.recompute_goodput:
             recompute(record)

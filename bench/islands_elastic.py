@@ -17,7 +17,10 @@ islands). A paced step of an island's worker takes the pace times its rows over 
 Ceiling of a failure row: MTBF / (MTBF + R) x the failure-free row's goodput (the workers' up-time alone).
 The simulator (`dipaco.simulate`): learners of W chips that answer a chip's failure elastically (the failed
 chip's share of the step in progress lost, a pause while the lighthouse has not yet counted the dead worker gone,
-the returning worker away until the step in flight ends), the overhead fitted to the failure-free row.
+a shrunk learner's step split in whole rows over its chips up, the returning worker away until its island's try
+in flight ends), the overhead fitted to the failure-free row.
+
+    python bench/bench_islands.py --workers 2 --predict             # the simulator's column again, from the JSON
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from bench.islands_prediction import (
     rows_of,
     simulated_goodput,
 )
-from bench.recording import RESULTS, markdown_table, write_results
+from bench.recording import RESULTS, command_line, markdown_table, with_source, write_results
 from dipaco.config import load_config
 
+MODEL = "whole rows, the try in flight"  # the elastic learners' model: a prediction made by another is made again
 ELASTIC_AT_LEAST, DP_AT_MOST = 0.85, 0.30  # the issue's bar: elastic >= 85% where data parallel keeps <= 30%
 PERPLEXITY_WITHIN, SIMULATOR_WITHIN = 0.02, 0.05
 
@@ -119,13 +123,31 @@ def join_pause(out: dict, row: dict) -> float:
     return (lost * lost / (2 * pace) if lost <= pace else lost - pace / 2) / 2
 
 
+def try_paces(rows: int, workers: int, members: int) -> list[float]:
+    """The tries of one inner step of `rows` rows on an island of `workers` with `members` in its quorum, in paces:
+    each member takes at most its share at the full island, ceil(rows / workers), a pace's work; the last try the
+    rows left, split in whole rows (`elastic.rows_left`)."""
+    share, left, tries = -(-rows // workers), rows, []
+    while left > 0:
+        taken = min(left, members * share)
+        tries.append(-(-taken // members) / share)
+        left -= taken
+    return tries
+
+
 def rejoin_wait(out: dict, workers: int) -> float:
-    """How much longer than R a worker is away: it joins when the step in flight of its shrunk island (one batch
-    over W - 1 workers: p W / (W - 1)) ends, on average half of it."""
-    return out["setting"]["step_seconds"] * workers / (workers - 1) / 2
+    """How much longer than R a worker is away: it joins at the next try of its island of W - 1, at a random time
+    in the try in flight, whose rest lasts E[L^2] / 2 E[L] over the tries of a step (`try_paces`)."""
+    tries = try_paces(batch_rows(out), workers, workers - 1)
+    return out["setting"]["step_seconds"] * sum(t * t for t in tries) / (2 * sum(tries))
 
 
-def predict(out: dict) -> dict:
+def batch_rows(out: dict) -> int:
+    """The rows of an island's inner step (`inner.batch_size`)."""
+    return load_config(out["setting"]["config"], out["setting"]["common"]).inner.batch_size
+
+
+def predict_rows(out: dict) -> dict:
     """The simulator's goodput for every row, the overhead fitted to the seed-0 failure-free elastic row."""
     rows, s = rows_of(out), out["setting"]
     reference = next((n for n, r in rows.items() if r["mode"] == "async" and r.get("mtbf_tasks") is None), None)
@@ -142,29 +164,31 @@ def predict(out: dict) -> dict:
                                                                + rejoin_wait(out, workers)))
 
     before = out.get("prediction") or {}
-    same_fit = before.get("fitted_to") == [reference, rows[reference]["goodput"]]
+    same_fit = before.get("fitted_to") == [reference, rows[reference]["goodput"]] and before.get("model") == MODEL
     overhead = before["overhead_seconds"] if same_fit else fit_overhead(
         out, sigma=0.0, topology=topology, row=reference, settings_of=lambda o: elastic(o, rows[reference]))
     known = {p["run"]: p for p in before.get("runs", [])} if same_fit else {}
     runs = []
     for name, row in rows.items():
         inputs = [row.get("mtbf_tasks"), row.get("overrides"), row.get("run_seconds") if row["mode"] == "dp" else None]
-        if name in known and known[name].get("inputs") == inputs:
+        if name in known and known[name].get("inputs") == inputs and before.get("model") == MODEL:
             runs.append(known[name])
             continue
         if row["mode"] == "dp":
             goodput = data_parallel_prediction(out, row, learners=s["islands"] * row["workers"], names=names)
         else:
             goodput = simulated_goodput(elastic(overhead, row), mode="async", topology=topology,
-                                        rounds=s["rounds"], keeps_rows=True)
+                                        rounds=s["rounds"], keeps_rows=True, batch_rows=batch_rows(out))
         runs.append({"run": name, "goodput": goodput, "fitted": name == reference, "inputs": inputs})
     return {"settings": (f"{s['islands']} learners of {workers} chips, elastic (the failed chip's share of the step lost, "
                          f"the wait for the lighthouse to count it gone, L^2 / 2p, half when a worker leaves and half "
-                         f"when it returns, and a returning chip away R + half a shrunk island's step), per-task overhead "
-                         f"{overhead:.2f}s fitted to {reference}; data "
+                         f"when it returns; a shrunk learner splits a step's {batch_rows(out)} rows in whole rows over "
+                         f"its chips up; a returning chip away R + the rest of its island's try in flight, "
+                         f"{rejoin_wait(out, workers):.2f}s on average), per-task overhead "
+                         f"{overhead:.2f}s fitted to {reference}, simulator at {MODEL}; data "
                          f"parallel: {s['islands'] * workers} one-chip learners as one non-elastic job; mean of {SEEDS} "
                          "failure draws (bench/islands_elastic.py)"), "overhead_seconds": overhead, "runs": runs,
-            "fitted_to": [reference, rows[reference]["goodput"]]}
+            "fitted_to": [reference, rows[reference]["goodput"]], "model": MODEL}
 
 
 def table(out: dict) -> str:
@@ -237,12 +261,29 @@ def markdown(out: dict) -> str:
         "## Checks (issue 38)", "",
         markdown_table(["check", "verdict", "measured"], [[c["check"], c["verdict"], c["detail"]]
                                                          for c in out.get("checks", [])]),
-        "", "Simulator: " + out.get("prediction", {}).get("settings", "not run"),
+        "", "Simulator: " + out.get("prediction", {}).get("settings", "not run") + (
+            f" (predicted again from the rows, at commit {out['prediction']['predicted_at']}: "
+            f"`{out['prediction']['predicted_by']}`)" if out.get("prediction", {}).get("predicted_at") else ""),
     ]) + "\n"
 
 
+def rerender(setting: Setting, *, predict: bool) -> str:
+    """The results file of `setting` rendered again (its measured rows and their source unchanged), with
+    `predict` the simulator's column and the checks made again by this checkout's simulator; returns the markdown."""
+    name = "islands-elastic" if setting.name == "islands" else setting.name
+    path = RESULTS / f"{name}.json"
+    out = json.loads(path.read_text())
+    if predict:
+        out["prediction"] = {**predict_rows(out), "predicted_at": git_commit(), "predicted_by": command_line()}
+        out["checks"] = evaluate_checks(out)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+    text = with_source(out, markdown(out))
+    path.with_suffix(".md").write_text(text)
+    return text
+
+
 def record(name: str, out: dict) -> None:
-    out["prediction"] = predict(out)
+    out["prediction"] = predict_rows(out)
     out["checks"] = evaluate_checks(out)
     write_results(name, out, markdown(out))
 

@@ -367,3 +367,26 @@ def test_the_elastic_rows_sum_each_workers_last_time_line_and_count_resumed_task
                                      for kind in KINDS}
     assert resumed_tasks(tmp_path) == 1
     assert worker_time(tmp_path / "none") is None
+
+
+def test_the_simulators_tries_of_a_shrunk_island_are_the_elastic_islands_own():
+    """`try_paces` against the island's own row split (`elastic.rows_left`, `completes_step`): each try lasts its
+    busiest member's rows over its share at the full island, until the step's rows are covered."""
+    import torch
+
+    from bench.islands_elastic import try_paces
+    from dipaco.islands.island.elastic import completes_step, rows_left
+
+    for rows, workers in ((8, 2), (8, 4), (12, 4), (10, 3)):
+        share = -(-rows // workers)
+        for members in range(1, workers + 1):
+            covered, tries = torch.zeros(rows), []
+            while True:
+                taken = [rows_left(covered, rank=r, world=members, share=share) for r in range(members)]
+                tries.append(max(len(t) for t in taken) / share)
+                done = completes_step(covered, world=members, share=share)
+                for t in taken:
+                    covered[t] = 1.0
+                if done:
+                    break
+            assert try_paces(rows, workers, members) == pytest.approx(tries), (rows, workers, members)

@@ -380,3 +380,29 @@ def test_the_work_goodput_counts_is_the_applied_results_steps_at_nominal_speed()
     assert steps > 0 and ledger.useful_work == pytest.approx(steps * 2.0 * 10, rel=1e-9)
     assert ledger.goodput == pytest.approx(steps * 2.0 * 10 / (4 * 10 * 900), rel=1e-9)
     assert ledger.useful != pytest.approx(ledger.useful_work)  # the speeds moved the time booked
+
+
+def test_a_shrunk_elastic_learner_with_whole_rows_works_at_its_busiest_chips_pace():
+    """8 rows over 3 of 4 chips: the busiest chip takes 3 rows, so a step takes 3/2 of a full step and the learner
+    does 8/3 chips' worth of work, not 3; without `batch_rows`, the chips up; a whole or an empty learner as is."""
+    from dipaco.simulate.clock import EventQueue
+    from dipaco.simulate.learner import Learner, Work
+
+    def learner(rows: int) -> Learner:
+        return Learner(0, 4, response="elastic", restart_seconds=3.0, reconfigure_seconds=0.0, checkpoint_steps=1,
+                       queue=EventQueue(), on_done=lambda *_: None, on_lost=lambda _: None, keeps_rows=True,
+                       batch_rows=rows)
+
+    shrunk = learner(8)
+    shrunk.up_chips = 3
+    assert shrunk.working_chips() == pytest.approx(8 / 3)
+    shrunk.give(Work(seconds=100.0, step=2.0))
+    shrunk.queue.now = 6.0
+    shrunk.finish_horizon()
+    assert shrunk.work.chip_seconds == pytest.approx(6.0 * 8 / 3)  # what the learner booked
+    continuous = learner(0)
+    continuous.up_chips = 3
+    assert continuous.working_chips() == 3
+    for up in (4, 2, 1, 0):
+        shrunk.up_chips = up
+        assert shrunk.working_chips() == {4: 4, 2: 2, 1: 1, 0: 0}[up]

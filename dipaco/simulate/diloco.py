@@ -52,12 +52,14 @@ class RoundLog:
 class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
                  topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
-                 rounds: int | None = None, pinned: bool = True, keeps_rows: bool = False) -> None:
+                 rounds: int | None = None, pinned: bool = True, keeps_rows: bool = False,
+                 batch_rows: int = 0) -> None:
         """`rounds`: stop handing out work once every path has had this many results applied (the real
         run's `run.rounds`, decided by the same policy); None: train to the horizon. `pinned`: learner i
         trains path i only; False: any path, as the policy assigns (the real islands), learner i first
         taking path i. `keeps_rows`: an elastic learner loses only the failed chip's share of the step in
-        progress (dipaco's elastic islands), not the whole step."""
+        progress (dipaco's elastic islands), not the whole step; `batch_rows`: a shrunk learner splits a step's
+        whole rows over its chips up (`Learner.working_chips`)."""
         self.settings, self.failures = settings, failures
         self.closing = dataclasses.replace(settings.rounds, mode=mode)
         self.queue = EventQueue()
@@ -84,7 +86,8 @@ class RoundsSimulation:
         self.learners = [
             Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
                     reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_interval,
-                    queue=self.queue, on_done=self._task_done, on_lost=self._lost, keeps_rows=keeps_rows)
+                    queue=self.queue, on_done=self._task_done, on_lost=self._lost, keeps_rows=keeps_rows,
+                    batch_rows=batch_rows)
             for i in range(sim.learners)]
 
     def run(self) -> Ledger:

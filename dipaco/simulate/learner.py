@@ -8,7 +8,8 @@ It trains one piece of `Work` at a time and reacts to each chip failure in one o
   keep the rows they computed, as an elastic island does), every chip pauses `reconfigure_seconds` to re-shard,
   and the group goes on without the failed chip; the chip returns `restart_seconds` later, which costs another
   pause. Fewer chips keep the step time (the batch shrinks), so a task takes as long but holds fewer
-  chip-seconds.
+  chip-seconds. With `batch_rows` B, a step's whole rows split over the chips up, as an elastic island's tries
+  do: c chips do the work of B / ceil(B / c) (8 rows over 3 chips: 3 rows on the busiest, 2.67 chips' worth).
 Progress is continuous time; steps only matter for what a failure throws away.
 """
 
@@ -44,12 +45,12 @@ class Learner:
     def __init__(self, ident: int, chips: int, *, response: str, restart_seconds: float,
                  reconfigure_seconds: float, checkpoint_steps: int, queue: EventQueue,
                  on_done: Callable[[Learner, Work], None], on_lost: Callable[[float], None],
-                 keeps_rows: bool = False) -> None:
+                 keeps_rows: bool = False, batch_rows: int = 0) -> None:
         if response not in RESPONSES:
             raise ValueError(f"learner failure response must be one of {RESPONSES}, got {response!r}")
         self.ident, self.chips, self.response = ident, chips, response
         self.restart_seconds, self.reconfigure_seconds = restart_seconds, reconfigure_seconds
-        self.checkpoint_steps, self.keeps_rows = checkpoint_steps, keeps_rows
+        self.checkpoint_steps, self.keeps_rows, self.batch_rows = checkpoint_steps, keeps_rows, batch_rows
         self.queue, self.on_done, self.on_lost = queue, on_done, on_lost
         self.up_chips = chips
         self.blocked_until = 0.0
@@ -66,8 +67,16 @@ class Learner:
             start = max(self.since, self.blocked_until, work.not_before)
             if now > start:
                 work.done += now - start
-                work.chip_seconds += (now - start) * self.up_chips
+                work.chip_seconds += (now - start) * self.working_chips()
         self.since = now
+
+    def working_chips(self) -> float:
+        """The chips' worth of work done per second: the chips up, or with `batch_rows` B, B / ceil(B / up) (a step's
+        whole rows over the chips up: the busiest takes the most)."""
+        up = self.up_chips
+        if not self.batch_rows or up <= 0 or up >= self.chips:
+            return float(up)
+        return self.batch_rows / math.ceil(self.batch_rows / up)
 
     def _predict(self) -> None:
         self._generation += 1
