@@ -20,7 +20,7 @@ chip's share of the step in progress lost, a pause while the lighthouse has not 
 a shrunk learner's step split in whole rows over its chips up, the returning worker away until its island's try
 in flight ends), the overhead fitted to the failure-free row.
 
-    python bench/bench_islands.py --workers 2 --predict             # the simulator's column again, from the JSON
+    python bench/bench_islands.py --workers 2 --mtbf 2.5 --predict  # the simulator's column again, from the JSON
 """
 
 from __future__ import annotations
