@@ -7,38 +7,47 @@ import torch
 from test_elastic_island import Membership
 
 
+class OneAtATime:
+    """An elastic island's workers driven one round at a time over `Membership` (torchft at the edge), the real
+    coordinator ticking on a fake clock between rounds."""
+
+    def __init__(self, tiny_routed, folder, overrides: list[str]):
+        from tiny_runs import Clock, make_run
+
+        self.run = make_run(tiny_routed, folder / "run", overrides)
+        self.membership, self.clock = Membership(), Clock()
+        self.coordinator = self.run.coordinator(self.clock)
+
+    def worker(self, k: int):
+        from dipaco.islands.island.elastic import ElasticContext
+        from dipaco.islands.island.elastic_island import ElasticIsland
+        from dipaco.stages.island import island_setup
+
+        def join(replica, device, *, live):
+            return ElasticContext(manager=self.membership.manager(replica, live), replica=replica, live=live)
+        return ElasticIsland(island_setup(self.run.config, self.run.dir), name="e0", worker=k, workers=2, join=join,
+                             poll_seconds=0.0)
+
+    def rounds(self, island, until, what: str) -> None:
+        """`island`'s rounds, the coordinator ticking before each, until `until()` (at most 300)."""
+        for _ in range(300):
+            if until():
+                return
+            self.coordinator.tick()
+            self.clock.t += 0.5
+            island.round()
+        raise AssertionError(f"{island.replica}: {what} never happened (presence {island.presence.status!r}, "
+                             f"{island.presence.current!r})")
+
+
 def test_an_island_whose_every_worker_died_comes_back_as_a_new_incarnation_and_trains(tiny_routed, tmp_path):
     """Workers driven one at a time over `Membership`, the real coordinator beside them: w0 dies in its first task;
     w1, alone, leads the island, and the board gives the lost task to w1's incarnation; w1 dies too. w0 comes back
     with nothing and no live peer to heal from: it is a new incarnation, idle, and the board gives it tasks, which it
     seals (it must not keep reporting the task it forgot as in training, which the board would wait on forever)."""
-    from tiny_runs import Clock, make_run
-
-    from dipaco.islands.island.elastic import ElasticContext
-    from dipaco.islands.island.elastic_island import ElasticIsland
-    from dipaco.stages.island import island_setup
-
-    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=3", "faults.step_seconds=0.01"])
-    membership, clock = Membership(), Clock()
-    coordinator = run.coordinator(clock)
-
-    def worker(k: int) -> ElasticIsland:
-        def join(replica, device, *, live):
-            return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live)
-        return ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=k, workers=2, join=join,
-                             poll_seconds=0.0)
-
-    def rounds(island: ElasticIsland, until, what: str) -> None:
-        for _ in range(300):
-            if until():
-                return
-            coordinator.tick()
-            clock.t += 0.5
-            island.round()
-        raise AssertionError(f"{island.replica}: {what} never happened (presence {island.presence.status!r}, "
-                             f"{island.presence.current!r})")
-
-    w0, w1 = worker(0), worker(1)
+    driven = OneAtATime(tiny_routed, tmp_path, ["inner.steps=3", "faults.step_seconds=0.01"])
+    rounds, coordinator = driven.rounds, driven.coordinator
+    w0, w1 = driven.worker(0), driven.worker(1)
     in_task = lambda island: island.state.progress is not None and island.state.progress.done >= 1  # noqa: E731
     rounds(w0, lambda: in_task(w0), "w0 in a task")
     lost, first = w0.state.progress.task, w0.presence.incarnation
@@ -58,30 +67,11 @@ def test_an_island_whose_every_worker_died_resumes_its_task_from_its_inner_check
     back alone as a new incarnation, asks for the checkpoint's path, is given the task again and resumes it at step 2
     (not step 0). What it seals counts each step once and equals a replay of the task's 4 steps from its start."""
     from test_elastic import replay
-    from tiny_runs import Clock, make_run
 
-    from dipaco.islands.island.elastic import ElasticContext
-    from dipaco.islands.island.elastic_island import ElasticIsland
-    from dipaco.stages.island import island_setup
-
-    run = make_run(tiny_routed, tmp_path / "run", ["inner.steps=4", "faults.step_seconds=0.01",
-                                                   "resilience.checkpoint_steps=1"])
-    membership, clock = Membership(), Clock()
-    coordinator = run.coordinator(clock)
-
-    def join(replica, device, *, live):
-        return ElasticContext(manager=membership.manager(replica, live), replica=replica, live=live)
-
-    w0 = ElasticIsland(island_setup(run.config, run.dir), name="e0", worker=0, workers=2, join=join, poll_seconds=0.0)
-
-    def rounds(until, what: str) -> None:
-        for _ in range(300):
-            if until():
-                return
-            coordinator.tick()
-            clock.t += 0.5
-            w0.round()
-        raise AssertionError(f"{what} never happened (presence {w0.presence.status!r}, {w0.presence.current!r})")
+    driven = OneAtATime(tiny_routed, tmp_path, ["inner.steps=4", "faults.step_seconds=0.01",
+                                                "resilience.checkpoint_steps=1"])
+    run, w0 = driven.run, driven.worker(0)
+    rounds = lambda until, what: driven.rounds(w0, until, what)  # noqa: E731
 
     rounds(lambda: w0.state.progress is not None and w0.state.progress.done >= 2, "w0 two steps into a task")
     lost = w0.state.progress.task
