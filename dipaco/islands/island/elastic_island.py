@@ -238,14 +238,14 @@ class ElasticIsland:
     def _push(self) -> str:
         """Push the last task's result unless the store has it already (its leader then died after the push)."""
         task, out = self.unpushed
-        if self.checkpoint is not None:
-            self.checkpoint.unlink(missing_ok=True)  # the result is in the store (or is about to be)
         if not result_exists(self.store, round=task.round, path=task.path, attempt=task.attempt, link=task.link):
             meta, _, _ = push_result(self.setup, task, out, island=self.name, handing_off=not task.keep_inner)
             log.info("island %s (%s): %s attempt %d pushed, loss %.3f, %d bytes up, trained by %d workers at the "
                      "end", self.name, self.replica, task.key, task.attempt, meta.train_loss, meta.bytes,
                      meta.data_parallel_ranks)
             self.island.report_traffic()
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)  # the result is in the store
         return _key(task)
 
     def _awaiting_handoff(self, task: Task) -> bool:
