@@ -214,7 +214,8 @@ def table(out: dict) -> str:
                            "cores: ours mean / max; machine mean"], lines)
 
 
-TIME_HEADERS = {"steps": "inner steps", "sync": "all-reduce (committed)", "failed": "tries that failed",
+TIME_HEADERS = {"steps": "inner steps", "sync": "all-reduce (committed)", "idle": "no rows in a try",
+                "failed": "tries that failed",
                 "quorum": "waiting for a quorum", "heal": "healing", "between": "between tasks", "seal": "sealing",
                 "down": "down (away, rejoin)"}
 
@@ -253,7 +254,9 @@ def markdown(out: dict) -> str:
             "Each worker's wall seconds from its start to the run's end by kind of round, from the last `elastic worker "
             "time` line of its log (dipaco/islands/island/elastic_time.py), summed over the row's workers. Inner "
             "steps: compute and the padding to the pace, up to the all-reduce; all-reduce (committed): beyond the "
-            "all-reduce's usual cost, which the pace covers, a wait for a slower member (one healing, or late); "
+            "all-reduce's usual cost, which the pace covers, a wait for a slower member (one healing, or late); no "
+            "rows in a try: a member of a shrunk island with no rows left for it in a step's last try waits for the "
+            "others' (a column of zeros in a file measured before it was counted apart); "
             "tries that failed: the all-reduce of a try a member died in (its survivors keep the rows they computed) "
             "and a round a death cut short; waiting for a quorum: the lighthouse's, a shrinking island's until the "
             "dead worker is counted gone; healing: a returning worker's quorum, its state fetched from a peer; down: "

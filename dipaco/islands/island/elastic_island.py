@@ -324,7 +324,12 @@ class ElasticIsland:
         summing = time.perf_counter()
         self.time.add("steps")
         committed = self._commit(pr, control) if whole else self._commit_part(pr, control)
-        self.time.add("sync" if committed else "failed", paced=min(self.commits, default=0.0))
+        if not committed:
+            self.time.add("failed")
+        elif rows:
+            self.time.add("sync", paced=min(self.commits, default=0.0))
+        else:
+            self.time.add("idle")  # no rows of its own in this try (a shrunk island's last): it waits for the others'
         self.commits = [*self.commits[-COMMITS_SEEN + 1:], time.perf_counter() - summing]
         if not committed:
             self.failed_tries += 1

@@ -9,7 +9,8 @@ Kinds (`KINDS`): `quorum` waiting for the lighthouse's quorum (its `start_quorum
 this worker healed from a peer; `steps` an inner step's tries up to their all-reduce (compute, and the padding
 to the pace); `sync` the all-reduce and commit of the tries that committed, beyond the part the pace covered (a try is
 padded to the pace less the least all-reduce time of the worker's last few tries): a wait for a slower peer,
-one healing or late; `failed` the all-reduce of the tries that did not
+one healing or late; `idle` the all-reduce of a committed try in which this worker had no rows (the last try
+of a shrunk island's step, e.g. 2 rows left for 3 workers); `failed` the all-reduce of the tries that did not
 commit (a member died in them; the survivors keep the rows they computed) and the rounds a death cut short;
 `between` the rounds between tasks (pushing a result, reading the board, waiting for work); `seal` computing
 and checking a task's result; `down` the time away after an injected death, and the rejoin.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 import time
 
-KINDS = ("quorum", "heal", "steps", "sync", "failed", "between", "seal", "down")
+KINDS = ("quorum", "heal", "steps", "sync", "idle", "failed", "between", "seal", "down")
 PREFIX = "elastic worker time (s):"
 _ENTRY = re.compile(r"(\w+) (\d+(?:\.\d+)?)")
 
