@@ -351,21 +351,6 @@ def test_a_worker_leaves_mid_task_another_joins_and_heals_and_the_task_equals_it
     assert w0.time.seconds["steps"] >= 0.9 * 0.2 * 3 * 6  # 3 tasks of 6 steps, each try padded to 0.2 s at least
 
 
-def test_a_workers_time_line_reads_back_by_kind():
-    from dipaco.islands.island.elastic_time import KINDS, WorkerTime, parse_line
-
-    spent = WorkerTime()
-    spent.since -= 1.5
-    spent.add("heal")
-    text = f"earlier line\n12:00:00 x INFO: island e0 (e0-w1): {WorkerTime().line()}\n... {spent.line()}\nlast line\n"
-    assert parse_line(text) == {kind: 1.5 if kind == "heal" else 0.0 for kind in KINDS}  # the last line, whole
-    assert parse_line("no such line") is None
-    with pytest.raises(ValueError, match="unknown kind of worker time 'napping'"):
-        spent.add("napping")
-    spent.since -= 0.5
-    spent.add("sync", paced=0.2)  # an all-reduce of 0.5 s of which the pace covered 0.2 s: 0.3 s of waiting
-    assert spent.seconds["sync"] == pytest.approx(0.3, abs=0.01) and spent.seconds["steps"] == pytest.approx(0.2)
-
 
 def worker_pids(run_root: Path, worker: int) -> list[int]:
     """The processes of `dipaco island ... --worker <worker>` of this run (from /proc: Linux only)."""

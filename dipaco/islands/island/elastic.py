@@ -174,6 +174,16 @@ def join(replica: str, device: torch.device, *, lighthouse: str | None = None, t
     return ElasticContext(manager=manager, replica=replica, live=live, store=store, pg=pg)
 
 
+def sum_flat(manager, tensors: list[torch.Tensor]) -> None:
+    """Sum `tensors` over the quorum in place, as one float32 buffer (DDP's bucket, of one)."""
+    flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
+    manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+
+
 class BatchCursor:
     """The task's batches by inner step: a failed step's batch again, or ahead after a heal (forward only)."""
 

@@ -91,7 +91,6 @@ class ElasticIsland:
         self.time = WorkerTime()  # its wall seconds by kind of round, logged at each seal and at the end
         self.island = IslandWorker(setup, name=name, pinned=pinned)  # its board, presence, held state and modules
         self.presence = self.island.presence
-        self.checkpoint = self.island.checkpoint  # the island's inner checkpoint (None: resilience.checkpoint_steps 0)
         self.presence.silent, self.presence.workers = True, workers  # it beats only while it leads
         self.state = IslandState(presence=self.presence, held=self.island.held, begin=self._begin)
         for noisy in ("torchft", "torchft_quorums", "torchft_commits"):  # each logs a line a step
@@ -106,6 +105,11 @@ class ElasticIsland:
     @property
     def name(self) -> str:
         return self.island.name
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The island's inner checkpoint file (None: `resilience.checkpoint_steps` 0)."""
+        return self.island.checkpoint
 
     def run(self) -> int:
         """Rounds until the run's last round is committed; returns the tasks it sealed."""
@@ -244,8 +248,7 @@ class ElasticIsland:
                      "end", self.name, self.replica, task.key, task.attempt, meta.train_loss, meta.bytes,
                      meta.data_parallel_ranks)
             self.island.report_traffic()
-        if self.checkpoint is not None:
-            self.checkpoint.unlink(missing_ok=True)  # the result is in the store
+        self.island.drop_checkpoint()  # the result is in the store
         return _key(task)
 
     def _awaiting_handoff(self, task: Task) -> bool:
@@ -378,7 +381,7 @@ class ElasticIsland:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
         for param, grad in zip(params.values(), grads, strict=True):
             param.grad = grad
-        _sum_flat(manager, [control, *grads])  # one all-reduce: a collective's cost is per call, not per byte
+        elastic.sum_flat(manager, [control, *grads])  # one all-reduce: a collective's cost is per call, not per byte
         committed = manager.should_commit()
         if committed and not control[1:].any():
             inner = self.setup.inner
@@ -394,7 +397,7 @@ class ElasticIsland:
         """A try that leaves rows of its step to the next (each member took its share at the full island, so a
         worker that returns to a shrunk island joins within a pace): only `control` is summed, no step is taken,
         the members keep their rows' gradients (`pr.kept`). False: the round failed."""
-        _sum_flat(self.ctx.manager, [control])
+        elastic.sum_flat(self.ctx.manager, [control])
         committed = self.ctx.manager.should_commit()
         pr.begun.optimizer.zero_grad(set_to_none=True)
         return committed
@@ -402,8 +405,7 @@ class ElasticIsland:
     def _drop(self, pr: Progress) -> None:
         """The board no longer wants the task: every member leaves it without a result."""
         self.state.progress = None
-        if self.checkpoint is not None:
-            self.checkpoint.unlink(missing_ok=True)  # it can never be resumed
+        self.island.drop_checkpoint()  # it can never be resumed
         self.setup.models.release_gradients()
         self.island.cancelled.append(pr.key)
         self.presence.idle()
@@ -441,16 +443,6 @@ class ElasticIsland:
                  "seconds so far)", self.name, self.replica, pr.key, out.meta.steps, out.meta.train_loss, world,
                  self.failed_tries, time.process_time())
         log.info("island %s (%s): %s", self.name, self.replica, self.time.line())
-
-
-def _sum_flat(manager, tensors: list[torch.Tensor]) -> None:
-    """Sum `tensors` over the quorum in place, as one float32 buffer (DDP's bucket, of one)."""
-    flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
-    manager.allreduce(flat, reduce_op=torch.distributed.ReduceOp.SUM).wait()
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
-        offset += t.numel()
 
 
 def _key(task: Task) -> str:

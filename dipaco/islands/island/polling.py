@@ -125,8 +125,7 @@ class IslandWorker:
         # other ranks read it from the store)
         meta, stats, ref = push_result(self.setup, task, out, island=self.name,
                                        handing_off=not task.keep_inner or self.ctx is not None, modules=self.modules)
-        if self.checkpoint is not None:
-            self.checkpoint.unlink(missing_ok=True)  # the result is in the store
+        self.drop_checkpoint()  # the result is in the store
         self.held.keep(ref, task.path, out.carried, uploaded=bool(meta.inner_upload))
         self.presence.finished_task(task)
         self.tasks_done += 1
@@ -193,13 +192,17 @@ class IslandWorker:
 
     def _drop(self, task: Task, why: str) -> None:
         """Stop `task` without a result: its inner checkpoint goes (it can never be resumed), then idle."""
-        if self.checkpoint is not None:
-            self.checkpoint.unlink(missing_ok=True)
+        self.drop_checkpoint()
         self.setup.models.release_gradients()
         self.cancelled.append(f"{task.key}#{task.attempt}")
         self.presence.idle()
         self.heartbeat()
         log.warning("island %s: stopped %s (%s); asking for work", self.name, task.key, why)
+
+    def drop_checkpoint(self) -> None:
+        """Remove the island's inner checkpoint: its task's result is in the store, or the task is dropped."""
+        if self.checkpoint is not None:
+            self.checkpoint.unlink(missing_ok=True)
 
     def ask_for_checkpointed_path(self) -> None:
         """A (re)started island with an inner checkpoint reports its path as the one it trained last, so
