@@ -83,6 +83,7 @@ from bench.islands_applied import (  # noqa: E402
 )
 from bench.islands_goodput import recompute  # noqa: E402
 from bench.islands_report import evaluate_checks, markdown  # noqa: E402
+from bench.islands_run_end import before_the_end  # noqa: E402
 from bench.recording import RESULTS, git_commit, with_source, write_results  # noqa: E402
 from dipaco.config import load_config  # noqa: E402
 from dipaco.run_dir import RunDir  # noqa: E402
@@ -273,6 +274,7 @@ def island_row(setting: Setting, base: RunDir, row: Row) -> dict:
         "island_seconds": good["island_seconds"], "applied_tasks": len(tasks),
         "stale_applied": sum(1 for t in tasks if t["staleness"] > 0),
         "dropped_tasks": sum(len(m.dropped) for m in manifests(store)),
+        "before_the_end": before_the_end(tasks, run_seconds=seconds),  # until the first island ran out of work
         "worker_heals": worker_heals(run.logs) if row.workers > 1 else None,
         "worker_time": worker_time(run.logs) if row.workers > 1 else None,  # seconds by kind, every worker
         "resumed_tasks": resumed_tasks(run.logs) if row.workers > 1 else None,  # from the island's checkpoint

@@ -19,11 +19,14 @@ def manifests(store: ModuleStore) -> list:
 
 
 def applied_tasks(store: ModuleStore) -> list[dict]:
-    """Every applied result's manifest entry, with the island that trained it."""
-    return [{**entry.to_json(),
-             "island": read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt,
-                                        link=entry.link).island}
-            for manifest in manifests(store) for entry in manifest.applied]
+    """Every applied result's manifest entry, with the island that trained it and the island's wall clock when it
+    began the upload (`finished`)."""
+    out = []
+    for manifest in manifests(store):
+        for entry in manifest.applied:
+            meta = read_result_meta(store, round=entry.base + 1, path=entry.path, attempt=entry.attempt, link=entry.link)
+            out.append({**entry.to_json(), "island": meta.island, "finished": meta.finished})
+    return out
 
 
 def applied_rate(tasks: list[dict], *, seconds: float) -> dict:

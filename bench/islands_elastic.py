@@ -31,6 +31,7 @@ import statistics
 import time
 
 from bench.bench_islands import ASYNC, Row, Setting, data_parallel_row, git_commit, island_row, log, prepare
+from bench.islands_applied import applied_tasks
 from bench.islands_prediction import (
     SEEDS,
     _settings,
@@ -40,8 +41,10 @@ from bench.islands_prediction import (
     rows_of,
     simulated_goodput,
 )
+from bench.islands_run_end import before_the_end, goodput_before_end
 from bench.recording import RESULTS, command_line, markdown_table, with_source, write_results
 from dipaco.config import load_config
+from dipaco.store.module_store import ModuleStore
 
 MODEL = "whole rows, the try in flight"  # the elastic learners' model: a prediction made by another is made again
 ELASTIC_AT_LEAST, DP_AT_MOST = 0.85, 0.30  # the issue's bar: elastic >= 85% where data parallel keeps <= 30%
@@ -95,7 +98,8 @@ def evaluate_checks(out: dict) -> list[dict]:
         all(mean[id(d)] >= ELASTIC_AT_LEAST for d, _ in harsh) if harsh else None,
         "; ".join(f"MTBF {d['mtbf_tasks']:g}T per worker: data parallel {d['goodput']:.1%}, elastic async "
                   f"{mean[id(d)]:.1%} (mean of {len(rs)} seed(s); ceiling "
-                  f"{statistics.mean(ceiling(s, rows, r) or 0 for r in rs):.1%})" for d, rs in harsh)
+                  f"{statistics.mean(ceiling(s, rows, r) or 0 for r in rs):.1%}{mean_before_end(s, rs)})"
+                  for d, rs in harsh)
         or "no data-parallel row at <= 30% with its elastic rows")
     costs = [(r, r["perplexity"] / failure_free(rows, r)["perplexity"] - 1) for r in failing
              if failure_free(rows, r) and r.get("perplexity") and failure_free(rows, r).get("perplexity")]
@@ -111,6 +115,14 @@ def evaluate_checks(out: dict) -> list[dict]:
         f"largest gap {worst}: measured {rows[worst]['goodput']:.1%}, simulated {predicted[worst]['goodput']:.1%} "
         f"({100 * gaps[worst]:+.1f} points)" if worst else "no prediction")
     return checks
+
+
+def mean_before_end(setting: dict, rows: list[dict]) -> str:
+    """"; before the run's end X%" over `rows` where every one has it, else ""."""
+    if not rows or any(r.get("before_the_end") is None for r in rows):
+        return ""
+    values = [goodput_before_end(r, capacity=setting["capacity_tokens_per_second"]) for r in rows]
+    return "" if None in values else f"; before the run's end {statistics.mean(values):.1%}"
 
 
 def join_pause(out: dict, row: dict) -> float:
@@ -203,15 +215,35 @@ def table(out: dict) -> str:
         heals = "" if r.get("worker_heals") is None else f" ({r['worker_heals']} heals" + (
             f", {r['resumed_tasks']} tasks resumed)" if r.get("resumed_tasks") is not None else ")")
         lines.append([name, r["mode"], r.get("dp_workers") or f"{s['islands']} x {r['workers']}", r["fault"],
-                      f"{r.get('injected_failures', 0)}{heals}", f"**{r['goodput']:.1%}**",
+                      f"{r.get('injected_failures', 0)}{heals}", f"**{r['goodput']:.1%}**", before_end(s, r),
                       "—" if top is None else f"{top:.1%}",
                       "—" if p is None else f"{p['goodput']:.1%}" + (" (fitted)" if p.get("fitted") else ""),
                       perplexity, f"{r['tokens_per_second']:,.0f}", f"{r['run_seconds']:.0f}s",
                       f"{cores.get('ours_busy_mean', 0):.0%} / {cores.get('ours_busy_max', 0):.0%}; "
                       f"machine {cores.get('machine_busy_mean', 0):.0%}"])
-    return markdown_table(["row", "mode", "workers", "fault", "failures (workers' heals, tasks resumed from a checkpoint)", "goodput (by work)", "ceiling",
+    return markdown_table(["row", "mode", "workers", "fault", "failures (workers' heals, tasks resumed from a checkpoint)",
+                           "goodput (by work)", "before the run's end (its share of the run)", "ceiling",
                            "simulator", "perplexity (vs failure-free, same seed)", "applied tokens/s", "run",
                            "cores: ours mean / max; machine mean"], lines)
+
+
+def before_end(setting: dict, row: dict) -> str:
+    """The table's cell: goodput before the run's end and the share of the run it covers."""
+    value = goodput_before_end(row, capacity=setting["capacity_tokens_per_second"])
+    return "—" if value is None else f"{value:.1%} ({row['before_the_end']['cut_share']:.0%})"
+
+
+def fill_before_the_end(out: dict, setting: Setting) -> list[str]:
+    """Rows measured before `before_the_end` was recorded get it from their run's store where it is still on this
+    machine (`runs/bench-islands/NAME/ROW/store`); returns the rows filled."""
+    filled = []
+    for row in out["rows"]:
+        store = setting.work / row["name"] / "store"
+        if row["mode"] != "dp" and row.get("before_the_end") is None and store.exists():
+            row["before_the_end"] = before_the_end(applied_tasks(ModuleStore(str(store))), run_seconds=row["run_seconds"])
+            row["before_the_end_from"] = f"the run's store, read at commit {git_commit()}"
+            filled.append(row["name"])
+    return filled
 
 
 TIME_HEADERS = {"steps": "inner steps", "sync": "all-reduce (committed)", "idle": "no rows in a try",
@@ -248,7 +280,10 @@ def markdown(out: dict) -> str:
         "Goodput by work (docs/islands.md#goodput): applied tokens / (the run's seconds x the capacity). Ceiling: "
         "MTBF / (MTBF + R) x the failure-free row's goodput of the same seed. Perplexity: routed (prefix) on the "
         "held-out documents. Cores: this benchmark's processes' share of the 2 cores over the row (mean / busiest "
-        "1-s window) and the whole machine's mean.", "",
+        "1-s window) and the whole machine's mean. Before the run's end (bench/islands_run_end.py): the work applied "
+        "until the first island ran out of work (the tasks in flight then, the share of their time done) over that "
+        "time x the capacity, and that time's share of the run; the rest of the run waits for the paths still "
+        "training.", "",
         *(["## Where the workers' time went", "",
             time_table(out), "",
             "Each worker's wall seconds from its start to the run's end by kind of round, from the last `elastic worker "
@@ -276,6 +311,9 @@ def rerender(setting: Setting, *, predict: bool) -> str:
     name = "islands-elastic" if setting.name == "islands" else setting.name
     path = RESULTS / f"{name}.json"
     out = json.loads(path.read_text())
+    if fill_before_the_end(out, setting) and not predict:
+        out["checks"] = evaluate_checks(out)
+        path.write_text(json.dumps(out, indent=1) + "\n")
     if predict:
         out["prediction"] = {**predict_rows(out), "predicted_at": git_commit(), "predicted_by": command_line()}
         out["checks"] = evaluate_checks(out)

@@ -245,7 +245,7 @@ def test_the_applied_tasks_and_tokens_of_a_trained_run(tiny_straight):
     assert len(tasks) == config.run.rounds * n_paths and {t["tokens"] for t in tasks} == {whole}
     assert sorted((t["path"], t["base"]) for t in tasks) == sorted(
         (p, r) for p in range(n_paths) for r in range(config.run.rounds))
-    assert {t["island"] for t in tasks} <= set(read_heartbeats(store))
+    assert {t["island"] for t in tasks} <= set(read_heartbeats(store)) and all(t["finished"] > 0 for t in tasks)
     assert sum(tasks_by_island(tasks).values()) == len(tasks)
     total = len(tasks) * whole
     assert applied_rate(tasks, seconds=8.0) == {"applied_tokens": total, "tokens_per_second": total / 8.0}
@@ -345,6 +345,33 @@ def test_elastic_checks_use_the_rows_own_failure_free_seed_and_the_ceiling():
     assert perplexity["verdict"] == "met" and "+1.25%" in perplexity["detail"]  # (+2.5% + 0%) / 2: mean of the seeds
     rows[2]["goodput"] = 0.83
     assert [c for c in evaluate_checks(out) if "30%" in c["check"]][0]["verdict"] == "missed"
+
+
+def test_goodput_before_the_runs_end_cuts_at_the_first_island_out_of_work_and_credits_the_tasks_in_flight():
+    from bench.islands_elastic import evaluate_checks
+    from bench.islands_run_end import before_the_end, goodput_before_end
+
+    def done(island, finished, tokens=100):
+        return {"island": island, "finished": finished, "tokens": tokens}
+
+    # the run: 1000 s to 1100 s; island a's last upload at 1080 s is the cut; island b's upload at 1100 s was in
+    # flight from its previous one at 1060 s, half of that time done by the cut
+    results = [done("a", 1040.0), done("b", 1030.0), done("a", 1080.0), done("b", 1060.0), done("b", 1100.0)]
+    before = before_the_end(results, run_seconds=100.0)
+    assert before == {"seconds": pytest.approx(80.0), "tokens": pytest.approx(450.0), "cut_share": pytest.approx(0.8)}
+    assert goodput_before_end({"before_the_end": before}, capacity=10.0) == pytest.approx(450.0 / 800.0)
+    assert before_the_end([done("a", 1010.0), done("b", 0.0)], run_seconds=10.0) is None  # a result with no clock
+    assert goodput_before_end({}, capacity=10.0) is None
+    # the elastic check names it beside the whole run's figure, on the mean of the seeds
+    rows = [{"name": "async-elastic", "mode": "async", "goodput": 0.95, "mtbf_tasks": None},
+            *({"name": f"async-elastic-mtbf3{tag}", "mode": "async", "goodput": 0.8, "mtbf_tasks": 3.0, "seed": seed,
+               "before_the_end": {"seconds": 10.0, "tokens": tokens, "cut_share": 0.9}}
+              for tag, seed, tokens in (("", 0, 86.0), ("-s1", 1, 88.0))),
+            {"name": "dp-w2-mtbf3", "mode": "dp", "goodput": 0.29, "mtbf_tasks": 3.0}]
+    out = {"setting": {"restart_tasks": 0.15, "capacity_tokens_per_second": 10.0}, "rows": rows}
+    check = [c for c in evaluate_checks(out) if "30%" in c["check"]][0]
+    assert check["verdict"] == "missed" and "elastic async 80.0%" in check["detail"]
+    assert "before the run's end 87.0%" in check["detail"]
 
 
 def test_the_elastic_rows_sum_each_workers_last_time_line_and_count_resumed_tasks(tmp_path):
