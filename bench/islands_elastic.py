@@ -307,9 +307,11 @@ def markdown(out: dict) -> str:
 
 def rerender(setting: Setting, *, predict: bool) -> str:
     """The results file of `setting` rendered again (its measured rows and their source unchanged), with
-    `predict` the simulator's column and the checks made again by this checkout's simulator; returns the markdown."""
-    name = "islands-elastic" if setting.name == "islands" else setting.name
-    path = RESULTS / f"{name}.json"
+    `predict` the simulator's column and the checks made again by this checkout's simulator, and rows without goodput
+    before the run's end given it from their runs still on this machine; returns the markdown."""
+    if setting.name == "islands":
+        setting = dataclasses.replace(setting, name="islands-elastic")
+    path = RESULTS / f"{setting.name}.json"
     out = json.loads(path.read_text())
     if fill_before_the_end(out, setting) and not predict:
         out["checks"] = evaluate_checks(out)
