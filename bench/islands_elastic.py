@@ -16,9 +16,10 @@ islands). A paced step of an island's worker takes the pace times its rows over 
 
 Ceiling of a failure row: MTBF / (MTBF + R) x the failure-free row's goodput (the workers' up-time alone).
 The simulator (`dipaco.simulate`): learners of W chips that answer a chip's failure elastically (the failed
-chip's share of the step in progress lost, a pause while the lighthouse has not yet counted the dead worker gone,
-a shrunk learner's step split in whole rows over its chips up, the returning worker away until its island's try
-in flight ends), the overhead fitted to the failure-free row.
+chip's rows of the step in progress trained again, a pause while the lighthouse has not yet counted the dead worker
+gone, a shrunk learner's step trained in whole rows on its chips up and so taking longer (the island keeps its
+batch, so a path with failures falls behind and the run's end waits for it), the returning worker away until its
+island's try in flight ends), the overhead fitted to the failure-free row.
 
     python bench/bench_islands.py --workers 2 --mtbf 2.5 --predict  # the simulator's column again, from the JSON
 """
@@ -46,7 +47,7 @@ from bench.recording import RESULTS, command_line, markdown_table, with_source, 
 from dipaco.config import load_config
 from dipaco.store.module_store import ModuleStore
 
-MODEL = "whole rows, the try in flight"  # the elastic learners' model: a prediction made by another is made again
+MODEL = "whole rows, the try in flight, the batch kept, chips failing once back"  # the elastic learners' model: a prediction made by another is made again
 ELASTIC_AT_LEAST, DP_AT_MOST = 0.85, 0.30  # the issue's bar: elastic >= 85% where data parallel keeps <= 30%
 PERPLEXITY_WITHIN, SIMULATOR_WITHIN = 0.02, 0.05
 
@@ -190,12 +191,15 @@ def predict_rows(out: dict) -> dict:
             goodput = data_parallel_prediction(out, row, learners=s["islands"] * row["workers"], names=names)
         else:
             goodput = simulated_goodput(elastic(overhead, row), mode="async", topology=topology,
-                                        rounds=s["rounds"], keeps_rows=True, batch_rows=batch_rows(out))
+                                        rounds=s["rounds"], keeps_rows=True, batch_rows=batch_rows(out),
+                                        keeps_batch=True)
         runs.append({"run": name, "goodput": goodput, "fitted": name == reference, "inputs": inputs})
-    return {"settings": (f"{s['islands']} learners of {workers} chips, elastic (the failed chip's share of the step lost, "
+    return {"settings": (f"{s['islands']} learners of {workers} chips, elastic (each chip failing on its own, again "
+                         f"only once back; the failed chip's rows of the step in progress trained again, "
                          f"the wait for the lighthouse to count it gone, L^2 / 2p, half when a worker leaves and half "
-                         f"when it returns; a shrunk learner splits a step's {batch_rows(out)} rows in whole rows over "
-                         f"its chips up; a returning chip away R + the rest of its island's try in flight, "
+                         f"when it returns; a shrunk learner trains a step's {batch_rows(out)} rows in whole rows on its "
+                         f"chips up, its steps taking longer; a returning chip away R + the rest of its island's try in "
+                         f"flight, "
                          f"{rejoin_wait(out, workers):.2f}s on average), per-task overhead "
                          f"{overhead:.2f}s fitted to {reference}, simulator at {MODEL}; data "
                          f"parallel: {s['islands'] * workers} one-chip learners as one non-elastic job; mean of {SEEDS} "

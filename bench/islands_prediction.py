@@ -60,19 +60,20 @@ class OneSlowLearner(FailureModel):
 
 def simulated_goodput(settings: Settings, *, mode: str, topology: Topology, rounds: int | None,
                       seeds: int = SEEDS, slowdown: float = 1.0, pinned: bool = True, keeps_rows: bool = False,
-                      batch_rows: int = 0) -> float:
+                      batch_rows: int = 0, keeps_batch: bool = False) -> float:
     """Mean goodput over `seeds` failure draws of one run of `rounds` results per path (None: no length,
     training to the horizon, whose whole length is allocated); `slowdown` > 1 slows learner 0; `pinned`
     False: learners take any path the policy assigns (a straggler's path moves); `keeps_rows`: an elastic learner
     loses only the failed chip's share of the step in progress; `batch_rows`: ... and splits a step's whole rows
-    over its chips up."""
+    over its chips up; `keeps_batch`: ... and trains the whole batch on them (its steps take longer)."""
     values = []
     for seed in range(seeds):
         sim = dataclasses.replace(settings.sim, seed=seed)
         model = dict(chip_mtbi_hours=sim.chip_mtbi_hours, speed_sigma=sim.speed_sigma, seed=seed)
         failures = OneSlowLearner(slowdown=slowdown, **model) if slowdown > 1 else FailureModel(**model)
         run = RoundsSimulation(dataclasses.replace(settings, sim=sim), failures, mode=mode, topology=topology,
-                               rounds=rounds, pinned=pinned, keeps_rows=keeps_rows, batch_rows=batch_rows)
+                               rounds=rounds, pinned=pinned, keeps_rows=keeps_rows, batch_rows=batch_rows,
+                               keeps_batch=keeps_batch)
         ledger = run.run()
         if rounds is None:
             values.append(ledger.goodput)

@@ -53,13 +53,14 @@ class RoundsSimulation:
     def __init__(self, settings: Settings, failures: FailureModel, *, mode: str,
                  topology: Topology | None = None, on_round: Callable[[RoundLog], None] | None = None,
                  rounds: int | None = None, pinned: bool = True, keeps_rows: bool = False,
-                 batch_rows: int = 0) -> None:
+                 batch_rows: int = 0, keeps_batch: bool = False) -> None:
         """`rounds`: stop handing out work once every path has had this many results applied (the real
         run's `run.rounds`, decided by the same policy); None: train to the horizon. `pinned`: learner i
         trains path i only; False: any path, as the policy assigns (the real islands), learner i first
         taking path i. `keeps_rows`: an elastic learner loses only the failed chip's share of the step in
         progress (dipaco's elastic islands), not the whole step; `batch_rows`: a shrunk learner splits a step's
-        whole rows over its chips up (`Learner.working_chips`)."""
+        whole rows over its chips up (`Learner.working_chips`); `keeps_batch`: ... and trains the whole batch on
+        them, its steps taking longer (`Learner.speed`)."""
         self.settings, self.failures = settings, failures
         self.closing = dataclasses.replace(settings.rounds, mode=mode)
         self.queue = EventQueue()
@@ -87,14 +88,15 @@ class RoundsSimulation:
             Learner(i, sim.chips_per_learner, response=sim.learner_failure, restart_seconds=sim.restart_seconds,
                     reconfigure_seconds=sim.reconfigure_seconds, checkpoint_steps=sim.checkpoint_interval,
                     queue=self.queue, on_done=self._task_done, on_lost=self._lost, keeps_rows=keeps_rows,
-                    batch_rows=batch_rows)
+                    batch_rows=batch_rows, keeps_batch=keeps_batch)
             for i in range(sim.learners)]
 
     def run(self) -> Ledger:
         settings = self.settings
         for learner in self.learners:
-            times = self.failures.failure_times(learner.ident, learner.chips)
-            schedule_failures(self.queue, times, lambda learner=learner: self._fail(learner), until=settings.horizon)
+            for times in self._failure_streams(learner):
+                schedule_failures(self.queue, times, lambda learner=learner: self._fail(learner),
+                                  until=settings.horizon)
         self.queue.at(0.0, self._tick)
         self.queue.run(settings.horizon)
         for learner in self.learners:
@@ -106,6 +108,14 @@ class RoundsSimulation:
         return self.ledger
 
     # --- learners ------------------------------------------------------------------------------------------
+    def _failure_streams(self, learner: Learner) -> list:
+        """The learner's failure times: its group's, or with `keeps_batch` (an elastic island's workers) each chip's,
+        failing again only once it is back (`Learner.restart_seconds` later); a trace's as they are."""
+        if not learner.keeps_batch or self.failures.trace is not None:
+            return [self.failures.failure_times(learner.ident, learner.chips)]
+        return [self.failures.chip_failure_times(learner.ident, chip, down_seconds=learner.restart_seconds)
+                for chip in range(learner.chips)]
+
     def _idle(self) -> list[IdleIsland]:
         now = self.queue.now
         return [IdleIsland(name=island_name(x.ident), pinned=(x.ident,) if self.pinned else (),

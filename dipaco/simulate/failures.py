@@ -1,7 +1,7 @@
 """Where failures come from: a per-chip mean time between interruptions, or a fixed list of times.
 
 A group of C chips whose chips fail independently at rate 1 / MTBI fails as a Poisson process of rate
-C / MTBI (which chip does not matter). Speeds: each learner's step time is multiplied, per task, by a
+C / MTBI (which chip does not matter), or, chip by chip, each failing again only after it is back. Speeds: each learner's step time is multiplied, per task, by a
 log-normal factor exp(N(0, sigma²)) (the straggler model); sigma 0 gives identical learners.
 """
 
@@ -36,6 +36,16 @@ class FailureModel:
         while True:
             t += float(rng.exponential(mean_gap))
             yield t
+
+    def chip_failure_times(self, group: int, chip: int, *, down_seconds: float) -> Iterator[float]:
+        """The failures of one chip of `group` that is down `down_seconds` after each: its up times are exponential
+        of mean the chip MTBI, drawn from its return (no failure while it is down), as an elastic island's worker's."""
+        rng = np.random.default_rng([int(self.rng.integers(2**31)), group, chip])  # one stream per chip
+        t = 0.0
+        while True:
+            t += float(rng.exponential(self.chip_mtbi))
+            yield t
+            t += down_seconds
 
     def speed_factor(self, learner: int | None = None) -> float:
         """How much slower than nominal `learner` runs its next task (1.0 with sigma 0; a subclass may

@@ -10,7 +10,10 @@ It trains one piece of `Work` at a time and reacts to each chip failure in one o
   pause. Fewer chips keep the step time (the batch shrinks), so a task takes as long but holds fewer
   chip-seconds. With `batch_rows` B, a step's whole rows split over the chips up, as an elastic island's tries
   do: c chips do the work of B / ceil(B / c) (8 rows over 3 chips: 3 rows on the busiest, 2.67 chips' worth).
-Progress is continuous time; steps only matter for what a failure throws away.
+  With `keeps_batch` (dipaco's elastic islands), the chips up train the whole batch instead: a step takes
+  longer, by the chips' worth of work lost, and the failed chip's rows of the step in progress are trained again.
+Progress is continuous time (`Work.done`: seconds at the whole group's speed); steps only matter for what a
+failure throws away.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ class Learner:
     def __init__(self, ident: int, chips: int, *, response: str, restart_seconds: float,
                  reconfigure_seconds: float, checkpoint_steps: int, queue: EventQueue,
                  on_done: Callable[[Learner, Work], None], on_lost: Callable[[float], None],
-                 keeps_rows: bool = False, batch_rows: int = 0) -> None:
+                 keeps_rows: bool = False, batch_rows: int = 0, keeps_batch: bool = False) -> None:
         if response not in RESPONSES:
             raise ValueError(f"learner failure response must be one of {RESPONSES}, got {response!r}")
         self.ident, self.chips, self.response = ident, chips, response
         self.restart_seconds, self.reconfigure_seconds = restart_seconds, reconfigure_seconds
         self.checkpoint_steps, self.keeps_rows, self.batch_rows = checkpoint_steps, keeps_rows, batch_rows
+        self.keeps_batch = keeps_batch
         self.queue, self.on_done, self.on_lost = queue, on_done, on_lost
         self.up_chips = chips
         self.blocked_until = 0.0
@@ -66,9 +70,15 @@ class Learner:
         if work is not None:
             start = max(self.since, self.blocked_until, work.not_before)
             if now > start:
-                work.done += now - start
+                work.done += (now - start) * self.speed()
                 work.chip_seconds += (now - start) * self.working_chips()
         self.since = now
+
+    def speed(self) -> float:
+        """`Work.done` per second: 1, or with `keeps_batch` the share of the group's work its chips up do."""
+        if not self.keeps_batch:
+            return 1.0
+        return max(0.0, self.working_chips()) / self.chips
 
     def working_chips(self) -> float:
         """The chips' worth of work done per second: the chips up, or with `batch_rows` B, B / ceil(B / up) (a step's
@@ -83,8 +93,9 @@ class Learner:
         work = self.work
         if work is None or math.isinf(work.seconds):
             return
-        start = max(self.queue.now, self.blocked_until, work.not_before)
-        self.queue.at(start + max(0.0, work.seconds - work.done), self._finish, self._generation)
+        start, speed = max(self.queue.now, self.blocked_until, work.not_before), self.speed()
+        if speed > 0:  # no chip up: it finishes once one is back (`_chip_back` predicts again)
+            self.queue.at(start + max(0.0, work.seconds - work.done) / speed, self._finish, self._generation)
 
     def _finish(self, generation: int) -> None:
         if generation != self._generation:
@@ -154,14 +165,22 @@ class Learner:
         self._predict()
 
     def _lose_one_chips_step(self) -> None:
-        """The failed chip's share of the step in progress is lost; the other chips' work is kept."""
+        """The failed chip's share of the step in progress is lost; the other chips' work is kept. With
+        `keeps_batch`, its rows (1 / the chips up of the step's progress) are to be trained again."""
         work = self.work
         if work is None:
             return
-        lost = work.done - work.complete_steps()
-        if lost > 0:
-            work.chip_seconds -= lost
-            self.on_lost(lost)
+        partial = work.done - work.complete_steps()
+        if partial <= 0:
+            return
+        if self.keeps_batch:
+            share = partial / max(1, self.up_chips)
+            work.done -= share
+            lost = share * self.chips
+        else:
+            lost = partial
+        work.chip_seconds -= lost
+        self.on_lost(lost)
 
     def _throw_away(self, every_steps: int) -> None:
         """Roll the work back to its last multiple of `every_steps` steps (a checkpoint, or the step start)."""
