@@ -160,6 +160,16 @@ def batch_rows(out: dict) -> int:
     return load_config(out["setting"]["config"], out["setting"]["common"]).inner.batch_size
 
 
+def elastic_settings(out: dict, row: dict, *, overhead: float, workers: int, reference: str) -> object:
+    """The simulator's settings of an elastic row: learners of `workers` chips, the join pause and the rejoin wait,
+    the per-task `overhead`, the step time of the failure-free row `reference`."""
+    at = _settings(out, overhead=overhead, sigma=0.0, mtbf_tasks=row.get("mtbf_tasks"), names=(reference,))
+    return dataclasses.replace(at, sim=dataclasses.replace(at.sim, chips_per_learner=workers, learner_failure="elastic",
+                                                           reconfigure_seconds=join_pause(out, row),
+                                                           restart_seconds=at.sim.restart_seconds
+                                                           + rejoin_wait(out, workers)))
+
+
 def predict_rows(out: dict) -> dict:
     """The simulator's goodput for every row, the overhead fitted to the seed-0 failure-free elastic row."""
     rows, s = rows_of(out), out["setting"]
@@ -169,12 +179,7 @@ def predict_rows(out: dict) -> dict:
     workers, names, topology = rows[reference]["workers"], (reference,), _topology(out)
 
     def elastic(overhead: float, row: dict) -> object:
-        at = _settings(out, overhead=overhead, sigma=0.0, mtbf_tasks=row.get("mtbf_tasks"), names=names)
-        return dataclasses.replace(at, sim=dataclasses.replace(at.sim, chips_per_learner=workers,
-                                                               learner_failure="elastic",
-                                                               reconfigure_seconds=join_pause(out, row),
-                                                               restart_seconds=at.sim.restart_seconds
-                                                               + rejoin_wait(out, workers)))
+        return elastic_settings(out, row, overhead=overhead, workers=workers, reference=reference)
 
     before = out.get("prediction") or {}
     same_fit = before.get("fitted_to") == [reference, rows[reference]["goodput"]] and before.get("model") == MODEL
