@@ -347,6 +347,8 @@ def test_a_worker_leaves_mid_task_another_joins_and_heals_and_the_task_equals_it
         assert torch.equal(out.pseudo_gradient[key], theirs.pseudo_gradient[key]), key
         torch.testing.assert_close(out.pseudo_gradient[key], value, rtol=1e-4, atol=2e-6, msg=key)
     assert len(sealed["e0-w2"]) >= 2  # ... and it sealed a later task with w0
+    # the result's time in inner steps is the task's, whoever sealed it: w2's includes w0's rounds before the heal
+    assert theirs.meta.seconds >= 0.9 * 6 * 0.2 and theirs.meta.seconds == pytest.approx(out.meta.seconds, rel=0.25)
     assert w2.time.seconds["heal"] > 0 and w0.time.seconds["heal"] == 0  # its time: only the returning worker healed
     assert w0.time.seconds["steps"] >= 0.9 * 0.2 * 3 * 6  # 3 tasks of 6 steps, each try padded to 0.2 s at least
 

@@ -92,7 +92,8 @@ class IslandState:
         pr = self.progress
         if pr is not None:
             state |= {"task": pr.task.to_json(), "done": pr.done, "steps": pr.steps, "losses": list(pr.losses),
-                      "tokens": pr.tokens, "val_loss": pr.val_loss, "optimizer": pr.begun.optimizer.state_dict(),
+                      "tokens": pr.tokens, "seconds": pr.seconds, "val_loss": pr.val_loss,
+                      "optimizer": pr.begun.optimizer.state_dict(),
                       "params": {name: p.detach() for name, p in pr.begun.params.items()},
                       "residual": pr.begun.carried.residual}
         return state
@@ -118,6 +119,7 @@ class IslandState:
         pr.begun.optimizer.load_state_dict(state["optimizer"])
         pr.begun.carried = dataclasses.replace(pr.begun.carried, residual=dict(state["residual"]))
         pr.done, pr.steps, pr.losses, pr.tokens = state["done"], state["steps"], list(state["losses"]), state["tokens"]
+        pr.seconds = float(state["seconds"])  # the task's time so far, the peer's rounds before this worker's
         pr.kept = None  # gradients of the parameters it had: not the peer's
         log.info("healed from a live peer into %s attempt %d at its step %d of %d", task.key, task.attempt, pr.done,
                  pr.steps)
