@@ -1,8 +1,9 @@
 """Where failures come from: a per-chip mean time between interruptions, or a fixed list of times.
 
 A group of C chips whose chips fail independently at rate 1 / MTBI fails as a Poisson process of rate
-C / MTBI (which chip does not matter), or, chip by chip, each failing again only after it is back. Speeds: each learner's step time is multiplied, per task, by a
-log-normal factor exp(N(0, sigma²)) (the straggler model); sigma 0 gives identical learners.
+C / MTBI (which chip does not matter), or, chip by chip, each failing again only after it is back. Speeds:
+each learner's step time is multiplied, per task, by a log-normal factor exp(N(0, sigma²)) (the straggler
+model); sigma 0 gives identical learners.
 """
 
 from __future__ import annotations
