@@ -47,7 +47,8 @@ from bench.recording import RESULTS, command_line, markdown_table, with_source, 
 from dipaco.config import load_config
 from dipaco.store.module_store import ModuleStore
 
-MODEL = "whole rows, the try in flight, the batch kept, chips failing once back"  # the elastic learners' model: a prediction made by another is made again
+# the elastic learners' model: a prediction made with another is made again
+MODEL = "whole rows, the try in flight, the batch kept, chips failing once back"
 ELASTIC_AT_LEAST, DP_AT_MOST = 0.85, 0.30  # the issue's bar: elastic >= 85% where data parallel keeps <= 30%
 PERPLEXITY_WITHIN, SIMULATOR_WITHIN = 0.02, 0.05
 
@@ -120,10 +121,8 @@ def evaluate_checks(out: dict) -> list[dict]:
 
 def mean_before_end(setting: dict, rows: list[dict]) -> str:
     """"; before the run's end X%" over `rows` where every one has it, else ""."""
-    if not rows or any(r.get("before_the_end") is None for r in rows):
-        return ""
-    values = [goodput_before_end(r, capacity=setting["capacity_tokens_per_second"]) for r in rows]
-    return "" if None in values else f"; before the run's end {statistics.mean(values):.1%}"
+    values = [goodput_before_end(r, capacity=setting.get("capacity_tokens_per_second", 0.0)) for r in rows]
+    return "" if not values or None in values else f"; before the run's end {statistics.mean(values):.1%}"
 
 
 def join_pause(out: dict, row: dict) -> float:
@@ -189,7 +188,7 @@ def predict_rows(out: dict) -> dict:
     runs = []
     for name, row in rows.items():
         inputs = [row.get("mtbf_tasks"), row.get("overrides"), row.get("run_seconds") if row["mode"] == "dp" else None]
-        if name in known and known[name].get("inputs") == inputs and before.get("model") == MODEL:
+        if name in known and known[name].get("inputs") == inputs:  # `known` only from a prediction of this MODEL
             runs.append(known[name])
             continue
         if row["mode"] == "dp":
@@ -275,7 +274,7 @@ def time_table(out: dict) -> str | None:
 
 
 def markdown(out: dict) -> str:
-    s = out["setting"]
+    s, times = out["setting"], time_table(out)
     return "\n".join([
         "# Elastic islands against non-elastic data parallel over the same workers, paced real processes", "",
         f"{s['islands']} islands of {s['workers']} workers (hardware.workers_per_island, torchft, one thread each) "
@@ -294,7 +293,7 @@ def markdown(out: dict) -> str:
         "time x the capacity, and that time's share of the run; the rest of the run waits for the paths still "
         "training.", "",
         *(["## Where the workers' time went", "",
-            time_table(out), "",
+            times, "",
             "Each worker's wall seconds from its start to the run's end by kind of round, from the last `elastic worker "
             "time` line of its log (dipaco/islands/island/elastic_time.py), summed over the row's workers. Inner "
             "steps: compute and the padding to the pace, up to the all-reduce; all-reduce (committed): beyond the "
@@ -304,7 +303,7 @@ def markdown(out: dict) -> str:
             "tries that failed: the all-reduce of a try a member died in (its survivors keep the rows they computed) "
             "and a round a death cut short; waiting for a quorum: the lighthouse's, a shrinking island's until the "
             "dead worker is counted gone; healing: a returning worker's quorum, its state fetched from a peer; down: "
-            "away after an injected death (R), and the rejoin.", ""] if time_table(out) else []),
+            "away after an injected death (R), and the rejoin.", ""] if times else []),
         "## Checks (issue 38)", "",
         markdown_table(["check", "verdict", "measured"], [[c["check"], c["verdict"], c["detail"]]
                                                          for c in out.get("checks", [])]),
@@ -322,11 +321,10 @@ def rerender(setting: Setting, *, predict: bool) -> str:
         setting = dataclasses.replace(setting, name="islands-elastic")
     path = RESULTS / f"{setting.name}.json"
     out = json.loads(path.read_text())
-    if fill_before_the_end(out, setting) and not predict:
-        out["checks"] = evaluate_checks(out)
-        path.write_text(json.dumps(out, indent=1) + "\n")
+    filled = fill_before_the_end(out, setting)
     if predict:
         out["prediction"] = {**predict_rows(out), "predicted_at": git_commit(), "predicted_by": command_line()}
+    if filled or predict:
         out["checks"] = evaluate_checks(out)
         path.write_text(json.dumps(out, indent=1) + "\n")
     text = with_source(out, markdown(out))

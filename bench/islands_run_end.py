@@ -46,4 +46,4 @@ def before_the_end(results: list[dict], *, run_seconds: float) -> dict | None:
 def goodput_before_end(row: dict, *, capacity: float) -> float | None:
     """A results row's goodput before the run's end (None: not measured)."""
     before = row.get("before_the_end")
-    return before["tokens"] / (before["seconds"] * capacity) if before and before["seconds"] > 0 else None
+    return before["tokens"] / (before["seconds"] * capacity) if before and before["seconds"] > 0 < capacity else None

@@ -29,13 +29,9 @@ from dipaco.simulate.failures import FailureModel  # noqa: E402
 FILES, ROUNDS, DRAWS = ("islands-elastic", "islands-elastic-w4"), (20, 40, 80, 160), 20
 
 
-def simulate(out: dict, row: dict, *, rounds: int, seed: int) -> tuple[float, float]:
-    """(whole-run goodput, goodput before the run's end) of one failure draw of `row` at `rounds`."""
-    rows = rows_of(out)
-    reference = failure_free(rows, row)
-    at = elastic_settings(out, row, overhead=out["prediction"]["overhead_seconds"], workers=reference["workers"],
-                          reference=reference["name"])
-    at = dataclasses.replace(at, sim=dataclasses.replace(at.sim, seed=seed))  # horizon: 25 x the file's rounds tasks
+def simulate(out: dict, settings, *, rounds: int, seed: int) -> tuple[float, float]:
+    """(whole-run goodput, goodput before the run's end) of one failure draw at `rounds` of a row's `settings`."""
+    at = dataclasses.replace(settings, sim=dataclasses.replace(settings.sim, seed=seed))  # horizon: 25 x the file's
     failures = FailureModel(chip_mtbi_hours=at.sim.chip_mtbi_hours, speed_sigma=at.sim.speed_sigma, seed=seed)
     run = RoundsSimulation(at, failures, mode="async", topology=_topology(out), rounds=rounds, keeps_rows=True,
                            batch_rows=batch_rows(out), keeps_batch=True)
@@ -59,8 +55,11 @@ def main() -> None:
         row = next(r for r in failing if r.get("seed", 0) == 0)
         measured = statistics.mean(r["goodput"] for r in failing)
         measured_before = statistics.mean(goodput_before_end(r, capacity=capacity) for r in failing)
+        reference = failure_free(rows_of(out), row)
+        settings = elastic_settings(out, row, overhead=out["prediction"]["overhead_seconds"],
+                                    workers=reference["workers"], reference=reference["name"])
         for rounds in ROUNDS:
-            draws = [simulate(out, row, rounds=rounds, seed=seed) for seed in range(DRAWS)]
+            draws = [simulate(out, settings, rounds=rounds, seed=seed) for seed in range(DRAWS)]
             whole, before = statistics.mean(d[0] for d in draws), statistics.mean(d[1] for d in draws)
             record.append({"file": name, "workers": row["workers"], "rounds": rounds, "whole": whole,
                            "before_the_end": before})
