@@ -43,9 +43,14 @@ from dipaco.tables import format_table  # noqa: E402
 
 log = logging.getLogger("bench_grid_scaling")
 REDUCED = ["sharding.seq_len=128", "model.hidden_size=64"]
-MODES = ["prefix", "likelihood", "oracle", "oracle-split"]
-MODE_NAMES = {"prefix": "routed (k-means on the prefix)", "likelihood": "routed (paths' likelihood of the prefix)",
+MODES = ["prefix", "likelihood:4", "likelihood", "oracle", "oracle-split"]
+MODE_NAMES = {"prefix": "routed (k-means on the prefix)",
+              "likelihood:4": "routed (likelihood among the k-means router's 4 best paths)",
+              "likelihood": "routed (paths' likelihood of the prefix)",
               "oracle": "oracle path", "oracle-split": "split oracle (chosen on one half, scores the other)"}
+
+STEP_NAMES = {"likelihood:4": "routed by likelihood among the k-means router's 4 best paths",
+              "likelihood": "routed by the paths' likelihood", "oracle-split": "by the split oracle"}
 
 
 def grid_levels(grid: str) -> list[int]:
@@ -91,7 +96,7 @@ def main() -> None:
                         help=f"override for every model (default {REDUCED})")
     parser.add_argument("--grids", nargs="*", default=["2x2", "4x4", "8x8"],
                         help="DiPaCo grids (none: the dense models alone, with --warm-start)")
-    parser.add_argument("--dense", nargs="+", type=int, default=[1, 4],
+    parser.add_argument("--dense", nargs="*", type=int, default=[1, 4],
                         help="dense models of these multiples of a path's parameters")
     parser.add_argument("--dense-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override for the dense models only, e.g. inner.lr=1.5e-3 (their own lr: their width is not a path's)")
@@ -144,10 +149,17 @@ def main() -> None:
             log.info("%s seed %d: %s", model, seed, summary_line(run))
     results = collect(runs, warm=warm, widths=widths, path_params=path_params, common=common,
                       seconds=time.perf_counter() - started)
-    results.update(collected_only=args.collect_only, dense_overrides=args.dense_set)
+    results.update(collected_only=args.collect_only, dense_overrides=args.dense_set,
+                   config=display_path(Path(args.config)))
     path = write_results(args.name, results, markdown(results), results_dir=Path(args.results_dir), trained_at=distinct_code(run for by_seed in runs.values() for run in by_seed.values()))
     plot(results, path.with_suffix(".png"))
     print(path.with_suffix(".md").read_text())
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the repository where it lies in it (as the results name it)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def summary_line(run: Path) -> str:
@@ -184,7 +196,7 @@ def collect(runs: dict[str, dict[int, Path]], *, warm: int, widths: dict[int, in
             train = read_json(run / "train.json")
             tokens_per_path = train["tokens"] // max(1, first["paths"])
             per_seed[seed] = {
-                "run": str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run),
+                "run": display_path(run),
                 "modes": {mode: mode_perplexity(evaluation, mode) for mode in MODES},
                 "paths": first["paths"], "params_per_path": first["params_per_path"],
                 "params_total": first["params_total"], "warm_start_steps": first["pretrain_steps"],
@@ -218,10 +230,11 @@ def checks(rows: list[dict]) -> dict:
     for smaller, larger in zip(grids, grids[1:]):
         a, b = smaller["modes"]["prefix"]["mean"], larger["modes"]["prefix"]["mean"]
         out[f"{larger['model']} routed vs {smaller['model']}"] = b / a - 1
-        if "likelihood" in smaller["modes"] and "likelihood" in larger["modes"]:  # the same seeds on both sides
-            if smaller["modes"]["likelihood"]["seeds"] == larger["modes"]["likelihood"]["seeds"]:
-                a, b = smaller["modes"]["likelihood"]["mean"], larger["modes"]["likelihood"]["mean"]
-                out[f"{larger['model']} vs {smaller['model']}, both routed by the paths' likelihood"] = b / a - 1
+        for mode in ("likelihood:4", "likelihood", "oracle-split"):
+            if mode in smaller["modes"] and mode in larger["modes"]:  # the same seeds on both sides
+                if smaller["modes"][mode]["seeds"] == larger["modes"][mode]["seeds"]:
+                    a, b = smaller["modes"][mode]["mean"], larger["modes"][mode]["mean"]
+                    out[f"{larger['model']} vs {smaller['model']}, both {STEP_NAMES[mode]}"] = b / a - 1
     if grids and dense:
         largest = grids[-1]
         for _params, row in sorted(dense.items()):
@@ -258,7 +271,7 @@ def markdown(results: dict) -> str:
     outer = sorted({o for r in rows for s in r["per_seed"].values() for o in s["outer_steps"]})
     return (
         f"# More paths at the same path size: DiPaCo grids against dense models (mean ± std of seeds {seeds})\n\n"
-        f"`configs/demo.yaml`'s recipe with {' '.join(results['common'])}: every model the same warm-start steps "
+        f"`{results.get('config', 'configs/demo.yaml')}`'s recipe with {' '.join(results['common'])}: every model the same warm-start steps "
         f"({results['warm_start_steps']}, each dense model its own warm start of its own size) and the same steps "
         f"after it; the dense models are 1x1 grids of a wider path model (widths {results['dense_widths']} for the "
         f"multiples of a path's {results['path_params']:,} parameters) on every training document"
