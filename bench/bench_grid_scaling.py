@@ -6,6 +6,8 @@ a path's parameters, each the mean of several seeds (the same seeds for every mo
     python bench/bench_grid_scaling.py --keep --collect-only        # the results from the runs already made
     python bench/bench_grid_scaling.py --grids --warm-start 400 --dense 16 --dense-set inner.lr=1e-3 \
         --name grid-scaling-dense16x-lr1e-3                          # a dense model alone, at its own lr
+    python bench/bench_grid_scaling.py --config configs/large.yaml --grids 2x2 4x4 8x8 16x16 --seeds 0 \
+        --dense 1 --dense-compute 2x2 4x4 --set ...                   # the large corpus (docs/grids.md)
 
 Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, default width 64 and sequences of
 128 tokens, so that 64 paths' shards still hold more tokens than a path trains on), fp32, sync rounds:
@@ -17,7 +19,8 @@ Every model is `configs/demo.yaml`'s recipe at the reduced model (`--set`, defau
 - dense models of `--dense` times a path's parameters (1 and 4 by default) (a wider path model, width chosen for the parameter
   count): a 1x1 grid, so each gets its own warm start of its own size for the same warm-start steps and then
   the same per-path steps on every training document: the same sequential steps as one path. 1x is the
-  dense model of equal steps.
+  dense model of equal steps. `--dense-compute GRID` also trains each for as many training FLOPs after the
+  warm start as that grid's paths together (equal compute);
 Per grid it also records the paths' training shards (tokens, and the epochs a path's steps make of them) and
 the held-out documents routed to each path: where more paths stop helping, these say whether the shards
 or the routing are why. Every model scores the same held-out tokens. Writes
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import time
@@ -35,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
 
 from bench.quality_runs import Runner, mode_perplexity, read_json, warm_start_steps_as_fraction  # noqa: E402
 from bench.recording import RESULTS, distinct_code, markdown_table, write_results  # noqa: E402
@@ -62,6 +68,24 @@ def grid_levels(grid: str) -> list[int]:
     if not levels or min(levels) < 1:
         raise SystemExit(f"--grids: {grid!r} is not a grid like 2x2 or 4x4")
     return levels
+
+
+def dense_models(multiples: list[int], widths: dict[int, int], *, compute_of: list[str],
+                 rounds: int) -> list[tuple[str, list[str]]]:
+    """(name, overrides) of each dense k× model: as many steps as one path ("dense kx"), and for each grid
+    of `compute_of` as many training FLOPs after the warm start as that grid's paths together ("dense kx,
+    GRID compute": run.rounds x paths / k; left out where that is the equal-steps model itself)."""
+    out = []
+    for k in multiples:
+        out.append((f"dense {k}x", [f"model.hidden_size={widths[k]}"]))
+        for grid in compute_of:
+            path_rounds = rounds * math.prod(grid_levels(grid))
+            if path_rounds % k:
+                raise ValueError(f"--dense-compute {grid}: {path_rounds} path rounds do not divide into {k}x rounds")
+            if path_rounds // k != rounds:
+                out.append((f"dense {k}x, {grid} compute", [f"model.hidden_size={widths[k]}",
+                                                            f"run.rounds={path_rounds // k}"]))
+    return out
 
 
 def path_parameters(config_file: str, overrides: list[str], *, width: int) -> int:
@@ -98,6 +122,9 @@ def main() -> None:
                         help="DiPaCo grids (none: the dense models alone, with --warm-start)")
     parser.add_argument("--dense", nargs="*", type=int, default=[1, 4],
                         help="dense models of these multiples of a path's parameters")
+    parser.add_argument("--dense-compute", nargs="*", default=[], metavar="GRID",
+                        help="also train each dense model for as many training FLOPs as these grids' paths together "
+                             "after the warm start (run.rounds x paths / multiple), e.g. 2x2 4x4")
     parser.add_argument("--dense-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override for the dense models only, e.g. inner.lr=1.5e-3 (their own lr: their width is not a path's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="run.seed of every model")
@@ -126,17 +153,18 @@ def main() -> None:
     path_params = path_parameters(args.config, common, width=width)
     widths = {k: width if k == 1 else width_for(args.config, common, params=k * path_params) for k in args.dense}
     runner = Runner(Path(args.runs or ROOT / "runs" / f"bench-{args.name}"), keep=args.keep or args.collect_only)
-    models = [(f"DiPaCo {grid}", f"topology.levels={grid_levels(grid)}", MODES) for grid in args.grids]
-    models += [(f"dense {k}x", f"model.hidden_size={widths[k]}", ["prefix"]) for k in args.dense]
+    models = [(f"DiPaCo {grid}", [f"topology.levels={grid_levels(grid)}"], MODES) for grid in args.grids]
+    models += [(model, overrides, ["prefix"]) for model, overrides in
+               dense_models(args.dense, widths, compute_of=args.dense_compute, rounds=first.run.rounds)]
     runs: dict[str, dict[int, Path]] = {}
     for index, seed in enumerate(args.seeds):
         for model, override, all_modes in models:
             modes = all_modes if index < args.all_modes_seeds else ["prefix"]
             dense = model.startswith("dense")
-            overrides = [*common, f"run.seed={seed}", f"warm_start.steps={warm}", override]
+            overrides = [*common, f"run.seed={seed}", f"warm_start.steps={warm}", *override]
             if dense:
                 overrides += ["topology.levels=[1]", *args.dense_set]
-            name = f"seed{seed}-{model.replace(' ', '-')}"
+            name = f"seed{seed}-{model.replace(',', '').replace(' ', '-')}"
             if args.collect_only:
                 run = runner.root / name
                 if not (run / "eval.json").exists():
@@ -204,6 +232,7 @@ def collect(runs: dict[str, dict[int, Path]], *, warm: int, widths: dict[int, in
                 "shards": shard_stats(run, tokens_per_path=tokens_per_path), "test_documents": test_documents(evaluation),
                 "outer_steps": sorted({r.get("outer_step", "?") for r in train["rounds"]}),
                 "train_seconds": train["seconds"], "scored_tokens": evaluation["scored_tokens"],
+                "inner_lr": yaml.safe_load((run / "config.yaml").read_text())["inner"]["lr"],
             }
         seeds = sorted(per_seed)
         any_seed = per_seed[seeds[0]]
@@ -217,7 +246,8 @@ def collect(runs: dict[str, dict[int, Path]], *, warm: int, widths: dict[int, in
                      "paths": any_seed["paths"], "params_per_path": any_seed["params_per_path"],
                      "params_total": any_seed["params_total"], "warm_start_steps": any_seed["warm_start_steps"],
                      "steps_per_path": any_seed["steps_per_path"], "shards": any_seed["shards"],
-                     "test_documents": any_seed["test_documents"], "per_seed": per_seed})
+                     "test_documents": any_seed["test_documents"], "inner_lr": any_seed["inner_lr"],
+                     "per_seed": per_seed})
     return {"rows": rows, "checks": checks(rows), "warm_start_steps": warm, "path_params": path_params,
             "dense_widths": {str(k): w for k, w in widths.items()}, "common": common, "seconds": seconds}
 
@@ -225,7 +255,7 @@ def collect(runs: dict[str, dict[int, Path]], *, warm: int, widths: dict[int, in
 def checks(rows: list[dict]) -> dict:
     """The issue's comparisons, on the seeds' means (prefix routing; likelihood routing too where scored)."""
     grids = [r for r in rows if not r["dense"] and "prefix" in r["modes"]]
-    dense = {r["params_per_path"]: r for r in rows if r["dense"] and "prefix" in r["modes"]}
+    dense = [r for r in rows if r["dense"] and "prefix" in r["modes"]]
     out: dict[str, float] = {}
     for smaller, larger in zip(grids, grids[1:]):
         a, b = smaller["modes"]["prefix"]["mean"], larger["modes"]["prefix"]["mean"]
@@ -235,11 +265,13 @@ def checks(rows: list[dict]) -> dict:
                 if smaller["modes"][mode]["seeds"] == larger["modes"][mode]["seeds"]:
                     a, b = smaller["modes"][mode]["mean"], larger["modes"][mode]["mean"]
                     out[f"{larger['model']} vs {smaller['model']}, both {STEP_NAMES[mode]}"] = b / a - 1
-    if grids and dense:
-        largest = grids[-1]
-        for _params, row in sorted(dense.items()):
-            out[f"{largest['model']} routed vs {row['model']}"] = (largest["modes"]["prefix"]["mean"]
-                                                                    / row["modes"]["prefix"]["mean"] - 1)
+    by_grid = {r["model"].removeprefix("DiPaCo "): r for r in grids}
+    for row in dense:
+        compute_of = row["model"].removesuffix(" compute").partition(", ")[2]
+        grid = by_grid.get(compute_of) or (grids[-1] if grids and not compute_of else None)
+        if grid is not None:  # the largest grid against each equal-steps model, a grid against its equal compute
+            out[f"{grid['model']} routed vs {row['model']}"] = (grid["modes"]["prefix"]["mean"]
+                                                                 / row["modes"]["prefix"]["mean"] - 1)
     return out
 
 
@@ -255,14 +287,15 @@ def markdown(results: dict) -> str:
     seeds = sorted({s for r in rows for s in r["seeds"]})
     every_mode = sorted({s for r in rows for s, v in r["per_seed"].items() if v["modes"].get("oracle") is not None})
     headers = ["model", "paths", "params/path", "params total", "warm start + path steps", "train tokens/path shard (min / median)",
-               "epochs of the smallest shard", *[MODE_NAMES[m] for m in MODES], "held-out docs per path (min / median)"]
+               "epochs of the smallest shard", "inner lr", *[MODE_NAMES[m] for m in MODES],
+               "held-out docs per path (min / median)"]
     table = []
     for r in rows:
         s, t = r["shards"], r["test_documents"]
         table.append([r["model"], r["paths"], f"{r['params_per_path']:,}", f"{r['params_total']:,}",
                       f"{r['warm_start_steps']} + {r['steps_per_path']}",
                       f"{s['tokens_min']:,} / {s['tokens_median']:,.0f}", f"{s['epochs_max']:.2f}",
-                      *[cell(r, m) for m in MODES], f"{t['min']} / {t['median']:g}"])
+                      f"{r['inner_lr']:g}" if r.get("inner_lr") else "-", *[cell(r, m) for m in MODES], f"{t['min']} / {t['median']:g}"])
     per_seed_headers = ["model", *[f"seed {s} (prefix)" for s in seeds]]
     per_seed = [[r["model"], *[f"{r['per_seed'][s]['modes']['prefix']:.2f}" if s in r["per_seed"] else "-" for s in seeds]]
                 for r in rows]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.bench_grid_scaling import checks, grid_levels, markdown
+import pytest
+
+from bench.bench_grid_scaling import checks, dense_models, grid_levels, markdown
 
 
 def _row(model: str, paths: int, modes: dict[str, list[float]], *, dense: bool = False) -> dict:
@@ -13,7 +15,7 @@ def _row(model: str, paths: int, modes: dict[str, list[float]], *, dense: bool =
     return {"model": model, "dense": dense, "seeds": list(seeds), "modes": summary, "paths": paths,
             "params_per_path": 10, "params_total": 10 * paths, "warm_start_steps": 4, "steps_per_path": 2,
             "shards": {"tokens_min": 5, "tokens_median": 6, "epochs_max": 0.4},
-            "test_documents": {"min": 1, "median": 2}, "per_seed": per_seed}
+            "test_documents": {"min": 1, "median": 2}, "inner_lr": 3e-3, "per_seed": per_seed}
 
 
 def test_each_grid_step_is_compared_under_every_routing_scored_on_the_same_seeds():
@@ -39,3 +41,29 @@ def test_the_results_name_the_recipes_config():
     assert text.count("`configs/large.yaml`'s recipe with model.hidden_size=64") == 1
     assert "routed (likelihood among the k-means router's 4 best paths)" in text
     assert grid_levels("16x16") == [16, 16]
+
+
+def test_a_dense_model_of_a_grids_compute_trains_as_many_flops_as_its_paths_together():
+    models = dict(dense_models([1, 4], {1: 64, 4: 160}, compute_of=["2x2", "4x4"], rounds=10))
+    assert models == {
+        "dense 1x": ["model.hidden_size=64"],
+        "dense 1x, 2x2 compute": ["model.hidden_size=64", "run.rounds=40"],
+        "dense 1x, 4x4 compute": ["model.hidden_size=64", "run.rounds=160"],
+        "dense 4x": ["model.hidden_size=160"],  # 4 paths' compute at 4x a path is its equal-steps model
+        "dense 4x, 4x4 compute": ["model.hidden_size=160", "run.rounds=40"],
+    }
+    with pytest.raises(ValueError, match="--dense-compute 2x2: 12 path rounds"):
+        dense_models([8], {8: 200}, compute_of=["2x2"], rounds=3)
+
+
+def test_each_equal_compute_dense_model_is_compared_with_its_own_grid():
+    small = _row("DiPaCo 2x2", 4, {"prefix": [100.0]})
+    large = _row("DiPaCo 4x4", 16, {"prefix": [90.0]})
+    rows = [small, large, _row("dense 1x", 1, {"prefix": [150.0]}, dense=True),
+            _row("dense 1x, 2x2 compute", 1, {"prefix": [120.0]}, dense=True),
+            _row("dense 4x, 4x4 compute", 1, {"prefix": [80.0]}, dense=True)]
+    out = checks(rows)
+    assert out["DiPaCo 4x4 routed vs dense 1x"] == 90 / 150 - 1
+    assert out["DiPaCo 2x2 routed vs dense 1x, 2x2 compute"] == 100 / 120 - 1
+    assert out["DiPaCo 4x4 routed vs dense 4x, 4x4 compute"] == 90 / 80 - 1
+    assert len(out) == 4  # and the grid step
