@@ -315,10 +315,19 @@ def markdown(results: dict) -> str:
         + "\n\nPer seed (routed by k-means on the prefix):\n\n" + markdown_table(per_seed_headers, per_seed)
         + "\n\nComparisons (means of the seeds, routed by k-means on the prefix unless said; negative = lower perplexity):\n\n"
         + "\n".join(lines)
-        + ("\n\nCollected from runs trained by earlier invocations (`--keep`); their training seconds are in the JSON."
-           if results.get("collected_only") else f"\n\nWall time: {results['seconds'] / 60:.0f} min.")
+        + f"\n\n{wall_time(results)}"
         + "\n\n```\n" + format_table(headers, table) + "\n```\n"
     )
+
+
+def wall_time(results: dict) -> str:
+    """The invocation's wall time, or for collected runs the training time they took (train.json, per model)."""
+    per_model = [(r["model"], sum(v["train_seconds"] for v in r["per_seed"].values())) for r in results["rows"]]
+    trained = ", ".join(f"{model} {seconds / 60:.1f}" for model, seconds in per_model)
+    if results.get("collected_only"):
+        return (f"Collected from runs trained by earlier invocations (`--keep`). Training took (min, all seeds, "
+                f"train.json): {trained}.")
+    return f"Wall time: {results['seconds'] / 60:.0f} min; training (min, all seeds): {trained}."
 
 
 def plot(results: dict, out: Path) -> None:

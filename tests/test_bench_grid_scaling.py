@@ -11,7 +11,7 @@ def _row(model: str, paths: int, modes: dict[str, list[float]], *, dense: bool =
     seeds = range(max(len(v) for v in modes.values()))
     summary = {m: {"mean": sum(v) / len(v), "std": 0.0, "seeds": len(v)} for m, v in modes.items()}
     per_seed = {s: {"modes": {m: (v[s] if s < len(v) else None) for m, v in modes.items()}, "scored_tokens": 100,
-                    "outer_steps": ["average"]} for s in seeds}
+                    "outer_steps": ["average"], "train_seconds": 90.0} for s in seeds}
     return {"model": model, "dense": dense, "seeds": list(seeds), "modes": summary, "paths": paths,
             "params_per_path": 10, "params_total": 10 * paths, "warm_start_steps": 4, "steps_per_path": 2,
             "shards": {"tokens_min": 5, "tokens_median": 6, "epochs_max": 0.4},
@@ -40,6 +40,9 @@ def test_the_results_name_the_recipes_config():
     text = markdown(results)
     assert text.count("`configs/large.yaml`'s recipe with model.hidden_size=64") == 1
     assert "routed (likelihood among the k-means router's 4 best paths)" in text
+    assert "Wall time: 0 min; training (min, all seeds): DiPaCo 2x2 1.5." in text
+    collected = markdown({**results, "collected_only": True})
+    assert "earlier invocations (`--keep`). Training took (min, all seeds, train.json): DiPaCo 2x2 1.5." in collected
     assert grid_levels("16x16") == [16, 16]
 
 
