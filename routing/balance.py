@@ -139,16 +139,16 @@ def _auction(d: np.ndarray, p: np.ndarray, *, lo: int, hi: int, max_ratio: float
              max_moves: int) -> tuple[np.ndarray, int]:
     """Exact moves, one path at a time, from penalties p: the worst path raises its penalty until
     its size is hi (excess documents go to their next-best path), or lowers it until its size is lo.
-    Returns the most balanced penalties seen and the number of moves."""
+    Returns the most balanced penalties seen and the number of moves. A move changes one path's penalty,
+    so only the documents it can move are looked at again: the path's own when it rises, its column when
+    it falls (the assignment stays argmin(d + p), ties to the lower path, as if recomputed)."""
     n, k = d.shape
     p = p.astype(np.float32).copy()
     eps = np.float32(1e-5 * max(1.0, float(np.abs(d).max())))
     best, best_ratio = p.copy(), float("inf")
-    rows = np.arange(n)
+    a = (d + p).argmin(axis=1)
+    sizes = np.bincount(a, minlength=k)
     for move in range(max_moves + 1):
-        cost = d + p
-        a = cost.argmin(axis=1)
-        sizes = np.bincount(a, minlength=k)
         ratio = float(sizes.max() / sizes.min()) if sizes.min() else float("inf")
         if ratio < best_ratio:
             best, best_ratio = p.copy(), ratio
@@ -157,14 +157,23 @@ def _auction(d: np.ndarray, p: np.ndarray, *, lo: int, hi: int, max_ratio: float
         over, under = sizes - hi, lo - sizes
         j = int(np.argmax(np.maximum(over, under)))
         if over[j] >= under[j] and over[j] > 0:
-            members = np.flatnonzero(a == j)
-            margin = np.delete(cost[members], j, axis=1).min(axis=1) - cost[members, j]
-            p[j] += np.partition(margin, over[j] - 1)[over[j] - 1] + eps
+            members = np.flatnonzero(a == j)  # only these can leave j, for their best other path
+            cost = d[members] + p
+            cost[:, j] = np.inf
+            second = cost.argmin(axis=1)
+            alt = cost[np.arange(len(members)), second]
+            p[j] += np.partition(alt - (d[members, j] + p[j]), over[j] - 1)[over[j] - 1] + eps
+            own = d[members, j] + p[j]
+            a[members] = np.where((own < alt) | ((own == alt) & (j < second)), j, second)
         else:
             need = max(int(under[j]), 1)
             others = np.flatnonzero(a != j)
-            gain = cost[others, j] - cost[rows[others], a[others]]
+            current = d[others, a[others]] + p[a[others]]
+            gain = (d[others, j] + p[j]) - current
             p[j] -= np.partition(gain, need - 1)[need - 1] + eps
+            column = d[others, j] + p[j]  # only a document's own path and j can be its best now
+            a[others[(column < current) | ((column == current) & (j < a[others]))]] = j
+        sizes = np.bincount(a, minlength=k)
     return best, max_moves
 
 

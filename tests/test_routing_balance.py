@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from routing import RoutingConfig
-from routing.balance import capacity_assign, fit_penalties, size_bounds
+from routing.balance import _auction, capacity_assign, fit_penalties, size_bounds
 from routing.embed import TfidfSvdFeaturizer
 from routing.kmeans import assign_nearest, feature_slices, product_kmeans
 from routing.router import Router
@@ -36,6 +36,48 @@ def test_penalties_keep_sizes_within_ratio_on_skewed_data(ratio):
     sizes = np.bincount((d + p).argmin(1), minlength=12)
     assert stats["converged"] and sizes.min() > 0 and sizes.max() <= ratio * sizes.min()
     assert sizes.tolist() == stats["sizes"]
+
+
+def _auction_recomputed(d, p, *, lo, hi, max_ratio, max_moves):
+    """The auction as `fit_penalties` documents it, the whole assignment argmin(d + p) recomputed at every move."""
+    n, k = d.shape
+    p = p.astype(np.float32).copy()
+    eps = np.float32(1e-5 * max(1.0, float(np.abs(d).max())))
+    best, best_ratio = p.copy(), float("inf")
+    for move in range(max_moves + 1):
+        cost = d + p
+        a = cost.argmin(axis=1)
+        sizes = np.bincount(a, minlength=k)
+        ratio = float(sizes.max() / sizes.min()) if sizes.min() else float("inf")
+        if ratio < best_ratio:
+            best, best_ratio = p.copy(), ratio
+        if ratio <= max_ratio or move == max_moves:
+            return best, move
+        over, under = sizes - hi, lo - sizes
+        j = int(np.argmax(np.maximum(over, under)))
+        row = cost[a == j] if over[j] >= under[j] and over[j] > 0 else None
+        if row is not None:
+            margin = np.sort(np.delete(row, j, axis=1).min(axis=1) - row[:, j])
+            p[j] += margin[over[j] - 1] + eps
+        else:
+            gain = np.sort(cost[a != j, j] - cost[a != j].min(axis=1))
+            p[j] -= gain[max(int(under[j]), 1) - 1] + eps
+    return best, max_moves
+
+
+@pytest.mark.parametrize("seed,k,ties", [(0, 12, False), (1, 40, False), (2, 16, True), (3, 7, True)])
+def test_the_auctions_moves_equal_recomputing_the_whole_assignment_at_every_move(seed, k, ties):
+    x = _skewed(n=2000, seed=seed)
+    c = np.random.default_rng(seed + 10).normal(0, 3.0, (k, x.shape[1])).astype(np.float32)
+    d = _sq_dists(x, c)
+    if ties:  # whole numbers: many documents tie between paths, and ties go to the lower path
+        d = np.round(d / 4).astype(np.float32)
+    lo, hi = size_bounds(len(d), k, 1.05)
+    start = np.zeros(k, dtype=np.float32)
+    fast, moves = _auction(d, start, lo=lo, hi=hi, max_ratio=1.05, max_moves=20 * k)
+    slow, slow_moves = _auction_recomputed(d, start, lo=lo, hi=hi, max_ratio=1.05, max_moves=20 * k)
+    assert moves == slow_moves and moves > k  # many moves of both kinds, not the first one alone
+    np.testing.assert_array_equal(fast, slow)
 
 
 def test_capacity_assign_guarantees_bounds():
