@@ -12,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 DIPACO = $(PYTHON) -m dipaco
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-wire bench-grids bench-scale experiments experiment gpu-check corpus corpus-manpages corpus-large clean help pretrain reroute simulate
+.PHONY: install demo run route shard train island islands coordinator status baselines eval report export lm-eval serve test test-slow lint bench bench-quality bench-islands bench-bytes bench-wire bench-grids bench-grids-large bench-scale experiments experiment gpu-check corpus corpus-manpages corpus-large clean help pretrain reroute simulate
 
 help:  ## this list: each target with its description
 	@echo "stage targets take CONFIG=configs/<name>.yaml (default: the run's own config.yaml) RUN=$(RUN) ARGS='section.key=value ...'"
@@ -121,6 +121,14 @@ bench-grids:  ## 2x2, 4x4 and 8x8 grids at one path size against dense models of
 	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py $(ARGS)
 	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py --grids --warm-start 400 --dense 4 --dense-set inner.lr=1.5e-3 --name grid-scaling-dense4x-lr1.5e-3 $(ARGS)
 	$(OFFLINE) $(PYTHON) bench/bench_grid_scaling.py --grids --warm-start 400 --dense 16 --dense-set inner.lr=1e-3 --name grid-scaling-dense16x-lr1e-3 $(ARGS)
+
+LARGE_GRIDS = bench/bench_grid_scaling.py --config configs/large.yaml --set sharding.seq_len=128 --set model.hidden_size=64 \
+	--set corpus.max_documents=330000 --set corpus.test_fraction=0.0013 --set routing.balance=1.5 --set routing.hf_batch_size=256 \
+	--warm-start 400 --seeds 0 --islands 2 --name grid-scaling-large --keep
+bench-grids-large: corpus-large  ## 2x2 to 16x16 grids on the large corpus's first 330,000 documents (balanced paths) against dense 1x and 4x at equal steps and equal compute; seed 0 (~3 h on 2 cores; bench/results/grid-scaling-large)
+	$(OFFLINE) $(PYTHON) $(LARGE_GRIDS) --grids 2x2 4x4 8x8 16x16 --dense 1 --dense-compute 2x2 4x4 $(ARGS)
+	$(OFFLINE) $(PYTHON) $(LARGE_GRIDS) --grids --dense 4 --dense-compute 4x4 --dense-set inner.lr=1.5e-3 $(ARGS)
+	$(OFFLINE) $(PYTHON) $(LARGE_GRIDS) --grids 2x2 4x4 8x8 16x16 --dense 1 4 --dense-compute 2x2 4x4 --collect-only
 
 bench-scale:  ## the systems benchmarks: store-only islands over s3, a 50 MB document, 256 paths, a million documents routed (~45-60 min on 2 cores)
 	$(OFFLINE) $(PYTHON) bench/bench_store_only.py
