@@ -119,6 +119,7 @@ def aggregate(records: dict[str, dict]) -> dict:
     checks = {
         "dipaco_vs_best_diloco": comparison("dipaco-prefix", best["kind"]) if best else None,
         "likelihood_vs_best_diloco": comparison("dipaco-likelihood", best["kind"]) if best else None,
+        "before_reroute_vs_best_diloco": comparison("dipaco-prefix-before-reroute", best["kind"]) if best else None,
         "dipaco_vs_diloco": comparison("dipaco-prefix", "diloco"),
         "dipaco_vs_diloco_same_outer": comparison("dipaco-prefix", "diloco-dipaco-outer"),
         "dipaco_over_dense_equal_compute": comparison("dipaco-prefix", "dense-equal-compute", ratio=True),
@@ -168,6 +169,8 @@ def markdown(results: dict) -> str:
                                   f"({results['best_diloco']})", lambda x: x >= 0.10, "at least 10% lower"),
         "likelihood_vs_best_diloco": ("DiPaCo routed by the paths' likelihood of the prefix (deployable) against "
                                       "DiLoCo under its best outer step", lambda x: x >= 0.10, "at least 10% lower"),
+        "before_reroute_vs_best_diloco": ("DiPaCo routed by the router before the last re-routing (k-means, where "
+                                          "one phase ran) against DiLoCo under its best outer step", None, ""),
         "dipaco_vs_diloco": ("DiPaCo against DiLoCo with its own outer step", None, ""),
         "dipaco_vs_diloco_same_outer": ("DiPaCo against DiLoCo with DiPaCo's outer step", None, ""),
         "dipaco_over_dense_equal_compute": ("DiPaCo ÷ dense equal compute", (lambda x: x <= 1.0) if at_4x else None,

@@ -113,3 +113,19 @@ def test_a_capacity_sweep_point_is_read_as_its_comparison():
     assert results["seeds"] == [0, 1, 2] and results["rounds"] == 16
     assert results["checks"]["dipaco_over_dense_equal_compute"]["on_means"] == pytest.approx(93.0 / 82.0)
     assert "held-out documents" not in quality_seeds.markdown(results)  # a sweep does not record them
+
+
+def test_the_router_before_the_last_re_routing_is_compared_with_the_best_diloco_too():
+    KINDS["dipaco-prefix-before-reroute"] = "DiPaCo 2x2, prefix routing by the router before the last re-routing"
+    try:
+        seeds = {name: record(seed, {**{r["kind"]: r["perplexity"] for r in r0["rows"]},
+                                     "dipaco-prefix-before-reroute": before})
+                 for (name, r0), seed, before in zip(SEEDS.items(), (0, 1, 2), (91.0, 97.0, 95.0))}
+        results = quality_seeds.aggregate(seeds)
+    finally:
+        del KINDS["dipaco-prefix-before-reroute"]
+    before = results["checks"]["before_reroute_vs_best_diloco"]
+    assert list(before["per_seed"].values()) == pytest.approx([1 - 91 / 99, 1 - 97 / 108, 1 - 95 / 101])
+    assert "by the router before the last re-routing (k-means, where one phase ran) against DiLoCo" in (
+        quality_seeds.markdown(results))
+    assert quality_seeds.aggregate(SEEDS)["checks"]["before_reroute_vs_best_diloco"] is None  # no phase, no row
