@@ -142,7 +142,7 @@ def _auction(d: np.ndarray, p: np.ndarray, *, lo: int, hi: int, max_ratio: float
     Returns the most balanced penalties seen and the number of moves. A move changes one path's penalty,
     so only the documents it can move are looked at again: the path's own when it rises, its column when
     it falls (the assignment stays argmin(d + p), ties to the lower path, as if recomputed)."""
-    n, k = d.shape
+    k = d.shape[1]
     p = p.astype(np.float32).copy()
     eps = np.float32(1e-5 * max(1.0, float(np.abs(d).max())))
     best, best_ratio = p.copy(), float("inf")
